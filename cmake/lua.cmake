@@ -1,0 +1,28 @@
+# Lua 5.4, linked statically (DESIGN §4). Prefer the source fetched by
+# cmake/deps.sh, built -fPIC so it can go into libklrt.so; else Debian's
+# liblua5.4.a, which is not PIC: then only static libraries are built.
+set(KLGEN_LUA_SRC "${PROJECT_SOURCE_DIR}/.deps/lua-5.4.4/src" CACHE PATH "Lua 5.4 source")
+if(EXISTS "${KLGEN_LUA_SRC}/lapi.c")
+  # Only the core and the libraries a spec may use: no io, os, package, debug,
+  # coroutine, so the sandbox cannot be reopened from C by accident.
+  set(_core lapi lcode lctype ldebug ldo ldump lfunc lgc llex lmem lobject lopcodes
+            lparser lstate lstring ltable ltm lundump lvm lzio lauxlib
+            lbaselib lstrlib ltablib lmathlib lutf8lib)
+  list(TRANSFORM _core PREPEND "${KLGEN_LUA_SRC}/")
+  list(TRANSFORM _core APPEND ".c")
+  add_library(kl_lua STATIC ${_core})
+  set_target_properties(kl_lua PROPERTIES POSITION_INDEPENDENT_CODE ON C_STANDARD 99)
+  target_compile_definitions(kl_lua PRIVATE LUA_USE_POSIX)
+  target_compile_options(kl_lua PRIVATE -w)
+  target_include_directories(kl_lua SYSTEM PUBLIC "${KLGEN_LUA_SRC}")
+  target_link_libraries(kl_lua PUBLIC m)
+  set(KLGEN_LUA_PIC ON)
+else()
+  find_path(LUA_INCLUDE_DIR lua.h PATH_SUFFIXES lua5.4 REQUIRED)
+  find_library(LUA_STATIC NAMES liblua5.4.a REQUIRED)
+  add_library(kl_lua INTERFACE)
+  target_include_directories(kl_lua SYSTEM INTERFACE "${LUA_INCLUDE_DIR}")
+  target_link_libraries(kl_lua INTERFACE "${LUA_STATIC}" m)
+  set(KLGEN_LUA_PIC OFF)
+  message(WARNING "Lua source not found (run cmake/deps.sh): libklrt.so will not be built")
+endif()

@@ -1,0 +1,84 @@
+/* NVRTC: rendered source -> cubin for one sm_XY. Used by `klgen --check/--cubin`
+ * and by the runtime's JIT. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nvrtc.h>
+
+#include "klgen.h"
+
+#define NVRTC_TRY(call, what)                                                        \
+  do {                                                                               \
+    nvrtcResult r_ = (call);                                                         \
+    if (r_ != NVRTC_SUCCESS) {                                                       \
+      rc = kl_fail(err, KL_ECOMPILE, "%s: %s: %s", name, what, nvrtcGetErrorString(r_)); \
+      goto done;                                                                     \
+    }                                                                                \
+  } while (0)
+
+static int valid_arch(const char *arch) {
+  /* sm_XY or sm_XYZ, optionally with an a/f suffix (sm_90a, sm_100f). */
+  if (strncmp(arch, "sm_", 3) != 0) return 0;
+  size_t n = 0;
+  while (arch[3 + n] >= '0' && arch[3 + n] <= '9') n++;
+  if (n < 2 || n > 3) return 0;
+  const char *rest = arch + 3 + n;
+  return *rest == 0 || ((*rest == 'a' || *rest == 'f') && rest[1] == 0);
+}
+
+static char *get_log(nvrtcProgram prog) {
+  size_t n = 0;
+  if (nvrtcGetProgramLogSize(prog, &n) != NVRTC_SUCCESS || n == 0) n = 1;
+  char *log = calloc(n + 1, 1);
+  if (log && n > 1) nvrtcGetProgramLog(prog, log);
+  /* NVRTC's log is "\0" or "\n\0" when there is nothing to say. */
+  if (log && log[0] == '\n' && log[1] == 0) log[0] = 0;
+  return log;
+}
+
+int kl_nvrtc_compile(const char *source, const char *name, const char *arch, kl_binary *out,
+                     kl_err *err) {
+  if (!source || !name || !arch || !out) return kl_fail(err, KL_EARG, "kl_nvrtc_compile: NULL argument");
+  memset(out, 0, sizeof *out);
+  if (!valid_arch(arch))
+    return kl_fail(err, KL_EARG, "'%s' is not a GPU architecture (expected sm_XY, e.g. sm_90)", arch);
+  char arch_opt[32];
+  snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
+  /* -std=c++17 for static_assert/constexpr; no fast-math: the kernels move bits. */
+  const char *opts[] = {arch_opt, "-std=c++17", "-lineinfo"};
+  nvrtcProgram prog = NULL;
+  int rc = 0;
+  char file[128];
+  snprintf(file, sizeof file, "%s.cu", name);
+  NVRTC_TRY(nvrtcCreateProgram(&prog, source, file, 0, NULL, NULL), "create");
+  nvrtcResult cr = nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof *opts), opts);
+  out->log = get_log(prog);
+  if (cr != NVRTC_SUCCESS) {
+    rc = kl_fail(err, KL_ECOMPILE, "%s: NVRTC failed for %s:\n%s", name, arch,
+                 out->log ? out->log : "(no log)");
+    goto done;
+  }
+  NVRTC_TRY(nvrtcGetCUBINSize(prog, &out->size), "cubin size");
+  out->data = malloc(out->size ? out->size : 1);
+  if (!out->data) {
+    rc = kl_fail(err, KL_ENOMEM, "out of memory");
+    goto done;
+  }
+  NVRTC_TRY(nvrtcGetCUBIN(prog, out->data), "cubin");
+done:
+  if (prog) nvrtcDestroyProgram(&prog);
+  if (rc) kl_binary_free(out);
+  return rc;
+}
+
+void kl_binary_free(kl_binary *b) {
+  if (!b) return;
+  free(b->data);
+  free(b->log);
+  memset(b, 0, sizeof *b);
+}
+
+int kl_nvrtc_version(int *major, int *minor) {
+  return nvrtcVersion(major, minor) == NVRTC_SUCCESS ? 0 : KL_ECOMPILE;
+}

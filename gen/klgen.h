@@ -1,0 +1,148 @@
+/* libklgen: a model's vocab-parallel LM-head spec -> specialized CUDA gather kernels.
+ *
+ * Load a sandboxed Lua spec (kl_spec_load_*), derive its layout (kl_layout_derive),
+ * render the kernel source (kl_render) and, optionally, compile it with NVRTC
+ * (kl_nvrtc_compile). Every function returns 0 or a KL_E* code and, on failure,
+ * fills the caller's kl_err with a message of the form "file:line: field: what". */
+#ifndef KLGEN_H
+#define KLGEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KLGEN_VERSION "0.1.0"
+
+enum {
+  KL_OK = 0,
+  KL_ESPEC = 1,     /* the spec is malformed or invalid */
+  KL_ETEMPLATE = 2, /* a template failed to render */
+  KL_ECOMPILE = 3,  /* NVRTC rejected the source */
+  KL_EIO = 4,       /* a file could not be read or written */
+  KL_ENOMEM = 5,
+  KL_EARG = 6 /* API misuse: NULL, out of range */
+};
+
+#define KL_ERR_MAX 1024
+typedef struct kl_err {
+  char msg[KL_ERR_MAX];
+} kl_err;
+
+typedef enum kl_dtype { KL_BF16 = 0, KL_FP16 = 1, KL_FP32 = 2 } kl_dtype;
+
+#define KL_NAME_MAX 48 /* a spec name is a C identifier of at most this many chars */
+#define KL_TP_MAX 64
+#define KL_VOCAB_MAX (1 << 24)
+#define KL_TOKENS_MAX 65536
+#define KL_BUFFER_CAP ((int64_t)1 << 30) /* one-shot buffer bytes per rank */
+
+/* A spec as written by its author. 0 in an optional field means "not given". */
+typedef struct kl_spec {
+  char name[KL_NAME_MAX + 1];
+  int64_t vocab_size;   /* columns kept in the output */
+  int64_t pad_to;       /* padding multiple (default 64) ... */
+  int64_t padded_vocab; /* ... or the padded vocabulary itself */
+  int tp;
+  kl_dtype dtype;
+  int64_t max_tokens;  /* rows per step the one-shot buffers hold */
+  int64_t timeout_ms;  /* one-shot poll limit before the kernel gives up */
+  /* Where each field was written, for messages ("file:line: field: ..."). */
+  char file[256];
+  int line[8]; /* indexed by kl_field */
+} kl_spec;
+
+typedef enum kl_field {
+  KL_F_NAME, KL_F_VOCAB_SIZE, KL_F_PAD_TO, KL_F_PADDED_VOCAB, KL_F_TP,
+  KL_F_DTYPE, KL_F_MAX_TOKENS, KL_F_TIMEOUT_MS, KL_F_COUNT
+} kl_field;
+extern const char *const kl_field_names[KL_F_COUNT];
+
+/* Everything derived from a spec; computed in one place (layout.c) and shared by
+ * the generator, the generated header and the runtime. */
+typedef struct kl_layout {
+  int64_t padded_vocab;
+  int64_t shard;       /* columns per rank */
+  int elem_bytes;      /* 2 or 4 */
+  int vec_bytes;       /* widest aligned width for user loads/stores: 16/8/4/2 */
+  int64_t shard_bytes; /* bytes one rank contributes per token */
+  int64_t row_chunks;  /* 16-byte chunks per shard row in the one-shot buffer */
+  int64_t slot_bytes;  /* one rank's slot: max_tokens rows */
+  int64_t buffer_bytes; /* one of the three rotating buffers: tp slots */
+  int64_t total_bytes;  /* all three: what each rank allocates */
+  int block;            /* threads per CTA */
+  int max_ctas;         /* CTAs per rank at max_tokens (before residency caps) */
+  int64_t timeout_ns;
+} kl_layout;
+
+/* ---- spec loading (spec.c) ---- */
+typedef struct kl_spec_list {
+  kl_spec *v;
+  int n;
+} kl_spec_list;
+
+int kl_spec_load_file(const char *path, kl_spec_list *out, kl_err *err);
+int kl_spec_load_string(const char *chunkname, const char *src, size_t len,
+                        kl_spec_list *out, kl_err *err);
+void kl_spec_list_free(kl_spec_list *l);
+const char *kl_dtype_name(kl_dtype d);
+
+/* ---- layout (layout.c) ---- */
+int kl_layout_derive(const kl_spec *s, kl_layout *out, kl_err *err);
+/* CTAs to launch for `tokens` rows, at most `cap` (0: no cap). */
+int kl_layout_grid(const kl_layout *l, const kl_spec *s, int tokens, int cap);
+
+/* ---- rendering (render.c) ---- */
+/* Templates come from the binary (dir == NULL) or from a directory. */
+int kl_render(const kl_spec *s, const kl_layout *l, const char *template_dir,
+              char **source, kl_err *err);
+/* The generated C header: spec, layout, entry names, source as a string. */
+int kl_render_header(const kl_spec *s, const kl_layout *l, const char *source,
+                     const char *template_dir, char **header, kl_err *err);
+/* Entry point names, e.g. kl_<name>_oneshot. */
+void kl_entry_name(const kl_spec *s, const char *kind, char *buf, size_t n);
+
+/* ---- NVRTC (compile.c) ---- */
+typedef struct kl_binary {
+  void *data;
+  size_t size;
+  char *log; /* NVRTC's log, possibly empty (warnings land here) */
+} kl_binary;
+/* arch: "sm_90". Produces a cubin. */
+int kl_nvrtc_compile(const char *source, const char *name, const char *arch,
+                     kl_binary *out, kl_err *err);
+void kl_binary_free(kl_binary *b);
+int kl_nvrtc_version(int *major, int *minor);
+
+/* ---- files (files.c) ---- */
+/* Writes every (path, data) pair via temp files, then renames them all; on any
+ * failure removes what it created and leaves existing files untouched. */
+typedef struct kl_file_out {
+  char *path;
+  const void *data;
+  size_t size;
+} kl_file_out;
+int kl_write_files_atomic(const kl_file_out *files, int n, kl_err *err);
+int kl_read_file(const char *path, char **data, size_t *size, size_t limit,
+                 kl_err *err);
+
+/* "file:line: field: message" for field f of spec s; returns KL_ESPEC. */
+int kl_spec_fail(kl_err *err, const kl_spec *s, kl_field f, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+/* printf into err; returns code. */
+int kl_fail(kl_err *err, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

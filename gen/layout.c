@@ -1,0 +1,95 @@
+/* The one place that derives a spec's layout: padding, shard, vector width,
+ * buffer sizes, launch shape. The generator, the generated header and the
+ * runtime all call this, so they cannot disagree. */
+#include <stdio.h>
+#include <string.h>
+
+#include "klgen.h"
+
+#define DEFAULT_PAD 64 /* vLLM's DEFAULT_VOCAB_PADDING_SIZE */
+#define DEFAULT_TIMEOUT_MS 2000
+#define CHUNK 16   /* bytes: one Lamport vector, one volatile poll */
+#define BLOCK 128  /* threads per CTA: small CTAs spread the pushes over more SMs */
+
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+static int64_t gcd64(int64_t a, int64_t b) {
+  while (b) {
+    int64_t t = a % b;
+    a = b, b = t;
+  }
+  return a;
+}
+
+/* Says what would work: a pad_to (or padded_vocab) that tp divides, and the tp
+ * values that divide the padded vocab as it stands. */
+static int not_divisible(const kl_spec *s, int64_t padded, kl_err *err) {
+  char tps[128] = "";
+  size_t used = 0;
+  for (int t = 1; t <= KL_TP_MAX && used < sizeof tps - 8; t *= 2)
+    if (padded % t == 0) used += (size_t)snprintf(tps + used, sizeof tps - used, "%s%d", used ? ", " : "", t);
+  if (s->padded_vocab) {
+    return kl_spec_fail(err, s, KL_F_TP,
+                        "padded_vocab %lld is not divisible by tp %d; padded_vocab = %lld "
+                        "would work (or tp in %s)",
+                        (long long)padded, s->tp, (long long)round_up(padded, s->tp), tps);
+  }
+  int64_t pad = s->pad_to ? s->pad_to : DEFAULT_PAD;
+  int64_t lcm = pad / gcd64(pad, s->tp) * s->tp;
+  return kl_spec_fail(err, s, KL_F_TP,
+                      "padded vocab %lld (vocab_size %lld padded to a multiple of %lld) is not "
+                      "divisible by tp %d; pad_to = %lld would work (padded vocab %lld), or tp "
+                      "in %s",
+                      (long long)padded, (long long)s->vocab_size, (long long)pad, s->tp,
+                      (long long)lcm, (long long)round_up(s->vocab_size, lcm), tps);
+}
+
+/* Widest of 16/8/4/2 bytes dividing both the shard row and the output row, so
+ * every user-memory load and store stays aligned (given aligned base pointers). */
+static int vector_width(int64_t shard_bytes, int64_t vocab_bytes, int elem) {
+  int64_t g = gcd64(shard_bytes, vocab_bytes);
+  for (int w = 16; w > elem; w /= 2)
+    if (g % w == 0) return w;
+  return elem;
+}
+
+int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
+  if (!s || !l) return kl_fail(err, KL_EARG, "kl_layout_derive: NULL argument");
+  memset(l, 0, sizeof *l);
+  int64_t pad = s->pad_to ? s->pad_to : DEFAULT_PAD;
+  int64_t padded = s->padded_vocab ? s->padded_vocab : round_up(s->vocab_size, pad);
+  if (s->tp < 1 || s->vocab_size < 1 || padded < s->vocab_size || s->max_tokens < 1)
+    return kl_spec_fail(err, s, KL_F_VOCAB_SIZE, "spec is not validated");
+  if (padded % s->tp) return not_divisible(s, padded, err);
+  l->padded_vocab = padded;
+  l->shard = padded / s->tp;
+  l->elem_bytes = s->dtype == KL_FP32 ? 4 : 2;
+  l->shard_bytes = l->shard * l->elem_bytes;
+  l->vec_bytes = vector_width(l->shard_bytes, s->vocab_size * l->elem_bytes, l->elem_bytes);
+  l->row_chunks = (l->shard_bytes + CHUNK - 1) / CHUNK;
+  l->slot_bytes = s->max_tokens * l->row_chunks * CHUNK;
+  l->buffer_bytes = l->slot_bytes * s->tp;
+  l->total_bytes = 3 * l->buffer_bytes; /* triple buffering, DESIGN §6 */
+  if (l->total_bytes > KL_BUFFER_CAP) {
+    int64_t per_token = 3 * s->tp * l->row_chunks * CHUNK;
+    return kl_spec_fail(err, s, KL_F_MAX_TOKENS,
+                        "one-shot buffers would take %lld MiB per rank (3 x tp x max_tokens x "
+                        "shard bytes), over the %lld MiB cap; max_tokens <= %lld fits",
+                        (long long)(l->total_bytes >> 20), (long long)(KL_BUFFER_CAP >> 20),
+                        (long long)(KL_BUFFER_CAP / per_token));
+  }
+  l->block = BLOCK;
+  l->max_ctas = kl_layout_grid(l, s, (int)s->max_tokens, 0);
+  l->timeout_ns = (s->timeout_ms ? s->timeout_ms : DEFAULT_TIMEOUT_MS) * 1000000LL;
+  return 0;
+}
+
+/* One thread per 16-byte chunk of a shard row: it pushes that chunk to every
+ * peer, then polls the same chunk of every rank's slot. */
+int kl_layout_grid(const kl_layout *l, const kl_spec *s, int tokens, int cap) {
+  (void)s;
+  int64_t items = (int64_t)tokens * l->row_chunks;
+  int64_t g = (items + l->block - 1) / l->block;
+  if (g < 1) g = 1;
+  if (cap > 0 && g > cap) g = cap;
+  return (int)g;
+}

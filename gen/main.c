@@ -1,0 +1,191 @@
+/* klgen: specs/<model>.lua -> <name>.cu + <name>.h (and optionally cubins). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "klgen.h"
+
+#define MAX_ARCH 8
+
+typedef struct opts {
+  const char *out_dir, *templates;
+  const char *arch[MAX_ARCH];
+  int n_arch, check, cubin, quiet;
+  char **specs;
+  int n_specs;
+} opts;
+
+/* Everything produced for one spec before anything is written. */
+typedef struct job {
+  kl_spec spec;
+  kl_layout layout;
+  char *source, *header;
+  kl_binary bin[MAX_ARCH];
+} job;
+
+static void usage(FILE *f) {
+  fputs("usage: klgen [options] SPEC...\n"
+        "Generates a CUDA all-gather kernel specialized for each spec.\n\n"
+        "  -o DIR           write DIR/<name>.cu and DIR/<name>.h (default: .)\n"
+        "  --check          validate and compile with NVRTC; write nothing\n"
+        "  --arch sm_XY     GPU architecture for --check/--cubin (repeatable;\n"
+        "                   default sm_90)\n"
+        "  --cubin          also write DIR/<name>.<arch>.cubin\n"
+        "  --templates DIR  read templates from DIR instead of the built-in ones\n"
+        "  -q, --quiet      no summary lines\n"
+        "  -h, --help       this text\n"
+        "  --version        print the version\n\n"
+        "Exit status: 0 ok, 1 spec, template, compile or I/O error, 2 usage error.\n",
+        f);
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "klgen: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\nTry 'klgen --help'.\n");
+  return 2;
+}
+
+/* Returns -1 to continue, else an exit status. */
+static int parse(int argc, char **argv, opts *o) {
+  memset(o, 0, sizeof *o);
+  o->out_dir = ".";
+  o->specs = calloc((size_t)argc, sizeof *o->specs);
+  if (!o->specs) return 1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    int more = i + 1 < argc;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout), 0;
+    if (!strcmp(a, "--version")) return printf("klgen %s\n", KLGEN_VERSION), 0;
+    if (!strcmp(a, "--check")) o->check = 1;
+    else if (!strcmp(a, "--cubin")) o->cubin = 1;
+    else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
+    else if (!strcmp(a, "-o") || !strcmp(a, "--templates") || !strcmp(a, "--arch")) {
+      if (!more) return usage_error("option %s needs an argument", a);
+      const char *v = argv[++i];
+      if (!strcmp(a, "-o")) o->out_dir = v;
+      else if (!strcmp(a, "--templates")) o->templates = v;
+      else if (o->n_arch == MAX_ARCH) return usage_error("too many --arch (at most 8): %s", v);
+      else o->arch[o->n_arch++] = v;
+    } else if (a[0] == '-' && a[1] != 0) return usage_error("unknown option %s", a);
+    else o->specs[o->n_specs++] = argv[i];
+  }
+  if (o->n_specs == 0) return usage_error("%s", "no spec file given");
+  if (o->check && o->cubin) return usage_error("%s", "--check writes nothing; drop --cubin");
+  if (o->n_arch == 0) o->arch[o->n_arch++] = "sm_90";
+  for (int i = 0; i < o->n_arch; i++) {
+    const char *s = o->arch[i];
+    if (strncmp(s, "sm_", 3) || strlen(s) < 5 || strlen(s) > 7)
+      return usage_error("--arch %s: expected sm_XY (e.g. sm_90, sm_100)", s);
+  }
+  return -1;
+}
+
+static int render(job *j, const opts *o, kl_err *err) {
+  int rc = kl_layout_derive(&j->spec, &j->layout, err);
+  if (!rc) rc = kl_render(&j->spec, &j->layout, o->templates, &j->source, err);
+  if (!rc) rc = kl_render_header(&j->spec, &j->layout, j->source, o->templates, &j->header, err);
+  if (rc || !(o->check || o->cubin)) return rc;
+  for (int a = 0; a < o->n_arch && !rc; a++) {
+    rc = kl_nvrtc_compile(j->source, j->spec.name, o->arch[a], &j->bin[a], err);
+    if (!rc && j->bin[a].log && j->bin[a].log[0])
+      fprintf(stderr, "klgen: %s (%s): NVRTC says:\n%s", j->spec.name, o->arch[a], j->bin[a].log);
+  }
+  return rc;
+}
+
+/* Loads every spec of every file; names must be unique across them all. */
+static int load_all(const opts *o, job **jobs, int *n, kl_err *err) {
+  *jobs = NULL, *n = 0;
+  for (int f = 0; f < o->n_specs; f++) {
+    kl_spec_list l;
+    int rc = kl_spec_load_file(o->specs[f], &l, err);
+    if (rc) return rc;
+    job *grown = realloc(*jobs, (size_t)(*n + l.n) * sizeof **jobs);
+    if (!grown) return kl_spec_list_free(&l), kl_fail(err, KL_ENOMEM, "out of memory");
+    *jobs = grown;
+    for (int i = 0; i < l.n; i++) {
+      for (int k = 0; k < *n; k++)
+        if (!strcmp((*jobs)[k].spec.name, l.v[i].name)) {
+          rc = kl_spec_fail(err, &l.v[i], KL_F_NAME, "'%s' is also defined in %s", l.v[i].name,
+                            (*jobs)[k].spec.file);
+          kl_spec_list_free(&l);
+          return rc;
+        }
+      memset(&(*jobs)[*n], 0, sizeof **jobs);
+      (*jobs)[(*n)++].spec = l.v[i];
+    }
+    kl_spec_list_free(&l);
+  }
+  return 0;
+}
+
+static char *path_of(const char *dir, const char *name, const char *ext) {
+  size_t n = strlen(dir) + strlen(name) + strlen(ext) + 3;
+  char *p = malloc(n);
+  if (p) snprintf(p, n, "%s/%s%s", dir, name, ext);
+  return p;
+}
+
+static int write_all(job *jobs, int n, const opts *o, kl_err *err) {
+  struct stat st;
+  if (stat(o->out_dir, &st) != 0 && mkdir(o->out_dir, 0755) != 0)
+    return kl_fail(err, KL_EIO, "%s: cannot create directory: %s", o->out_dir, strerror(errno));
+  if (stat(o->out_dir, &st) != 0 || !S_ISDIR(st.st_mode))
+    return kl_fail(err, KL_EIO, "%s: not a directory", o->out_dir);
+  int per = 2 + (o->cubin ? o->n_arch : 0), nf = 0, rc;
+  kl_file_out *f = calloc((size_t)(n * per), sizeof *f);
+  if (!f) return kl_fail(err, KL_ENOMEM, "out of memory");
+  for (int i = 0; i < n; i++) {
+    const char *nm = jobs[i].spec.name;
+    f[nf++] = (kl_file_out){path_of(o->out_dir, nm, ".cu"), jobs[i].source, strlen(jobs[i].source)};
+    f[nf++] = (kl_file_out){path_of(o->out_dir, nm, ".h"), jobs[i].header, strlen(jobs[i].header)};
+    for (int a = 0; o->cubin && a < o->n_arch; a++) {
+      char ext[32];
+      snprintf(ext, sizeof ext, ".%s.cubin", o->arch[a]);
+      f[nf++] = (kl_file_out){path_of(o->out_dir, nm, ext), jobs[i].bin[a].data, jobs[i].bin[a].size};
+    }
+  }
+  rc = 0;
+  for (int i = 0; i < nf; i++)
+    if (!f[i].path) rc = kl_fail(err, KL_ENOMEM, "out of memory");
+  if (!rc) rc = kl_write_files_atomic(f, nf, err);
+  for (int i = 0; i < nf; i++) free(f[i].path);
+  free(f);
+  return rc;
+}
+
+static void summary(const job *j, const opts *o) {
+  const kl_spec *s = &j->spec;
+  const kl_layout *l = &j->layout;
+  printf("%s: vocab %lld -> padded %lld, tp %d, shard %lld (%lld B/rank/token), %s, "
+         "vec %d B, buffers %.2f MiB/rank%s%s\n",
+         s->name, (long long)s->vocab_size, (long long)l->padded_vocab, s->tp,
+         (long long)l->shard, (long long)l->shard_bytes, kl_dtype_name(s->dtype), l->vec_bytes,
+         (double)l->total_bytes / (1 << 20), o->check ? ", compiled for " : "",
+         o->check ? o->arch[0] : "");
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  int rc = parse(argc, argv, &o);
+  if (rc >= 0) return free(o.specs), rc;
+  kl_err err = {{0}};
+  job *jobs = NULL;
+  int n = 0;
+  rc = load_all(&o, &jobs, &n, &err);
+  for (int i = 0; i < n && !rc; i++) rc = render(&jobs[i], &o, &err);
+  if (!rc && !o.check) rc = write_all(jobs, n, &o, &err);
+  if (rc) fprintf(stderr, "klgen: %s\n", err.msg);
+  for (int i = 0; i < n; i++) {
+    if (!rc && !o.quiet) summary(&jobs[i], &o);
+    free(jobs[i].source);
+    free(jobs[i].header);
+    for (int a = 0; a < MAX_ARCH; a++) kl_binary_free(&jobs[i].bin[a]);
+  }
+  free(jobs);
+  free(o.specs);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,170 @@
+/* Rendering: spec + layout -> CUDA source and C header, through the Lua template
+ * engine (render.lua) and the templates embedded at build time (or a directory
+ * given with --templates). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "embedded.h"
+#include "klgen.h"
+#include "lauxlib.h"
+#include "sandbox.h"
+
+#define TEMPLATE_MAX (1u << 20)
+
+/* The kernel source is these templates, rendered and concatenated in order:
+ * a tiny prelude of constants, then readable kernel logic (FlashInfer's split). */
+static const char *const source_parts[] = {"prelude.cuh.tmpl", "common.cuh.tmpl",
+                                           "oneshot.cu.tmpl", "relayout.cu.tmpl", NULL};
+static const char *const header_part = "header.h.tmpl";
+
+void kl_entry_name(const kl_spec *s, const char *kind, char *buf, size_t n) {
+  snprintf(buf, n, "kl_%s_%s", s->name, kind);
+}
+
+static int get_template(const char *dir, const char *name, char **text, size_t *len,
+                        kl_err *err) {
+  if (dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return kl_read_file(path, text, len, TEMPLATE_MAX, err);
+  }
+  for (const kl_embedded_file *f = kl_templates; f->name; f++)
+    if (strcmp(f->name, name) == 0) {
+      *text = malloc(f->size + 1);
+      if (!*text) return kl_fail(err, KL_ENOMEM, "out of memory");
+      memcpy(*text, f->data, f->size + 1);
+      *len = f->size;
+      return 0;
+    }
+  return kl_fail(err, KL_ETEMPLATE, "template %s is not embedded", name);
+}
+
+static void set_int(lua_State *L, const char *k, long long v) {
+  lua_pushinteger(L, v);
+  lua_setfield(L, -2, k);
+}
+static void set_str(lua_State *L, const char *k, const char *v) {
+  lua_pushstring(L, v);
+  lua_setfield(L, -2, k);
+}
+
+/* The constants a template sees. */
+static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
+  char buf[128];
+  lua_newtable(L);
+  set_str(L, "KLGEN_VERSION", KLGEN_VERSION);
+  set_str(L, "NAME", s->name);
+  set_str(L, "SPEC_FILE", s->file);
+  set_str(L, "DTYPE", kl_dtype_name(s->dtype));
+  set_int(L, "VOCAB", s->vocab_size);
+  set_int(L, "PADDED_VOCAB", l->padded_vocab);
+  set_int(L, "TP", s->tp);
+  set_int(L, "SHARD", l->shard);
+  set_int(L, "MAX_TOKENS", s->max_tokens);
+  set_int(L, "ELEM_BYTES", l->elem_bytes);
+  set_int(L, "VEC_BYTES", l->vec_bytes);
+  set_int(L, "SHARD_BYTES", l->shard_bytes);
+  set_int(L, "VOCAB_BYTES", s->vocab_size * l->elem_bytes);
+  set_int(L, "ROW_CHUNKS", l->row_chunks);
+  set_int(L, "SLOT_BYTES", l->slot_bytes);
+  set_int(L, "BUFFER_BYTES", l->buffer_bytes);
+  set_int(L, "TOTAL_BYTES", l->total_bytes);
+  set_int(L, "BLOCK", l->block);
+  set_int(L, "MAX_CTAS", l->max_ctas);
+  set_int(L, "TIMEOUT_NS", l->timeout_ns);
+  set_int(L, "TIMEOUT_MS", l->timeout_ns / 1000000);
+  set_int(L, "PAD_TO", s->pad_to);
+  set_int(L, "DTYPE_ID", (long long)s->dtype);
+  set_str(L, "SENTINEL32", l->elem_bytes == 2 ? "0x80008000u" : "0x80000000u");
+  kl_entry_name(s, "oneshot", buf, sizeof buf);
+  set_str(L, "ONESHOT", buf);
+  kl_entry_name(s, "relayout", buf, sizeof buf);
+  set_str(L, "RELAYOUT", buf);
+}
+
+/* Loads render.lua; leaves its module table at the top of the stack. */
+static int load_engine(kl_sandbox *sb, kl_err *err) {
+  const kl_embedded_file *e = kl_engine;
+  if (kl_sandbox_load(sb, "=render.lua", e->data, e->size) != LUA_OK)
+    return kl_fail(err, KL_ETEMPLATE, "template engine: %s", lua_tostring(sb->L, -1));
+  lua_getfield(sb->L, LUA_REGISTRYINDEX, KL_SANDBOX_LOAD_KEY);
+  if (kl_sandbox_call(sb, 1, 1) != LUA_OK)
+    return kl_fail(err, KL_ETEMPLATE, "template engine: %s", lua_tostring(sb->L, -1));
+  return 0;
+}
+
+/* Renders one template; appends the result to the Lua buffer. */
+static int render_one(kl_sandbox *sb, int engine, int env, const char *dir, const char *name,
+                      int lines, luaL_Buffer *out, kl_err *err) {
+  char *text;
+  size_t len;
+  int rc = get_template(dir, name, &text, &len, err);
+  if (rc) return rc;
+  lua_State *L = sb->L;
+  char tname[300];
+  snprintf(tname, sizeof tname, "templates/%s", name);
+  lua_getfield(L, engine, "render");
+  lua_pushlstring(L, text, len);
+  lua_pushstring(L, tname);
+  lua_pushvalue(L, env);
+  lua_pushboolean(L, lines);
+  free(text);
+  if (kl_sandbox_call(sb, 4, 1) != LUA_OK) {
+    const char *m = lua_tostring(L, -1);
+    rc = kl_fail(err, KL_ETEMPLATE, "%s", m ? m : "template error");
+    lua_pop(L, 1);
+    return rc;
+  }
+  luaL_addvalue(out);
+  return 0;
+}
+
+/* Renders `parts` in a fresh sandbox with the engine and the constants loaded. */
+static int with_engine(const kl_spec *s, const kl_layout *l, const char *source,
+                       const char *dir, const char *const *parts, int lines, char **result,
+                       kl_err *err) {
+  kl_sandbox sb;
+  if (kl_sandbox_open(&sb) != 0) return kl_fail(err, KL_ENOMEM, "cannot create a Lua state");
+  lua_State *L = sb.L;
+  int rc = load_engine(&sb, err);
+  if (rc == 0) {
+    int engine = lua_gettop(L);
+    push_env(L, s, l);
+    int env = lua_gettop(L);
+    if (source) {
+      set_str(L, "SOURCE", source);
+      lua_getfield(L, engine, "c_lines");
+      lua_setfield(L, env, "c_lines");
+    }
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (int i = 0; parts[i] && rc == 0; i++)
+      rc = render_one(&sb, engine, env, dir, parts[i], lines, &b, err);
+    if (rc == 0) {
+      luaL_pushresult(&b);
+      size_t n;
+      const char *r = lua_tolstring(L, -1, &n);
+      *result = malloc(n + 1);
+      if (!*result) rc = kl_fail(err, KL_ENOMEM, "out of memory");
+      else memcpy(*result, r, n + 1);
+    }
+  }
+  kl_sandbox_close(&sb);
+  return rc;
+}
+
+int kl_render(const kl_spec *s, const kl_layout *l, const char *template_dir, char **source,
+              kl_err *err) {
+  if (!s || !l || !source) return kl_fail(err, KL_EARG, "kl_render: NULL argument");
+  *source = NULL;
+  return with_engine(s, l, NULL, template_dir, source_parts, 1, source, err);
+}
+
+int kl_render_header(const kl_spec *s, const kl_layout *l, const char *source,
+                     const char *template_dir, char **header, kl_err *err) {
+  if (!s || !l || !source || !header) return kl_fail(err, KL_EARG, "kl_render_header: NULL argument");
+  *header = NULL;
+  const char *const parts[] = {header_part, NULL};
+  return with_engine(s, l, source, template_dir, parts, 0, header, err);
+}
