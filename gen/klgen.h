@@ -87,6 +87,8 @@ int kl_spec_load_file(const char *path, kl_spec_list *out, kl_err *err);
 int kl_spec_load_string(const char *chunkname, const char *src, size_t len,
                         kl_spec_list *out, kl_err *err);
 void kl_spec_list_free(kl_spec_list *l);
+/* Full validation of a spec built by hand (loading already does this). */
+int kl_spec_validate(const kl_spec *s, kl_err *err);
 const char *kl_dtype_name(kl_dtype d);
 
 /* ---- layout (layout.c) ---- */

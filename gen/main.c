@@ -161,11 +161,13 @@ static void summary(const job *j, const opts *o) {
   const kl_spec *s = &j->spec;
   const kl_layout *l = &j->layout;
   printf("%s: vocab %lld -> padded %lld, tp %d, shard %lld (%lld B/rank/token), %s, "
-         "vec %d B, buffers %.2f MiB/rank%s%s\n",
+         "vec %d B, buffers %.2f MiB/rank",
          s->name, (long long)s->vocab_size, (long long)l->padded_vocab, s->tp,
          (long long)l->shard, (long long)l->shard_bytes, kl_dtype_name(s->dtype), l->vec_bytes,
-         (double)l->total_bytes / (1 << 20), o->check ? ", compiled for " : "",
-         o->check ? o->arch[0] : "");
+         (double)l->total_bytes / (1 << 20));
+  for (int a = 0; (o->check || o->cubin) && a < o->n_arch; a++)
+    printf("%s%s", a ? " " : ", compiled for ", o->arch[a]);
+  printf("\n");
 }
 
 int main(int argc, char **argv) {

@@ -1,0 +1,366 @@
+/* Context lifecycle: create (spec -> layout -> JIT -> transport), gather entry,
+ * stats, device status, destroy. */
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt.h"
+
+/* Live contexts, so that a call after destroy is an error, not a crash. */
+#define LIVE_MAX 1024
+static kl_ctx *live[LIVE_MAX];
+static pthread_mutex_t live_m = PTHREAD_MUTEX_INITIALIZER;
+
+static int live_add(kl_ctx *c) {
+  pthread_mutex_lock(&live_m);
+  int ok = 0;
+  for (int i = 0; i < LIVE_MAX && !ok; i++)
+    if (!live[i]) live[i] = c, ok = 1;
+  pthread_mutex_unlock(&live_m);
+  return ok;
+}
+
+static int live_take(kl_ctx *c, int remove) {
+  pthread_mutex_lock(&live_m);
+  int found = 0;
+  for (int i = 0; i < LIVE_MAX && !found; i++)
+    if (live[i] == c) {
+      found = 1;
+      if (remove) live[i] = NULL;
+    }
+  pthread_mutex_unlock(&live_m);
+  return found;
+}
+
+kl_result kl_ctx_enter(kl_ctx *c, int *pushed) {
+  CUcontext cur = NULL;
+  *pushed = 0;
+  c->cu->cuCtxGetCurrent(&cur);
+  if (cur == c->cuctx) return KLRT_OK;
+  KL_CU_TRY(c, cuCtxPushCurrent(c->cuctx));
+  *pushed = 1;
+  return KLRT_OK;
+}
+
+void kl_ctx_leave(kl_ctx *c, int pushed) {
+  CUcontext dummy;
+  if (pushed) c->cu->cuCtxPopCurrent(&dummy);
+}
+
+static kl_result check_config(const kl_config *cfg, const kl_spec *s) {
+  if (cfg->nranks != s->tp)
+    return kl_rt_fail(KLRT_ESPEC, "spec '%s' is for tp %d, but the group has %d ranks", s->name,
+                      s->tp, cfg->nranks);
+  if (cfg->rank < 0 || cfg->rank >= cfg->nranks)
+    return kl_rt_fail(KLRT_EINVAL, "rank %d is outside 0..%d", cfg->rank, cfg->nranks - 1);
+  if (cfg->nranks > 1 && !cfg->group && !cfg->nccl && !cfg->allgather)
+    return kl_rt_fail(KLRT_EINVAL, "%d ranks need a way to meet: set group (threads), nccl or "
+                      "allgather in kl_config", cfg->nranks);
+  if (cfg->device < -1) return kl_rt_fail(KLRT_EINVAL, "device %d is not an ordinal", cfg->device);
+  return KLRT_OK;
+}
+
+/* The app's current context if it is on the requested device, else the
+ * device's primary context (what the CUDA runtime uses). */
+static kl_result bind_device(kl_ctx *c, int device) {
+  const kl_cu *cu = c->cu;
+  CUcontext cur = NULL;
+  cu->cuCtxGetCurrent(&cur);
+  CUdevice cur_dev = -1;
+  if (cur && cu->cuCtxGetDevice(&cur_dev) != CUDA_SUCCESS) cur = NULL;
+  if (device < 0) {
+    if (!cur) return kl_rt_fail(KLRT_EINVAL, "device -1 means the current context's device, but "
+                                "this thread has no current CUDA context");
+    device = (int)cur_dev;
+  }
+  int n = 0;
+  cu->cuDeviceGetCount(&n);
+  if (device >= n) return kl_rt_fail(KLRT_EINVAL, "device %d does not exist (%d GPUs)", device, n);
+  KL_CU_TRY(c, cuDeviceGet(&c->dev, device));
+  c->ordinal = device;
+  if (cur && cur_dev == c->dev) {
+    c->cuctx = cur;
+  } else {
+    KL_CU_TRY(c, cuDevicePrimaryCtxRetain(&c->cuctx, c->dev));
+    c->retained = 1;
+  }
+  int maj = 0, min = 0;
+  cu->cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->dev);
+  cu->cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev);
+  cu->cuDeviceGetAttribute(&c->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c->dev);
+  snprintf(c->arch, sizeof c->arch, "sm_%d%d", maj, min);
+  snprintf(c->stats.arch, sizeof c->stats.arch, "%s", c->arch);
+  return KLRT_OK;
+}
+
+/* Render, compile (or hit the cache) and load. A failure here is not fatal:
+ * it makes this rank's one-shot path unusable, which the group then agrees on. */
+static int build_kernels(kl_ctx *c, const char *source, const char *cache_dir, char *why) {
+  char dirbuf[4096];
+  const char *dir = kl_cache_dir(cache_dir, dirbuf, sizeof dirbuf) ? dirbuf : NULL;
+  kl_err err = {{0}};
+  char *rendered = NULL;
+  if (!source) {
+    if (kl_render(&c->spec, &c->layout, NULL, &rendered, &err) != 0) {
+      snprintf(why, KL_WHY_MAX, "rank %d: render: %.200s", c->rank, err.msg);
+      return -1;
+    }
+    source = rendered;
+  }
+  kl_binary bin;
+  int hit = 0;
+  int rc = kl_jit_cubin(source, c->spec.name, c->arch, dir, &bin, &hit, &err);
+  free(rendered);
+  if (rc) {
+    snprintf(why, KL_WHY_MAX, "rank %d: JIT for %s: %.200s", c->rank, c->arch, err.msg);
+    return -1;
+  }
+  c->stats.cache_hit = hit;
+  char on[128], rl[128];
+  kl_entry_name(&c->spec, "oneshot", on, sizeof on);
+  kl_entry_name(&c->spec, "relayout", rl, sizeof rl);
+  CUresult r = c->cu->cuModuleLoadData(&c->mod, bin.data);
+  if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->oneshot, c->mod, on);
+  if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->relayout, c->mod, rl);
+  kl_binary_free(&bin);
+  if (r != CUDA_SUCCESS) {
+    snprintf(why, KL_WHY_MAX, "rank %d: loading the kernel: %s", c->rank, kl_cu_errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+static void release(kl_ctx *c) {
+  if (!c) return;
+  if (c->cu) {
+    int pushed = 0;
+    if (c->cuctx) kl_ctx_enter(c, &pushed);
+    kl_transport_teardown(c);
+    CUdeviceptr bufs[] = {c->scratch, c->stage_in, c->stage_out};
+    for (int i = 0; i < 3; i++)
+      if (bufs[i]) c->cu->cuMemFree(bufs[i]);
+    if (c->mod) c->cu->cuModuleUnload(c->mod);
+    if (c->stream) c->cu->cuStreamDestroy(c->stream);
+    if (c->cuctx) kl_ctx_leave(c, pushed);
+    if (c->retained) c->cu->cuDevicePrimaryCtxRelease(c->dev);
+  }
+  free(c);
+}
+
+/* The NCCL path needs scratch for max_tokens from the start, so that a graph
+ * captured at any size up to it needs no allocation. */
+static kl_result alloc_scratch(kl_ctx *c) {
+  size_t bytes = (size_t)c->spec.max_tokens * (size_t)c->layout.shard_bytes * (size_t)c->nranks;
+  CUresult r = c->cu->cuMemAlloc(&c->scratch, bytes);
+  if (r != CUDA_SUCCESS)
+    return kl_rt_fail(KLRT_ENOMEM, "NCCL scratch (%zu bytes): %s", bytes, kl_cu_errstr(r));
+  c->scratch_bytes = bytes;
+  return KLRT_OK;
+}
+
+static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
+                        const kl_config *cfg) {
+  kl_result res = check_config(cfg, spec);
+  if (res) return res;
+  const char *why_no = NULL;
+  const kl_cu *cu = kl_cu_get(&why_no);
+  if (!cu) return kl_rt_fail(KLRT_ENODRIVER, "%s", why_no);
+  kl_ctx *c = calloc(1, sizeof *c);
+  if (!c) return kl_rt_fail(KLRT_ENOMEM, "out of memory");
+  c->spec = *spec;
+  c->cu = cu;
+  c->rank = cfg->rank;
+  c->nranks = cfg->nranks;
+  c->nccl = cfg->nccl;
+  c->last_path = -1;
+  kl_err err;
+  if (kl_layout_derive(&c->spec, &c->layout, &err) != 0) {
+    free(c);
+    return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
+  }
+  int pushed = 0;
+  if ((res = bind_device(c, cfg->device)) || (res = kl_ctx_enter(c, &pushed))) {
+    release(c);
+    return res;
+  }
+  CUresult r = cu->cuStreamCreate(&c->stream, CU_STREAM_NON_BLOCKING);
+  if (r != CUDA_SUCCESS) res = kl_rt_fail(KLRT_ECUDA, "cuStreamCreate: %s", kl_cu_errstr(r));
+  if (!res) res = alloc_scratch(c);
+  if (res) {
+    kl_ctx_leave(c, pushed);
+    release(c);
+    return res;
+  }
+  c->ex = (kl_exchange){cfg->group, cfg->nccl, cfg->allgather, cfg->allgather_user,
+                        cfg->rank, cfg->nranks, cu, c->stream};
+  char why[KL_WHY_MAX] = "";
+  int compiled = build_kernels(c, source, cfg->cache_dir, why) == 0;
+  res = kl_transport_setup(c, compiled, why);
+  c->stats.oneshot_ready = c->ready;
+  c->stats.crossover_bytes = c->crossover;
+  kl_ctx_leave(c, pushed);
+  if (!res && !c->ready && !c->nccl && c->nranks > 1)
+    res = kl_rt_fail(KLRT_EUNAVAILABLE, "one-shot path not ready (%s) and no NCCL communicator "
+                     "to fall back to", c->stats.not_ready);
+  if (!res && !live_add(c)) res = kl_rt_fail(KLRT_ENOMEM, "too many live contexts");
+  if (res) {
+    release(c);
+    return res;
+  }
+  if (kl_log_enabled())
+    kl_log("rank %d: %s on %s (GPU %d): one-shot %s%s%s, crossover %lld bytes, kernel %s",
+           c->rank, c->spec.name, c->arch, c->ordinal, c->ready ? "ready" : "NOT ready",
+           c->ready ? "" : ": ", c->ready ? "" : c->stats.not_ready, (long long)c->crossover,
+           c->stats.cache_hit ? "from cache" : "compiled");
+  *out = c;
+  return KLRT_OK;
+}
+
+static kl_result pick_spec(const kl_spec_list *l, const char *name, kl_spec *out) {
+  if (!name) {
+    if (l->n != 1)
+      return kl_rt_fail(KLRT_EINVAL, "the spec defines %d specs; pass the name of one", l->n);
+    *out = l->v[0];
+    return KLRT_OK;
+  }
+  for (int i = 0; i < l->n; i++)
+    if (strcmp(l->v[i].name, name) == 0) return *out = l->v[i], KLRT_OK;
+  return kl_rt_fail(KLRT_EINVAL, "no spec named '%s' in it", name);
+}
+
+static kl_result create_from_list(kl_ctx **ctx, kl_spec_list *l, const char *name,
+                                  const kl_config *cfg) {
+  kl_spec s;
+  kl_result res = pick_spec(l, name, &s);
+  kl_spec_list_free(l);
+  return res ? res : create(ctx, &s, NULL, cfg);
+}
+
+#define CHECK_OUT_CFG(ctx, cfg)                                                         \
+  do {                                                                                  \
+    if (!(ctx)) return kl_rt_fail(KLRT_EINVAL, "%s: ctx is NULL", __func__);            \
+    *(ctx) = NULL;                                                                      \
+    if (!(cfg)) return kl_rt_fail(KLRT_EINVAL, "%s: cfg is NULL", __func__);            \
+  } while (0)
+
+kl_result kl_ctx_create_file(kl_ctx **ctx, const char *path, const char *name,
+                             const kl_config *cfg) {
+  CHECK_OUT_CFG(ctx, cfg);
+  if (!path) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_file: spec_path is NULL");
+  kl_spec_list l;
+  kl_err err;
+  if (kl_spec_load_file(path, &l, &err) != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
+  return create_from_list(ctx, &l, name, cfg);
+}
+
+kl_result kl_ctx_create_string(kl_ctx **ctx, const char *src, const char *name,
+                               const kl_config *cfg) {
+  CHECK_OUT_CFG(ctx, cfg);
+  if (!src) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_string: spec_source is NULL");
+  kl_spec_list l;
+  kl_err err;
+  if (kl_spec_load_string("<spec string>", src, strlen(src), &l, &err) != 0)
+    return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
+  return create_from_list(ctx, &l, name, cfg);
+}
+
+/* A header from klgen: the spec is re-validated and the layout re-derived, and
+ * must match what the header was generated with (an older klgen, a hand edit). */
+kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g, const kl_config *cfg) {
+  CHECK_OUT_CFG(ctx, cfg);
+  if (!g || !g->name || !g->source)
+    return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_generated: gen, its name or source is NULL");
+  if (g->abi != 1) return kl_rt_fail(KLRT_ESPEC, "generated header ABI %d is not 1", g->abi);
+  if (g->dtype < 0 || g->dtype > 2 || g->source_len != strlen(g->source))
+    return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' is malformed", g->name);
+  kl_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.name, sizeof s.name, "%s", g->name);
+  snprintf(s.file, sizeof s.file, "%s (generated header)", g->name);
+  s.vocab_size = g->vocab_size;
+  s.padded_vocab = g->padded_vocab;
+  s.tp = g->tp;
+  s.dtype = (kl_dtype)g->dtype;
+  s.max_tokens = g->max_tokens;
+  s.timeout_ms = g->timeout_ms;
+  kl_err err;
+  kl_layout l;
+  if (strlen(g->name) > KL_NAME_MAX || kl_spec_validate(&s, &err) != 0 ||
+      kl_layout_derive(&s, &l, &err) != 0)
+    return kl_rt_fail(KLRT_ESPEC, "generated header: %s", err.msg);
+  if (l.vec_bytes != g->vec_bytes || l.block != g->block)
+    return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' was made by an incompatible klgen "
+                      "(vec %d/%d, block %d/%d); regenerate it", g->name, g->vec_bytes,
+                      l.vec_bytes, g->block, l.block);
+  return create(ctx, &s, g->source, cfg);
+}
+
+kl_result kl_gather(kl_ctx *c, const void *in, void *out, int tokens, kl_stream stream) {
+  if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_gather: ctx is NULL");
+  if (!live_take(c, 0)) return kl_rt_fail(KLRT_ESTATE, "kl_gather: ctx was destroyed");
+  if (!in || !out) return kl_rt_fail(KLRT_EINVAL, "kl_gather: %s is NULL", in ? "out" : "shard");
+  if (tokens <= 0) return kl_rt_fail(KLRT_EINVAL, "kl_gather: tokens is %d (must be > 0)", tokens);
+  int pushed;
+  kl_result res = kl_ctx_enter(c, &pushed);
+  if (res) return res;
+  res = kl_gather_impl(c, in, out, tokens, (CUstream)stream);
+  kl_ctx_leave(c, pushed);
+  return res;
+}
+
+kl_result kl_ctx_stats(const kl_ctx *c, kl_stats *stats) {
+  if (!c || !stats) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_stats: NULL argument");
+  if (!live_take((kl_ctx *)c, 0)) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_stats: ctx was destroyed");
+  *stats = c->stats;
+  return KLRT_OK;
+}
+
+kl_result kl_ctx_status(kl_ctx *c) {
+  if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_status: ctx is NULL");
+  if (!live_take(c, 0)) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_status: ctx was destroyed");
+  if (!c->state) return KLRT_OK; /* one-shot never ran here */
+  uint32_t st[6];
+  int pushed;
+  kl_result res = kl_ctx_enter(c, &pushed);
+  if (res) return res;
+  CUresult r = c->cu->cuMemcpyDtoHAsync(st, c->state, sizeof st, c->stream);
+  if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
+  kl_ctx_leave(c, pushed);
+  if (r != CUDA_SUCCESS) return kl_rt_fail(KLRT_ECUDA, "reading the device state: %s", kl_cu_errstr(r));
+  if (st[3] != 0)
+    return kl_rt_fail(KLRT_EDEVICE, "rank %d: one-shot step %u timed out waiting for rank %u "
+                      "(after %lld ms); the context must be destroyed", c->rank, st[5], st[4],
+                      (long long)(c->layout.timeout_ns / 1000000));
+  return KLRT_OK;
+}
+
+kl_result kl_ctx_destroy(kl_ctx *c) {
+  if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_destroy: ctx is NULL");
+  if (!live_take(c, 1)) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_destroy: ctx was already destroyed");
+  int pushed;
+  kl_result res = kl_ctx_enter(c, &pushed);
+  /* Peers may still write into our buffer until they finish their last step:
+   * finish ours, then wait for all ranks before freeing anything they map. */
+  if (!res) c->cu->cuCtxSynchronize();
+  char why[KL_WHY_MAX];
+  int token = c->rank, all[KL_TP_MAX];
+  if (c->ready && kl_exchange_all(&c->ex, &token, all, sizeof token, why) != 0)
+    res = kl_rt_fail(KLRT_ENCCL, "kl_ctx_destroy: %s", why);
+  if (!res) kl_ctx_leave(c, pushed);
+  release(c);
+  return res;
+}
+
+int kl_device_count(void) {
+  const char *why;
+  const kl_cu *cu = kl_cu_get(&why);
+  if (!cu) {
+    kl_rt_fail(KLRT_ENODRIVER, "%s", why);
+    return -(int)KLRT_ENODRIVER;
+  }
+  int n = 0;
+  cu->cuDeviceGetCount(&n);
+  return n;
+}

@@ -1,0 +1,169 @@
+/* Dispatch (DESIGN §8): the one-shot kernel when it can serve this call, NCCL
+ * otherwise. The choice depends only on what every rank sees alike (tokens,
+ * the spec, state agreed at creation); a condition only this rank can see (a
+ * misaligned or overlapping buffer) is repaired here with a staging copy. */
+#include <stdint.h>
+#include <string.h>
+
+#include "rt.h"
+
+enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
+
+/* Same decision on every rank: no pointer, stream or timing enters it. */
+static int choose(const kl_ctx *c, int tokens, kl_decline *why) {
+  if (c->disabled) return *why = KL_DECLINE_DISABLED, PATH_NCCL;
+  if (!c->ready) return *why = KL_DECLINE_NOT_READY, PATH_NCCL;
+  if (tokens > c->spec.max_tokens) return *why = KL_DECLINE_TOKENS, PATH_NCCL;
+  if ((long long)tokens * c->layout.shard_bytes > c->crossover)
+    return *why = KL_DECLINE_SIZE, PATH_NCCL;
+  return PATH_ONESHOT;
+}
+
+static int capturing(const kl_ctx *c, CUstream s) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  c->cu->cuStreamIsCapturing(s, &st);
+  return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* Scratch grows to fit; never while the stream is being captured (an
+ * allocation there would not be replayed, and may be illegal). */
+static kl_result ensure(kl_ctx *c, CUdeviceptr *buf, size_t *cap, size_t need, CUstream s,
+                        const char *what) {
+  if (need <= *cap) return KLRT_OK;
+  if (capturing(c, s))
+    return kl_rt_fail(KLRT_EINVAL, "%s: %zu bytes needed while capturing a CUDA graph; run one "
+                      "step of this size before capture so the buffer exists", what, need);
+  if (*buf) c->cu->cuMemFree(*buf);
+  *buf = 0, *cap = 0;
+  CUresult r = c->cu->cuMemAlloc(buf, need);
+  if (r != CUDA_SUCCESS)
+    return kl_rt_fail(KLRT_ENOMEM, "%s: cuMemAlloc(%zu): %s", what, need, kl_cu_errstr(r));
+  *cap = need;
+  return KLRT_OK;
+}
+
+static int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) {
+  return a < b + bn && b < a + an;
+}
+
+/* Device pointers must live on this context's GPU (checked once per pointer). */
+static kl_result check_ptr(kl_ctx *c, const void *p, const void **cache, const char *what) {
+  if (p == *cache) return KLRT_OK;
+  int ordinal = -1;
+  CUresult r = c->cu->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                            (CUdeviceptr)p);
+  if (r != CUDA_SUCCESS)
+    return kl_rt_fail(KLRT_EINVAL, "%s %p is not CUDA device memory (%s)", what, p,
+                      kl_cu_errstr(r));
+  if (ordinal != c->ordinal)
+    return kl_rt_fail(KLRT_EINVAL, "%s %p is on GPU %d, but rank %d's context is on GPU %d", what,
+                      p, ordinal, c->rank, c->ordinal);
+  *cache = p;
+  return KLRT_OK;
+}
+
+static kl_result copy(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  KL_CU_TRY(c, cuMemcpyAsync(dst, src, n, s));
+  return KLRT_OK;
+}
+
+static kl_result oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, CUstream s) {
+  size_t in_bytes = (size_t)tokens * (size_t)c->layout.shard_bytes;
+  size_t out_bytes = (size_t)tokens * (size_t)c->spec.vocab_size * (size_t)c->layout.elem_bytes;
+  unsigned align = (unsigned)c->layout.vec_bytes;
+  CUdeviceptr kin = in, kout = out;
+  kl_result res;
+  if (in % align || overlaps(in, in_bytes, out, out_bytes)) {
+    if ((res = ensure(c, &c->stage_in, &c->stage_in_bytes, in_bytes, s, "staging (input)")) ||
+        (res = copy(c, c->stage_in, in, in_bytes, s)))
+      return res;
+    kin = c->stage_in;
+    c->stats.staged++;
+  }
+  if (out % align) {
+    if ((res = ensure(c, &c->stage_out, &c->stage_out_bytes, out_bytes, s, "staging (output)")))
+      return res;
+    kout = c->stage_out;
+    c->stats.staged += kin == in;
+  }
+  int grid = kl_layout_grid(&c->layout, &c->spec, tokens, c->cta_cap);
+  int rank = c->rank;
+  void *args[] = {&kin, &kout, &tokens, &rank, &c->state, c->peers};
+  KL_CU_TRY(c, cuLaunchKernel(c->oneshot, (unsigned)grid, 1, 1, (unsigned)c->layout.block, 1, 1, 0,
+                              s, args, NULL));
+  if (kout != out) return copy(c, out, kout, out_bytes, s);
+  return KLRT_OK;
+}
+
+/* ncclAllGather leaves [tp, tokens, shard]; that is already [tokens, vocab]
+ * when there is one token (or one rank) and no padding to slice off. */
+static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, CUstream s) {
+  if (!c->nccl && c->nranks > 1)
+    return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: the one-shot path cannot serve this call "
+                      "and the context has no NCCL communicator for the fallback", c->rank);
+  size_t shard_bytes = (size_t)tokens * (size_t)c->layout.shard_bytes;
+  size_t out_bytes = (size_t)tokens * (size_t)c->spec.vocab_size * (size_t)c->layout.elem_bytes;
+  size_t all_bytes = shard_bytes * (size_t)c->nranks;
+  int direct = (tokens == 1 || c->nranks == 1) && c->spec.vocab_size == c->layout.padded_vocab &&
+               !overlaps(in, shard_bytes, out, out_bytes);
+  kl_result res;
+  CUdeviceptr dst = out;
+  if (!direct) {
+    if ((res = ensure(c, &c->scratch, &c->scratch_bytes, all_bytes, s, "NCCL scratch"))) return res;
+    dst = c->scratch;
+  }
+  if (c->nranks == 1) {
+    if ((res = copy(c, dst, in, shard_bytes, s))) return res;
+  } else {
+    ncclResult_t nr = ncclAllGather((const void *)in, (void *)dst, shard_bytes, ncclUint8, c->nccl,
+                                    (cudaStream_t)s);
+    if (nr != ncclSuccess)
+      return kl_rt_fail(KLRT_ENCCL, "ncclAllGather: %s", ncclGetErrorString(nr));
+  }
+  if (direct) return KLRT_OK;
+  CUdeviceptr kout = out;
+  if (out % (unsigned)c->layout.vec_bytes) {
+    if ((res = ensure(c, &c->stage_out, &c->stage_out_bytes, out_bytes, s, "staging (output)")))
+      return res;
+    kout = c->stage_out;
+    c->stats.staged++;
+  }
+  long long vecs = (long long)out_bytes / c->layout.vec_bytes;
+  long long grid = (vecs + 255) / 256;
+  if (grid > 4LL * c->sm_count) grid = 4LL * c->sm_count;
+  if (grid < 1) grid = 1;
+  void *args[] = {&c->scratch, &kout, &tokens};
+  KL_CU_TRY(c, cuLaunchKernel(c->relayout, (unsigned)grid, 1, 1, 256, 1, 1, 0, s, args, NULL));
+  if (kout != out) return copy(c, out, kout, out_bytes, s);
+  return KLRT_OK;
+}
+
+static void log_path(kl_ctx *c, int path, kl_decline why, int tokens) {
+  if (path == c->last_path && (path == PATH_ONESHOT || c->stats.declined[why] > 1)) return;
+  if (path == PATH_ONESHOT)
+    kl_log("rank %d: %s: one-shot path (tokens %d)", c->rank, c->spec.name, tokens);
+  else
+    kl_log("rank %d: %s: NCCL path, one-shot declined: %s (tokens %d%s%s)", c->rank, c->spec.name,
+           kl_decline_name(why), tokens, why == KL_DECLINE_NOT_READY ? "; " : "",
+           why == KL_DECLINE_NOT_READY ? c->stats.not_ready : "");
+  c->last_path = path;
+}
+
+kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstream s) {
+  kl_result res;
+  if ((res = check_ptr(c, in, &c->checked_in, "shard")) ||
+      (res = check_ptr(c, out, &c->checked_out, "out")))
+    return res;
+  kl_decline why = KL_DECLINE_COUNT;
+  int path = choose(c, tokens, &why);
+  if (path == PATH_ONESHOT) {
+    c->stats.oneshot++;
+    res = oneshot(c, (CUdeviceptr)in, (CUdeviceptr)out, tokens, s);
+  } else {
+    c->stats.nccl++;
+    c->stats.declined[why]++;
+    res = nccl_path(c, (CUdeviceptr)in, (CUdeviceptr)out, tokens, s);
+  }
+  if (kl_log_enabled()) log_path(c, path, why, tokens);
+  return res;
+}

@@ -1,0 +1,101 @@
+/* libklrt internals: the context and the modules that share it.
+ *   cu.c        driver access (dlopen)
+ *   err.c       kl_last_error, KLGEN_LOG
+ *   jit.c       NVRTC + disk cache + module load
+ *   exchange.c  host all-gather between ranks: group (threads), callback, NCCL
+ *   transport.c receive buffers, peer mapping, agreement on readiness
+ *   gather.c    dispatch: one-shot kernel or NCCL + relayout, staging copies
+ *   context.c   create / destroy / stats / status */
+#ifndef KL_RT_H
+#define KL_RT_H
+
+#include <stdint.h>
+
+#include "cu.h"
+#include "klgen.h"
+#include "klrt/klrt.h"
+
+#define KL_WHY_MAX 256
+
+/* ---- err.c ---- */
+kl_result kl_rt_fail(kl_result r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+kl_result kl_rt_ok(void);
+int kl_log_enabled(void);
+void kl_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- exchange.c ---- */
+typedef struct kl_exchange {
+  kl_group *group;
+  ncclComm_t nccl;
+  kl_allgather_fn fn;
+  void *user;
+  int rank, nranks;
+  const kl_cu *cu;
+  CUstream stream;
+} kl_exchange;
+#define KL_EXCHANGE_MAX 1024 /* bytes per rank per exchange */
+/* Every rank's `bytes` from `mine` into `all` (rank order). 0 or -1 with why. */
+int kl_exchange_all(kl_exchange *ex, const void *mine, void *all, size_t bytes, char *why);
+
+/* ---- jit.c ---- */
+/* Resolves the cache directory (DESIGN §5); 0 if none can be determined. */
+int kl_cache_dir(const char *configured, char *buf, size_t n);
+/* Cubin for source on arch, from the cache at dir (NULL: no cache) or NVRTC. */
+int kl_jit_cubin(const char *source, const char *name, const char *arch, const char *dir,
+                 kl_binary *out, int *hit, kl_err *err);
+
+/* ---- the context ---- */
+struct kl_ctx {
+  kl_spec spec;
+  kl_layout layout;
+  int rank, nranks;
+  const kl_cu *cu;
+  CUdevice dev;
+  int ordinal;
+  CUcontext cuctx;
+  int retained; /* we retained the primary context */
+  char arch[16];
+  int sm_count;
+  CUstream stream; /* internal: exchange and status reads */
+  kl_exchange ex;
+  ncclComm_t nccl;
+  /* one-shot */
+  CUmodule mod;
+  CUfunction oneshot, relayout;
+  int cta_cap; /* CTAs per rank that stay co-resident with the other ranks */
+  CUdeviceptr recv, state;
+  CUdeviceptr peers[KL_TP_MAX];
+  unsigned char ipc_opened[KL_TP_MAX];
+  int ready, disabled;
+  long long crossover;
+  /* scratch: NCCL gather target and staging copies; grown outside capture */
+  CUdeviceptr scratch, stage_in, stage_out;
+  size_t scratch_bytes, stage_in_bytes, stage_out_bytes;
+  /* last pointers validated as this device's (hot-path cache) */
+  const void *checked_in, *checked_out;
+  kl_stats stats;
+  int last_path; /* for the log: -1 none, 0 one-shot, 1 NCCL */
+};
+
+/* ---- transport.c ---- */
+/* Allocates receive memory, exchanges handles, maps peers, agrees on whether
+ * the one-shot path is ready on all ranks. Fatal errors return non-OK on every
+ * rank alike. */
+kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why);
+void kl_transport_teardown(kl_ctx *c);
+
+/* ---- gather.c ---- */
+kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstream s);
+
+/* ---- context.c ---- */
+/* Makes c's CUDA context current if it is not; *pushed says to pop it. */
+kl_result kl_ctx_enter(kl_ctx *c, int *pushed);
+void kl_ctx_leave(kl_ctx *c, int pushed);
+#define KL_CU_TRY(c, call)                                                                \
+  do {                                                                                    \
+    CUresult r_ = (c)->cu->call;                                                          \
+    if (r_ != CUDA_SUCCESS)                                                               \
+      return kl_rt_fail(KLRT_ECUDA, "%s failed: %s", #call, kl_cu_errstr(r_));            \
+  } while (0)
+
+#endif

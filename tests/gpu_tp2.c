@@ -1,0 +1,237 @@
+/* GPU test: TP2 across two GPUs in two processes (NCCL bootstrap, no MPI).
+ *
+ *   gpu_tp2 SPEC_FILE NAME
+ *
+ * Each rank, in lock-step with the other:
+ *   1. one-shot output == ncclAllGather + host slice, bit for bit (-0.0 aside),
+ *      tokens 1, 3 and max_tokens, data that includes -0.0, NaN, Inf, subnormals;
+ *   2. every forced decline (tokens > max_tokens, KLGEN_DISABLE=1, size over
+ *      KLGEN_CROSSOVER_BYTES) gives the same output through NCCL;
+ *   3. rank 0's input (then output) misaligned, rank 1's aligned: correct, no hang;
+ *   4. rank 1 skips a step: rank 0's kernel gives up within its time limit and
+ *      kl_ctx_status reports it.
+ * Exit 77 with fewer than two GPUs. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpu_util.h"
+#include "klrt/klrt.h"
+
+typedef struct rank_env {
+  int rank;
+  const kl_cu *cu;
+  ncclComm_t comm;
+  CUstream s;
+  kl_spec spec;
+  kl_layout l;
+  testkern k;
+  CUdeviceptr shard, out, ref, step, bad;
+  size_t cap_tokens;
+  int fails;
+} rank_env;
+
+#define EXPECT(e, cond, ...)                                     \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      fprintf(stderr, "rank %d: FAIL: ", (e)->rank);             \
+      fprintf(stderr, __VA_ARGS__);                              \
+      fprintf(stderr, "\n");                                     \
+      (e)->fails++;                                              \
+    }                                                            \
+  } while (0)
+
+static kl_ctx *make_ctx(rank_env *e, const char *file, const char *name) {
+  kl_config cfg = {.rank = e->rank, .nranks = 2, .device = e->rank, .nccl = e->comm};
+  kl_ctx *c = NULL;
+  kl_result r = kl_ctx_create_file(&c, file, name, &cfg);
+  EXPECT(e, r == KLRT_OK, "create: %s", kl_last_error());
+  return c;
+}
+
+/* fill -> gather -> ncclAllGather reference; returns mismatches vs reference. */
+static long long step_vs_nccl(rank_env *e, kl_ctx *c, int tokens, size_t in_off, size_t out_off) {
+  const kl_cu *cu = e->cu;
+  int elem = e->l.elem_bytes;
+  size_t shard_bytes = (size_t)tokens * (size_t)e->l.shard_bytes;
+  size_t out_bytes = (size_t)tokens * (size_t)e->spec.vocab_size * (size_t)elem;
+  CUdeviceptr in = e->shard + in_off, out = e->out + out_off;
+  CU_CHECK(cu, cuMemsetD32Async(e->out, 0x5a5a5a5a, (out_bytes + out_off + 3) / 4, e->s));
+  launch_fill(cu, &e->k, in, tokens, e->l.shard, (unsigned)e->rank, e->step, e->s);
+  kl_result r = kl_gather(c, (void *)in, (void *)out, tokens, e->s);
+  EXPECT(e, r == KLRT_OK, "gather(%d tokens): %s", tokens, kl_last_error());
+  ncclResult_t nr = ncclAllGather((void *)in, (void *)e->ref, shard_bytes, ncclUint8, e->comm,
+                                  (cudaStream_t)e->s);
+  EXPECT(e, nr == ncclSuccess, "ncclAllGather: %s", ncclGetErrorString(nr));
+  launch_bump(cu, &e->k, e->step, e->s);
+  char *got = malloc(out_bytes), *all = malloc(shard_bytes * 2);
+  CU_CHECK(cu, cuStreamSynchronize(e->s));
+  CU_CHECK(cu, cuMemcpyDtoH(got, out, out_bytes));
+  CU_CHECK(cu, cuMemcpyDtoH(all, e->ref, shard_bytes * 2));
+  long long bad = 0;
+  for (int t = 0; t < tokens; t++)
+    for (long long j = 0; j < e->spec.vocab_size; j++) {
+      long long rr = j / e->l.shard, col = j % e->l.shard;
+      const char *src = all + ((size_t)rr * (size_t)tokens + (size_t)t) * (size_t)e->l.shard_bytes +
+                        (size_t)col * (size_t)elem;
+      const char *dst = got + ((size_t)t * (size_t)e->spec.vocab_size + (size_t)j) * (size_t)elem;
+      uint32_t want = 0, have = 0;
+      memcpy(&want, src, (size_t)elem);
+      memcpy(&have, dst, (size_t)elem);
+      if (have != ref_expected(elem, want) && bad++ < 3)
+        fprintf(stderr, "rank %d: tokens %d [%d][%lld]: 0x%x != nccl 0x%x\n", e->rank, tokens, t,
+                j, have, want);
+    }
+  free(got), free(all);
+  return bad;
+}
+
+static void expect_path(rank_env *e, kl_ctx *c, uint64_t oneshot, uint64_t nccl, int decline,
+                        const char *what) {
+  kl_stats st;
+  kl_ctx_stats(c, &st);
+  EXPECT(e, st.oneshot == oneshot && st.nccl == nccl, "%s: %llu one-shot / %llu NCCL calls, "
+         "expected %llu / %llu", what, (unsigned long long)st.oneshot, (unsigned long long)st.nccl,
+         (unsigned long long)oneshot, (unsigned long long)nccl);
+  if (decline >= 0)
+    EXPECT(e, st.declined[decline] == nccl, "%s: %llu declines for %s", what,
+           (unsigned long long)st.declined[decline], kl_decline_name((kl_decline)decline));
+}
+
+static void test_oneshot_equals_nccl(rank_env *e, const char *file, const char *name) {
+  kl_ctx *c = make_ctx(e, file, name);
+  if (!c) return;
+  kl_stats st;
+  kl_ctx_stats(c, &st);
+  EXPECT(e, st.oneshot_ready, "one-shot not ready: %s", st.not_ready);
+  int tokens[] = {1, 3, (int)e->spec.max_tokens};
+  long long bad = 0;
+  for (int i = 0; i < 3; i++)
+    for (int rep = 0; rep < 4; rep++) bad += step_vs_nccl(e, c, tokens[i], 0, 0);
+  EXPECT(e, bad == 0, "one-shot vs NCCL: %lld mismatches", bad);
+  expect_path(e, c, 12, 0, -1, "one-shot");
+  /* misaligned (one element) input, then output, on rank 0 only */
+  size_t off = (size_t)e->l.elem_bytes;
+  long long bad_in = step_vs_nccl(e, c, 3, e->rank == 0 ? off : 0, 0);
+  long long bad_out = step_vs_nccl(e, c, 3, 0, e->rank == 0 ? off : 0);
+  EXPECT(e, bad_in == 0 && bad_out == 0, "misaligned: %lld / %lld mismatches", bad_in, bad_out);
+  expect_path(e, c, 14, 0, -1, "misaligned");
+  /* tokens over capacity: NCCL serves */
+  long long bad_over = step_vs_nccl(e, c, (int)e->spec.max_tokens + 5, 0, 0);
+  EXPECT(e, bad_over == 0, "tokens > max_tokens via NCCL: %lld mismatches", bad_over);
+  expect_path(e, c, 14, 1, KL_DECLINE_TOKENS, "tokens decline");
+  EXPECT(e, kl_ctx_status(c) == KLRT_OK, "status: %s", kl_last_error());
+  EXPECT(e, kl_ctx_destroy(c) == KLRT_OK, "destroy: %s", kl_last_error());
+  printf("rank %d: one-shot == NCCL (tokens 1, 3, %d; misaligned; over capacity): %s\n", e->rank,
+         tokens[2], e->fails ? "FAIL" : "ok");
+}
+
+static void test_forced_decline(rank_env *e, const char *file, const char *name,
+                                const char *var, const char *val, int decline) {
+  setenv(var, val, 1);
+  kl_ctx *c = make_ctx(e, file, name);
+  unsetenv(var);
+  if (!c) return;
+  long long bad = step_vs_nccl(e, c, 1, 0, 0) + step_vs_nccl(e, c, 3, 0, 0);
+  EXPECT(e, bad == 0, "%s=%s: %lld mismatches", var, val, bad);
+  expect_path(e, c, 0, 2, decline, var);
+  kl_ctx_destroy(c);
+  printf("rank %d: %s=%s -> NCCL path, same output: %s\n", e->rank, var, val,
+         bad ? "FAIL" : "ok");
+}
+
+/* Rank 1 skips a step; rank 0 must give up and say so. */
+static void test_skipped_step(rank_env *e) {
+  char src[512];
+  snprintf(src, sizeof src,
+           "return { name = 'skip_test', vocab_size = %lld, tp = 2, dtype = '%s', "
+           "max_tokens = 4, timeout_ms = 300 }",
+           (long long)e->spec.vocab_size, kl_dtype_name(e->spec.dtype));
+  kl_config cfg = {.rank = e->rank, .nranks = 2, .device = e->rank, .nccl = e->comm};
+  kl_ctx *c = NULL;
+  if (kl_ctx_create_string(&c, src, NULL, &cfg) != KLRT_OK) {
+    EXPECT(e, 0, "create skip ctx: %s", kl_last_error());
+    return;
+  }
+  if (e->rank == 0) {
+    kl_gather(c, (void *)e->shard, (void *)e->out, 1, e->s);
+    CU_CHECK(e->cu, cuStreamSynchronize(e->s)); /* returns: the poll is time-limited */
+    kl_result r = kl_ctx_status(c);
+    EXPECT(e, r == KLRT_EDEVICE, "status after a skipped peer: %s (%s)", kl_result_name(r),
+           kl_last_error());
+    printf("rank 0: peer skipped a step -> %s: %s\n", kl_result_name(r), kl_last_error());
+  }
+  kl_ctx_destroy(c);
+}
+
+static int run_rank(int rank, int fd_id[2], const char *file, const char *name) {
+  rank_env e = {.rank = rank};
+  e.cu = gpu_require(2);
+  const kl_cu *cu = e.cu;
+  ncclUniqueId id;
+  if (rank == 0) {
+    ncclGetUniqueId(&id);
+    if (write(fd_id[1], &id, sizeof id) != (ssize_t)sizeof id) return 1;
+  } else if (read(fd_id[0], &id, sizeof id) != (ssize_t)sizeof id) {
+    return 1;
+  }
+  CUdevice dev;
+  CUcontext ctx;
+  CU_CHECK(cu, cuDeviceGet(&dev, rank));
+  CU_CHECK(cu, cuDevicePrimaryCtxRetain(&ctx, dev));
+  CU_CHECK(cu, cuCtxSetCurrent(ctx)); /* NCCL's runtime uses the current context */
+  if (ncclCommInitRank(&e.comm, 2, id, rank) != ncclSuccess) return 1;
+  kl_spec_list l;
+  kl_err err;
+  if (kl_spec_load_file(file, &l, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+  for (int i = 0; i < l.n; i++)
+    if (!strcmp(l.v[i].name, name)) e.spec = l.v[i];
+  kl_spec_list_free(&l);
+  if (e.spec.tp != 2) return fprintf(stderr, "%s is not a tp 2 spec in %s\n", name, file), 1;
+  kl_layout_derive(&e.spec, &e.l, &err);
+  size_t t = (size_t)e.spec.max_tokens + 8, elem = (size_t)e.l.elem_bytes;
+  CU_CHECK(cu, cuStreamCreate(&e.s, CU_STREAM_NON_BLOCKING));
+  CU_CHECK(cu, cuMemAlloc(&e.shard, t * (size_t)e.l.shard_bytes + 64));
+  CU_CHECK(cu, cuMemAlloc(&e.out, t * (size_t)e.spec.vocab_size * elem + 64));
+  CU_CHECK(cu, cuMemAlloc(&e.ref, 2 * t * (size_t)e.l.shard_bytes));
+  CU_CHECK(cu, cuMemAlloc(&e.step, 4));
+  CU_CHECK(cu, cuMemAlloc(&e.bad, 8));
+  CU_CHECK(cu, cuMemsetD32(e.step, 0, 1));
+  if (testkern_load(cu, (int)elem, &e.k)) return 1;
+  test_oneshot_equals_nccl(&e, file, name);
+  test_forced_decline(&e, file, name, "KLGEN_DISABLE", "1", KL_DECLINE_DISABLED);
+  test_forced_decline(&e, file, name, "KLGEN_CROSSOVER_BYTES", "1", KL_DECLINE_SIZE);
+  test_skipped_step(&e);
+  ncclCommDestroy(e.comm);
+  return e.fails ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s SPEC_FILE NAME\n", argv[0]);
+    return 2;
+  }
+  int n = gpu_count_in_child();
+  if (n < 2) {
+    printf("SKIP: needs 2 GPUs, found %d\n", n);
+    return SKIP;
+  }
+  int fd[2];
+  if (pipe(fd) != 0) return 1;
+  pid_t pid[2];
+  for (int r = 0; r < 2; r++) {
+    fflush(stdout);
+    pid[r] = fork();
+    if (pid[r] == 0) _exit(run_rank(r, fd, argv[1], argv[2]));
+  }
+  int fails = 0;
+  for (int r = 0; r < 2; r++) {
+    int st = 0;
+    waitpid(pid[r], &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fails++;
+  }
+  printf("%s\n", fails ? "FAILED" : "PASSED");
+  return fails ? 1 : 0;
+}

@@ -1,0 +1,168 @@
+/* GPU test helpers (see gpu_util.h). */
+#include "gpu_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "klrt/klrt.h"
+
+const kl_cu *gpu_require(int need) {
+  const char *why = NULL;
+  const kl_cu *cu = kl_cu_get(&why);
+  if (!cu) {
+    printf("SKIP: %s\n", why);
+    exit(SKIP);
+  }
+  int n = 0;
+  cu->cuDeviceGetCount(&n);
+  if (n < need) {
+    printf("SKIP: needs %d GPUs, found %d\n", need, n);
+    exit(SKIP);
+  }
+  return cu;
+}
+
+int gpu_count_in_child(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int n = kl_device_count();
+    _exit(n < 0 ? 0 : (n > 100 ? 100 : n));
+  }
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st)) return 0;
+  return WEXITSTATUS(st);
+}
+
+/* The same function on both sides: keep ref_value and VALUE_SRC in step. */
+static uint32_t mixh(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+uint32_t ref_value(int elem, uint32_t step, uint32_t rank, uint32_t t, uint32_t col) {
+  uint32_t h = mixh(step * 0x9E3779B1u + rank * 0x85EBCA77u + t * 0xC2B2AE3Du + col);
+  uint32_t m = h & 63u;
+  if (elem == 2) {
+    static const uint32_t special[] = {0x8000, 0x7fc1, 0x7f80, 0xff80, 0x8001, 0x0000, 0xffff};
+    return m < 7 ? special[m] : (h >> 8) & 0xffffu;
+  }
+  static const uint32_t special[] = {0x80000000u, 0x7fc00001u, 0x7f800000u, 0xff800000u,
+                                     0x80000001u, 0x00000000u, 0xffffffffu};
+  return m < 7 ? special[m] : h ^ (h << 7);
+}
+
+uint32_t ref_expected(int elem, uint32_t v) {
+  return v == (elem == 2 ? 0x8000u : 0x80000000u) ? 0u : v;
+}
+
+long long ref_check(int elem, const void *out, int tokens, long long vocab, long long shard,
+                    uint32_t step, const char *what) {
+  long long bad = 0;
+  for (int t = 0; t < tokens; t++)
+    for (long long j = 0; j < vocab; j++) {
+      uint32_t r = (uint32_t)(j / shard), col = (uint32_t)(j % shard);
+      uint32_t want = ref_expected(elem, ref_value(elem, step, r, (uint32_t)t, col));
+      uint32_t got = elem == 2 ? ((const uint16_t *)out)[t * vocab + j]
+                               : ((const uint32_t *)out)[t * vocab + j];
+      if (got != want && bad++ < 5)
+        fprintf(stderr, "%s: step %u token %d col %lld: got 0x%x, want 0x%x\n", what, step, t, j,
+                got, want);
+    }
+  return bad;
+}
+
+static const char *const kernels_src =
+    "typedef unsigned int u32;\n"
+    "#if ELEM == 2\n typedef unsigned short T;\n#else\n typedef unsigned int T;\n#endif\n"
+    "__device__ u32 mixh(u32 x) { x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15;\n"
+    "  x *= 0x846ca68bu; x ^= x >> 16; return x; }\n"
+    "__device__ u32 value(u32 step, u32 rank, u32 t, u32 col) {\n"
+    "  u32 h = mixh(step * 0x9E3779B1u + rank * 0x85EBCA77u + t * 0xC2B2AE3Du + col);\n"
+    "  u32 m = h & 63u;\n"
+    "#if ELEM == 2\n"
+    "  const u32 sp[7] = {0x8000, 0x7fc1, 0x7f80, 0xff80, 0x8001, 0x0000, 0xffff};\n"
+    "  return m < 7 ? sp[m] : (h >> 8) & 0xffffu;\n"
+    "#else\n"
+    "  const u32 sp[7] = {0x80000000u, 0x7fc00001u, 0x7f800000u, 0xff800000u, 0x80000001u, 0u,\n"
+    "                     0xffffffffu};\n"
+    "  return m < 7 ? sp[m] : h ^ (h << 7);\n"
+    "#endif\n"
+    "}\n"
+    "extern \"C\" __global__ void fill(T *shard, int tokens, long long cols, u32 rank,\n"
+    "                                  const u32 *step) {\n"
+    "  u32 s = *step; long long n = (long long)tokens * cols;\n"
+    "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
+    "       i += (long long)gridDim.x * blockDim.x)\n"
+    "    shard[i] = (T)value(s, rank, (u32)(i / cols), (u32)(i % cols));\n"
+    "}\n"
+    "extern \"C\" __global__ void verify(const T *out, int tokens, long long vocab,\n"
+    "    long long cols, const u32 *step, unsigned long long *bad) {\n"
+    "  u32 s = *step; long long n = (long long)tokens * vocab; unsigned long long b = 0;\n"
+    "  const u32 negzero = ELEM == 2 ? 0x8000u : 0x80000000u;\n"
+    "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
+    "       i += (long long)gridDim.x * blockDim.x) {\n"
+    "    long long t = i / vocab, j = i % vocab;\n"
+    "    u32 v = value(s, (u32)(j / cols), (u32)t, (u32)(j % cols));\n"
+    "    if (v == negzero) v = 0;\n"
+    "    if ((u32)out[i] != v) b++;\n"
+    "  }\n"
+    "  if (b) atomicAdd(bad, b);\n"
+    "}\n"
+    "extern \"C\" __global__ void bump(u32 *step) { *step += 1; }\n";
+
+int testkern_load(const kl_cu *cu, int elem, testkern *k) {
+  CUdevice dev;
+  CUcontext ctx;
+  int maj = 0, min = 0;
+  if (cu->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx || cu->cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+    return -1;
+  cu->cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+  cu->cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+  char arch[16], *src = malloc(strlen(kernels_src) + 32);
+  snprintf(arch, sizeof arch, "sm_%d%d", maj, min);
+  sprintf(src, "#define ELEM %d\n%s", elem, kernels_src);
+  kl_binary bin;
+  kl_err err;
+  int rc = kl_nvrtc_compile(src, "testdata", arch, &bin, &err);
+  free(src);
+  if (rc) {
+    fprintf(stderr, "test kernels: %s\n", err.msg);
+    return -1;
+  }
+  k->elem = elem;
+  rc = cu->cuModuleLoadData(&k->mod, bin.data) != CUDA_SUCCESS ||
+       cu->cuModuleGetFunction(&k->fill, k->mod, "fill") != CUDA_SUCCESS ||
+       cu->cuModuleGetFunction(&k->verify, k->mod, "verify") != CUDA_SUCCESS ||
+       cu->cuModuleGetFunction(&k->bump, k->mod, "bump") != CUDA_SUCCESS;
+  kl_binary_free(&bin);
+  return rc ? -1 : 0;
+}
+
+static unsigned grid_for(long long n) {
+  long long g = (n + 255) / 256;
+  return (unsigned)(g < 1 ? 1 : g > 64 ? 64 : g);
+}
+
+int launch_fill(const kl_cu *cu, const testkern *k, CUdeviceptr shard, int tokens,
+                long long cols, unsigned rank, CUdeviceptr step, CUstream s) {
+  void *a[] = {&shard, &tokens, &cols, &rank, &step};
+  return cu->cuLaunchKernel(k->fill, grid_for(tokens * cols), 1, 1, 256, 1, 1, 0, s, a, NULL);
+}
+
+int launch_verify(const kl_cu *cu, const testkern *k, CUdeviceptr out, int tokens, long long vocab,
+                  long long cols, CUdeviceptr step, CUdeviceptr bad, CUstream s) {
+  void *a[] = {&out, &tokens, &vocab, &cols, &step, &bad};
+  return cu->cuLaunchKernel(k->verify, grid_for(tokens * vocab), 1, 1, 256, 1, 1, 0, s, a, NULL);
+}
+
+int launch_bump(const kl_cu *cu, const testkern *k, CUdeviceptr step, CUstream s) {
+  void *a[] = {&step};
+  return cu->cuLaunchKernel(k->bump, 1, 1, 1, 1, 1, 1, 0, s, a, NULL);
+}

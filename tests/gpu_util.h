@@ -1,0 +1,54 @@
+/* Shared by the GPU tests: skip (exit 77) without a GPU, test-data kernels, and
+ * the host reference those kernels must agree with. */
+#ifndef KL_GPU_UTIL_H
+#define KL_GPU_UTIL_H
+
+#include <stdint.h>
+
+#include "cu.h"
+#include "klgen.h"
+
+#define SKIP 77
+
+/* The driver, or exit(77) with a reason if fewer than `need` GPUs. */
+const kl_cu *gpu_require(int need);
+/* GPUs present, from a child process, so the caller may still fork ranks. */
+int gpu_count_in_child(void);
+
+/* Kernels that make and check test data, from a step counter in device memory,
+ * so a captured CUDA graph replays with new data every step:
+ *   fill(shard, tokens, shard_cols, rank, step)
+ *   verify(out, tokens, vocab, shard_cols, step, bad)  counts wrong elements
+ *   bump(step)                                          step += 1            */
+typedef struct testkern {
+  CUmodule mod;
+  CUfunction fill, verify, bump;
+  int elem;
+} testkern;
+int testkern_load(const kl_cu *cu, int elem_bytes, testkern *k);
+int launch_fill(const kl_cu *cu, const testkern *k, CUdeviceptr shard, int tokens,
+                long long shard_cols, unsigned rank, CUdeviceptr step, CUstream s);
+int launch_verify(const kl_cu *cu, const testkern *k, CUdeviceptr out, int tokens, long long vocab,
+                  long long shard_cols, CUdeviceptr step, CUdeviceptr bad, CUstream s);
+int launch_bump(const kl_cu *cu, const testkern *k, CUdeviceptr step, CUstream s);
+
+/* Host reference: element (t, col) of rank's shard at `step`, as stored bits,
+ * and what the gather must deliver for it (-0.0 becomes +0.0). Some elements
+ * are -0.0, NaN, +-Inf, negative subnormals: values that trip naive code. */
+uint32_t ref_value(int elem, uint32_t step, uint32_t rank, uint32_t t, uint32_t col);
+uint32_t ref_expected(int elem, uint32_t v);
+/* Compares a host copy of out [tokens, vocab] with the reference; returns the
+ * number of wrong elements and prints the first few. */
+long long ref_check(int elem, const void *out, int tokens, long long vocab, long long shard,
+                    uint32_t step, const char *what);
+
+#define CU_CHECK(cu, call)                                                         \
+  do {                                                                             \
+    CUresult r_ = (cu)->call;                                                      \
+    if (r_ != CUDA_SUCCESS) {                                                      \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kl_cu_errstr(r_)); \
+      exit(1);                                                                     \
+    }                                                                              \
+  } while (0)
+
+#endif
