@@ -7,7 +7,9 @@
 #include "klgen.h"
 
 #define DEFAULT_PAD 64 /* vLLM's DEFAULT_VOCAB_PADDING_SIZE */
-#define DEFAULT_TIMEOUT_MS 2000
+/* Generous: ranks can be seconds apart at their first step (warm-up, graph
+ * capture); the limit is only there so a dead peer cannot hang the GPU. */
+#define DEFAULT_TIMEOUT_MS 10000
 #define CHUNK 16   /* bytes: one Lamport vector, one volatile poll */
 #define BLOCK 128  /* threads per CTA: small CTAs spread the pushes over more SMs */
 

@@ -14,7 +14,7 @@ static int choose(const kl_ctx *c, int tokens, kl_decline *why) {
   if (c->disabled) return *why = KL_DECLINE_DISABLED, PATH_NCCL;
   if (!c->ready) return *why = KL_DECLINE_NOT_READY, PATH_NCCL;
   if (tokens > c->spec.max_tokens) return *why = KL_DECLINE_TOKENS, PATH_NCCL;
-  if ((long long)tokens * c->layout.shard_bytes > c->crossover)
+  if (c->nccl_everywhere && (long long)tokens * c->layout.shard_bytes > c->crossover)
     return *why = KL_DECLINE_SIZE, PATH_NCCL;
   return PATH_ONESHOT;
 }

@@ -67,6 +67,7 @@ struct kl_ctx {
   CUdeviceptr peers[KL_TP_MAX];
   unsigned char ipc_opened[KL_TP_MAX];
   int ready, disabled;
+  int nccl_everywhere; /* every rank has a communicator: size declines are possible */
   long long crossover;
   /* scratch: NCCL gather target and staging copies; grown outside capture */
   CUdeviceptr scratch, stage_in, stage_out;

@@ -29,7 +29,7 @@ typedef struct peer_info {
 } peer_info;
 
 typedef struct agree_info {
-  int32_t mapped, disabled;
+  int32_t mapped, disabled, has_nccl;
   int64_t crossover;
   char why[160];
 } agree_info;
@@ -251,15 +251,18 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   agree_info mine = {0};
   mine.mapped = map_all(c, all, mine.why) == 0;
   mine.disabled = env_flag("KLGEN_DISABLE");
+  mine.has_nccl = c->nccl != NULL || c->nranks == 1;
   mine.crossover = env_ll("KLGEN_CROSSOVER_BYTES", DEFAULT_CROSSOVER);
   if (kl_exchange_all(&c->ex, &mine, agree, sizeof mine, why) != 0) {
     res = kl_rt_fail(KLRT_ENCCL, "rank %d: %s", c->rank, why);
     goto out;
   }
   c->ready = 1;
+  c->nccl_everywhere = 1;
   c->crossover = agree[0].crossover;
   for (int r = 0; r < c->nranks; r++) {
     c->disabled |= agree[r].disabled;
+    c->nccl_everywhere &= agree[r].has_nccl;
     if (agree[r].crossover < c->crossover) c->crossover = agree[r].crossover;
     if (!agree[r].mapped && c->ready) {
       c->ready = 0;

@@ -122,6 +122,11 @@ static void *run_rank(void *arg) {
   shared *sh = r->sh;
   const kl_cu *cu = sh->cu;
   cu->cuCtxSetCurrent(sh->cuctx);
+  bufs b;
+  memset(&b, 0, sizeof b);
+  /* Everything slow happens before creation, which is a barrier: ranks that
+   * start their steps seconds apart would run into the poll's time limit. */
+  if (testkern_load(cu, sh->layout.elem_bytes, &b.k)) fail(r, "test kernels", "did not build");
   kl_config cfg = {.rank = r->rank, .nranks = sh->spec.tp, .device = 0, .group = sh->group};
   kl_ctx *ctx = NULL;
   if (kl_ctx_create_file(&ctx, sh->file, sh->spec.name, &cfg) != KLRT_OK) {
@@ -131,8 +136,6 @@ static void *run_rank(void *arg) {
   kl_stats st;
   kl_ctx_stats(ctx, &st);
   if (!st.oneshot_ready) fail(r, "one-shot not ready", st.not_ready);
-  bufs b;
-  memset(&b, 0, sizeof b);
   size_t max_t = (size_t)sh->spec.max_tokens, elem = (size_t)sh->layout.elem_bytes;
   CU_CHECK(cu, cuStreamCreate(&b.s, CU_STREAM_NON_BLOCKING));
   CU_CHECK(cu, cuMemAlloc(&b.shard, max_t * (size_t)sh->layout.shard * elem));
@@ -141,7 +144,6 @@ static void *run_rank(void *arg) {
   CU_CHECK(cu, cuMemAlloc(&b.bad, 8));
   CU_CHECK(cu, cuMemsetD32(b.step, 0, 4));
   CU_CHECK(cu, cuMemsetD32(b.bad, 0, 2));
-  if (testkern_load(cu, (int)elem, &b.k)) fail(r, "test kernels", "did not build");
   if (!r->failed && !eager(r, ctx, &b)) graph(r, ctx, &b);
   if (!r->failed) {
     CU_CHECK(cu, cuStreamSynchronize(b.s));
