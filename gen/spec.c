@@ -102,6 +102,9 @@ static int get_int(const ctx *c, const kl_spec *s, int t, kl_field f, int64_t *o
     else
       *out = (int64_t)x;
   }
+  /* Optional fields use 0 for "not given", so a given one must be positive. */
+  if (rc == 0 && ty != LUA_TNIL && absent_ok && *out <= 0)
+    rc = kl_spec_fail(c->err, s, f, "%lld is out of range (must be at least 1)", (long long)*out);
   lua_pop(L, 1);
   return rc;
 }

@@ -1,0 +1,59 @@
+/* NVRTC compiles every shipped spec for sm_90 and sm_100 into a non-empty
+ * cubin with both entry points, with no warnings.  test_nvrtc SPEC... */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "klgen.h"
+
+static int has(const kl_binary *b, const char *s) {
+  size_t n = strlen(s);
+  const char *p = b->data;
+  for (size_t i = 0; i + n <= b->size; i++)
+    if (!memcmp(p + i, s, n)) return 1;
+  return 0;
+}
+
+static void compile_spec(const kl_spec *s) {
+  kl_layout l;
+  kl_err e;
+  char *src = NULL;
+  if (kl_layout_derive(s, &l, &e) || kl_render(s, &l, NULL, &src, &e)) {
+    CHECK(0, "%s: %s", s->name, e.msg);
+    return;
+  }
+  const char *arch[] = {"sm_90", "sm_100"};
+  for (int a = 0; a < 2; a++) {
+    kl_binary b;
+    int rc = kl_nvrtc_compile(src, s->name, arch[a], &b, &e);
+    CHECK(rc == 0, "%s %s: %s", s->name, arch[a], e.msg);
+    if (rc) continue;
+    char sym[160];
+    CHECK(b.size > 1000 && !memcmp(b.data, "\177ELF", 4), "%s %s: not a cubin", s->name, arch[a]);
+    snprintf(sym, sizeof sym, ".text.kl_%s_oneshot", s->name);
+    CHECK(has(&b, sym), "%s %s: no %s", s->name, arch[a], sym);
+    snprintf(sym, sizeof sym, ".text.kl_%s_relayout", s->name);
+    CHECK(has(&b, sym), "%s %s: no %s", s->name, arch[a], sym);
+    CHECK(b.log == NULL || b.log[0] == 0, "%s %s: NVRTC warnings:\n%s", s->name, arch[a], b.log);
+    printf("%s %s: %zu-byte cubin\n", s->name, arch[a], b.size);
+    kl_binary_free(&b);
+  }
+  free(src);
+}
+
+int main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    kl_spec_list l;
+    kl_err e;
+    int rc = kl_spec_load_file(argv[i], &l, &e);
+    CHECK(rc == 0, "%s", e.msg);
+    for (int k = 0; rc == 0 && k < l.n; k++) compile_spec(&l.v[k]);
+    kl_spec_list_free(&l);
+  }
+  kl_err e;
+  kl_binary b;
+  CHECK(kl_nvrtc_compile("x", "n", "compute_90", &b, &e) == KL_EARG, "bad arch accepted");
+  CHECK(kl_nvrtc_compile("int main( {", "n", "sm_90", &b, &e) == KL_ECOMPILE &&
+            strstr(e.msg, "n.cu"), "syntax error: %s", e.msg);
+  return check_done();
+}
