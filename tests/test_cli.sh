@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# klgen's command line: exit codes, outputs, and no partial output on error.
+#   test_cli.sh KLGEN SPECS_DIR TEMPLATES_DIR
+set -u
+klgen=$1 specs=$2 templates=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+no() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+# expect CODE CMD...: runs CMD, checks its exit status; output in $tmp/out, $tmp/err
+expect() {
+  local want=$1; shift
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local got=$?
+  [ "$got" = "$want" ] && ok || no "exit $got, want $want: $* :: $(head -3 "$tmp/err")"
+}
+has() { grep -q -- "$2" "$1" && ok || no "$1 lacks '$2': $(head -3 "$1")"; }
+empty_dir() { [ -z "$(ls -A "$1" 2>/dev/null)" ] && ok || no "$1 not empty: $(ls -A "$1")"; }
+
+# usage errors: exit 2
+expect 0 "$klgen" --help;            has "$tmp/out" "usage: klgen"
+expect 0 "$klgen" --version;         has "$tmp/out" "klgen 0.1.0"
+expect 2 "$klgen";                   has "$tmp/err" "no spec file given"
+expect 2 "$klgen" --frobnicate x.lua; has "$tmp/err" "unknown option --frobnicate"
+expect 2 "$klgen" "$specs/kimi_k3_tp8.lua" -o; has "$tmp/err" "option -o needs an argument"
+expect 2 "$klgen" --arch compute_90 "$specs/kimi_k3_tp8.lua"; has "$tmp/err" "expected sm_XY"
+expect 2 "$klgen" --check --cubin "$specs/kimi_k3_tp8.lua"
+
+# the main job
+expect 0 "$klgen" "$specs/kimi_k3_tp8.lua" -o "$tmp/a"
+has "$tmp/out" "kimi_k3_tp8: vocab 163840 -> padded 163840, tp 8, shard 20480 (40960 B/rank/token), bf16, vec 16 B"
+[ -s "$tmp/a/kimi_k3_tp8.cu" ] && [ -s "$tmp/a/kimi_k3_tp8.h" ] && ok || no "outputs missing"
+grep -q '#include' "$tmp/a/kimi_k3_tp8.cu" && no ".cu includes a header" || ok
+has "$tmp/a/kimi_k3_tp8.h" "KL_KIMI_K3_TP8_GENERATED"
+[ -z "$(ls -A "$tmp/a" | grep -v -e '^kimi_k3_tp8.cu$' -e '^kimi_k3_tp8.h$')" ] && ok || no "stray files: $(ls -A "$tmp/a")"
+
+# several specs and files at once; a loop file gives three
+expect 0 "$klgen" -q "$specs/deepseek_v3.lua" "$specs/gpt2_tp4.lua" -o "$tmp/b"
+[ "$(ls "$tmp/b" | wc -l)" = 8 ] && ok || no "expected 8 files: $(ls "$tmp/b")"
+[ ! -s "$tmp/out" ] && ok || no "-q printed"
+
+# --check writes nothing; compiles for each --arch
+mkdir -p "$tmp/c"
+expect 0 "$klgen" --check --arch sm_90 --arch sm_100 "$specs/kimi_k3_tp8.lua" -o "$tmp/c"
+has "$tmp/out" "compiled for sm_90 sm_100"
+empty_dir "$tmp/c"
+[ ! -s "$tmp/err" ] && ok || no "--check printed warnings: $(cat "$tmp/err")"
+
+# --cubin
+expect 0 "$klgen" --cubin --arch sm_90 --arch sm_100 "$specs/gpt2_tp4.lua" -o "$tmp/d"
+[ -s "$tmp/d/gpt2_tp4.sm_90.cubin" ] && [ -s "$tmp/d/gpt2_tp4.sm_100.cubin" ] && ok || no "cubins"
+
+# errors: exit 1, precise message, nothing written, existing files untouched
+cat >"$tmp/bad.lua" <<'LUA'
+return {
+  name = "bad",
+  vocab_size = 50257,
+  tp = 5,
+  dtype = "bf16",
+  max_tokens = 4,
+}
+LUA
+mkdir -p "$tmp/e" && echo old >"$tmp/e/kimi_k3_tp8.cu"
+expect 1 "$klgen" "$specs/kimi_k3_tp8.lua" "$tmp/bad.lua" -o "$tmp/e"
+has "$tmp/err" "klgen: $tmp/bad.lua:4: tp: padded vocab 50304"
+[ "$(cat "$tmp/e/kimi_k3_tp8.cu")" = old ] && ok || no "existing output overwritten on error"
+[ "$(ls -A "$tmp/e")" = kimi_k3_tp8.cu ] && ok || no "partial output: $(ls -A "$tmp/e")"
+expect 1 "$klgen" "$tmp/missing.lua" -o "$tmp/f"; has "$tmp/err" "missing.lua: cannot open"
+[ ! -e "$tmp/f" ] && ok || no "output dir made for a failed run"
+echo 'return {' >"$tmp/syntax.lua"
+expect 1 "$klgen" "$tmp/syntax.lua"; has "$tmp/err" "syntax.lua:2: unexpected symbol near <eof>"
+printf 'return { name = "x", vocab_size = 8, tp = 1, dtype = "bf16", max_tokens = 1 }' >"$tmp/x.lua"
+expect 1 "$klgen" "$tmp/x.lua" "$tmp/x.lua"; has "$tmp/err" "'x' is also defined in"
+touch "$tmp/file"
+expect 1 "$klgen" "$specs/kimi_k3_tp8.lua" -o "$tmp/file"; has "$tmp/err" "not a directory"
+expect 1 "$klgen" "$specs"; has "$tmp/err" "not a regular file"
+
+# --templates: a broken template is reported at its line, nothing written
+cp -r "$templates" "$tmp/tpl"
+sed -i '3s/.*/<%= NO_SUCH %>/' "$tmp/tpl/oneshot.cu.tmpl"
+expect 1 "$klgen" --templates "$tmp/tpl" "$specs/kimi_k3_tp8.lua" -o "$tmp/g"
+has "$tmp/err" "templates/oneshot.cu.tmpl:3: unknown name 'NO_SUCH'"
+[ ! -e "$tmp/g" ] && ok || no "output written despite a template error"
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
