@@ -37,6 +37,10 @@ static char *get_log(nvrtcProgram prog) {
   return log;
 }
 
+static _Atomic unsigned long compiles;
+
+unsigned long kl_nvrtc_compiles(void) { return compiles; }
+
 int kl_nvrtc_compile(const char *source, const char *name, const char *arch, kl_binary *out,
                      kl_err *err) {
   if (!source || !name || !arch || !out) return kl_fail(err, KL_EARG, "kl_nvrtc_compile: NULL argument");
@@ -52,6 +56,7 @@ int kl_nvrtc_compile(const char *source, const char *name, const char *arch, kl_
   char file[128];
   snprintf(file, sizeof file, "%s.cu", name);
   NVRTC_TRY(nvrtcCreateProgram(&prog, source, file, 0, NULL, NULL), "create");
+  compiles++;
   nvrtcResult cr = nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof *opts), opts);
   out->log = get_log(prog);
   if (cr != NVRTC_SUCCESS) {

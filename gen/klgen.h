@@ -117,6 +117,8 @@ int kl_nvrtc_compile(const char *source, const char *name, const char *arch,
                      kl_binary *out, kl_err *err);
 void kl_binary_free(kl_binary *b);
 int kl_nvrtc_version(int *major, int *minor);
+/* NVRTC compilations this process has run (a JIT cache hit runs none). */
+unsigned long kl_nvrtc_compiles(void);
 
 /* ---- files (files.c) ---- */
 /* Writes every (path, data) pair via temp files, then renames them all; on any

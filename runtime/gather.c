@@ -7,10 +7,8 @@
 
 #include "rt.h"
 
-enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
-
 /* Same decision on every rank: no pointer, stream or timing enters it. */
-static int choose(const kl_ctx *c, int tokens, kl_decline *why) {
+int kl_choose_path(const kl_ctx *c, int tokens, kl_decline *why) {
   if (c->disabled) return *why = KL_DECLINE_DISABLED, PATH_NCCL;
   if (!c->ready) return *why = KL_DECLINE_NOT_READY, PATH_NCCL;
   if (tokens > c->spec.max_tokens) return *why = KL_DECLINE_TOKENS, PATH_NCCL;
@@ -155,7 +153,7 @@ kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstr
       (res = check_ptr(c, out, &c->checked_out, "out")))
     return res;
   kl_decline why = KL_DECLINE_COUNT;
-  int path = choose(c, tokens, &why);
+  int path = kl_choose_path(c, tokens, &why);
   if (path == PATH_ONESHOT) {
     c->stats.oneshot++;
     res = oneshot(c, (CUdeviceptr)in, (CUdeviceptr)out, tokens, s);

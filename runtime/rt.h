@@ -86,6 +86,9 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why);
 void kl_transport_teardown(kl_ctx *c);
 
 /* ---- gather.c ---- */
+enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
+/* The dispatch rule (DESIGN §8): PATH_ONESHOT, or PATH_NCCL with *why. */
+int kl_choose_path(const kl_ctx *c, int tokens, kl_decline *why);
 kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstream s);
 
 /* ---- context.c ---- */
