@@ -9,7 +9,7 @@ if [ -n "$src" ] && [ "$src" != "$root" ] && [ ! -e "$src" ]; then
   mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"
 fi
 # NCCL and NVRTC: the toolkit's, else the ones pip-installed CUDA packages carry.
-for lib in libnccl.so.2 libnvrtc.so.13; do
+for lib in libnccl.so.2 libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13; do
   if ! ldconfig -p | grep -q "$lib"; then
     d=$(find / -xdev -name "$lib" -path '*nvidia*' 2>/dev/null | head -1)
     [ -z "$d" ] && d=$(find /usr/local -name "$lib" 2>/dev/null | head -1)

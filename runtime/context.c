@@ -98,6 +98,12 @@ static kl_result bind_device(kl_ctx *c, int device) {
 /* Render, compile (or hit the cache) and load. A failure here is not fatal:
  * it makes this rank's one-shot path unusable, which the group then agrees on. */
 static int build_kernels(kl_ctx *c, const char *source, const char *cache_dir, char *why) {
+  /* Fault injection for the tests of the readiness agreement: one rank's JIT
+   * fails, every rank must fall back to NCCL alike. */
+  if (getenv("KLGEN_FAULT_JIT")) {
+    snprintf(why, KL_WHY_MAX, "rank %d: JIT failed (injected by KLGEN_FAULT_JIT)", c->rank);
+    return -1;
+  }
   char dirbuf[4096];
   const char *dir = kl_cache_dir(cache_dir, dirbuf, sizeof dirbuf) ? dirbuf : NULL;
   kl_err err = {{0}};
@@ -308,6 +314,42 @@ kl_result kl_gather(kl_ctx *c, const void *in, void *out, int tokens, kl_stream 
   res = kl_gather_impl(c, in, out, tokens, (CUstream)stream);
   kl_ctx_leave(c, pushed);
   return res;
+}
+
+static void fill_info(const kl_spec *s, const kl_layout *l, kl_info *info) {
+  memset(info, 0, sizeof *info);
+  snprintf(info->name, sizeof info->name, "%s", s->name);
+  info->vocab_size = s->vocab_size;
+  info->padded_vocab = l->padded_vocab;
+  info->shard = l->shard;
+  info->max_tokens = s->max_tokens;
+  info->tp = s->tp;
+  info->dtype = (int)s->dtype;
+  info->elem_bytes = l->elem_bytes;
+  info->vec_bytes = l->vec_bytes;
+  info->buffer_bytes = l->total_bytes;
+}
+
+kl_result kl_spec_info_file(const char *path, const char *name, kl_info *info) {
+  if (!path || !info) return kl_rt_fail(KLRT_EINVAL, "kl_spec_info_file: NULL argument");
+  kl_spec_list l;
+  kl_err err;
+  kl_spec s;
+  kl_layout lay;
+  if (kl_spec_load_file(path, &l, &err) != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
+  kl_result res = pick_spec(&l, name, &s);
+  kl_spec_list_free(&l);
+  if (res) return res;
+  if (kl_layout_derive(&s, &lay, &err) != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
+  fill_info(&s, &lay, info);
+  return KLRT_OK;
+}
+
+kl_result kl_ctx_info(const kl_ctx *c, kl_info *info) {
+  if (!c || !info) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_info: NULL argument");
+  if (!live_take((kl_ctx *)c, 0)) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_info: ctx was destroyed");
+  fill_info(&c->spec, &c->layout, info);
+  return KLRT_OK;
 }
 
 kl_result kl_ctx_stats(const kl_ctx *c, kl_stats *stats) {

@@ -216,7 +216,7 @@ static void free_buffers(kl_ctx *c) {
 static int map_all(kl_ctx *c, const peer_info *all, char *why) {
   for (int r = 0; r < c->nranks; r++) {
     if (!all[r].usable) {
-      snprintf(why, 160, "rank %d: %.140s", r, all[r].why);
+      snprintf(why, 160, "%s", all[r].why);
       return -1;
     }
   }

@@ -145,6 +145,63 @@ static void test_forced_decline(rank_env *e, const char *file, const char *name,
          bad ? "FAIL" : "ok");
 }
 
+/* Only rank 1 fails to build the kernel: every rank must agree it is not
+ * ready and serve every call through NCCL. */
+static void test_not_ready_anywhere(rank_env *e, const char *file, const char *name) {
+  if (e->rank == 1) setenv("KLGEN_FAULT_JIT", "1", 1);
+  kl_ctx *c = make_ctx(e, file, name);
+  unsetenv("KLGEN_FAULT_JIT");
+  if (!c) return;
+  kl_stats st;
+  kl_ctx_stats(c, &st);
+  EXPECT(e, !st.oneshot_ready && strstr(st.not_ready, "rank 1: JIT failed"),
+         "readiness not agreed: ready %d, '%s'", st.oneshot_ready, st.not_ready);
+  long long bad = step_vs_nccl(e, c, 1, 0, 0) + step_vs_nccl(e, c, 3, 0, 0);
+  EXPECT(e, bad == 0, "not ready: %lld mismatches", bad);
+  expect_path(e, c, 0, 2, KL_DECLINE_NOT_READY, "not ready");
+  kl_ctx_destroy(c);
+  printf("rank %d: JIT failed on rank 1 only -> not ready on both (%s), NCCL serves: %s\n",
+         e->rank, st.not_ready, bad ? "FAIL" : "ok");
+}
+
+/* Both ranks pass a pointer to the other GPU's memory: a clear error on both,
+ * and no GPU work (one rank erring alone would leave its peer waiting). */
+static void test_foreign_pointer(rank_env *e, const char *file, const char *name) {
+  kl_ctx *c = make_ctx(e, file, name);
+  if (!c) return;
+  const kl_cu *cu = e->cu;
+  CUdevice other;
+  CUcontext octx, prev;
+  CUdeviceptr foreign;
+  CU_CHECK(cu, cuDeviceGet(&other, 1 - e->rank));
+  CU_CHECK(cu, cuDevicePrimaryCtxRetain(&octx, other));
+  CU_CHECK(cu, cuCtxPushCurrent(octx));
+  CU_CHECK(cu, cuMemAlloc(&foreign, 1 << 20));
+  CU_CHECK(cu, cuCtxPopCurrent(&prev));
+  kl_result r = kl_gather(c, (void *)foreign, (void *)e->out, 1, e->s);
+  EXPECT(e, r == KLRT_EINVAL && strstr(kl_last_error(), "is on GPU"), "foreign shard: %s (%s)",
+         kl_result_name(r), kl_last_error());
+  r = kl_gather(c, (void *)e->shard, (void *)foreign, 1, e->s);
+  EXPECT(e, r == KLRT_EINVAL, "foreign out: %s", kl_result_name(r));
+  r = kl_gather(c, (void *)e->shard, (void *)e->out, 0, e->s);
+  EXPECT(e, r == KLRT_EINVAL && strstr(kl_last_error(), "tokens is 0"), "tokens 0");
+  r = kl_gather(c, NULL, (void *)e->out, 1, e->s);
+  EXPECT(e, r == KLRT_EINVAL, "NULL shard");
+  kl_stats st;
+  kl_ctx_stats(c, &st);
+  EXPECT(e, st.oneshot == 0 && st.nccl == 0, "misuse reached a path");
+  /* still usable afterwards */
+  EXPECT(e, step_vs_nccl(e, c, 1, 0, 0) == 0, "after misuse");
+  kl_ctx_destroy(c);
+  EXPECT(e, kl_gather(c, (void *)e->shard, (void *)e->out, 1, e->s) == KLRT_ESTATE,
+         "gather after destroy");
+  CU_CHECK(cu, cuCtxPushCurrent(octx));
+  cu->cuMemFree(foreign);
+  CU_CHECK(cu, cuCtxPopCurrent(&prev));
+  printf("rank %d: foreign GPU pointers, tokens 0, NULL, use after destroy -> errors: %s\n",
+         e->rank, e->fails ? "FAIL" : "ok");
+}
+
 /* Rank 1 skips a step; rank 0 must give up and say so. */
 static void test_skipped_step(rank_env *e) {
   char src[512];
@@ -206,6 +263,8 @@ static int run_rank(int rank, int fd_id[2], const char *file, const char *name) 
   test_oneshot_equals_nccl(&e, file, name);
   test_forced_decline(&e, file, name, "KLGEN_DISABLE", "1", KL_DECLINE_DISABLED);
   test_forced_decline(&e, file, name, "KLGEN_CROSSOVER_BYTES", "1", KL_DECLINE_SIZE);
+  test_not_ready_anywhere(&e, file, name);
+  test_foreign_pointer(&e, file, name);
   test_skipped_step(&e);
   ncclCommDestroy(e.comm);
   return e.fails ? 1 : 0;

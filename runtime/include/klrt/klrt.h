@@ -105,6 +105,17 @@ typedef struct kl_stats {
   char arch[16];        /* sm_XY the kernel was compiled for */
 } kl_stats;
 
+/* A spec's sizes, for sizing the caller's buffers. */
+typedef struct kl_info {
+  char name[64];
+  long long vocab_size, padded_vocab, shard, max_tokens;
+  int tp, dtype, elem_bytes, vec_bytes; /* dtype: 0 bf16, 1 fp16, 2 fp32 */
+  long long buffer_bytes; /* one-shot receive memory per rank */
+} kl_info;
+/* Reads a spec file (no GPU needed); name as for kl_ctx_create_file. */
+kl_result kl_spec_info_file(const char *spec_path, const char *name, kl_info *info);
+kl_result kl_ctx_info(const kl_ctx *ctx, kl_info *info);
+
 kl_result kl_ctx_stats(const kl_ctx *ctx, kl_stats *stats);
 /* Reads the device-side error state (waits for nothing): KLRT_EDEVICE with a
  * message naming the peer and step if a one-shot step timed out. */
