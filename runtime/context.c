@@ -132,6 +132,8 @@ static int build_kernels(kl_ctx *c, const char *source, const char *cache_dir, c
   if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->relayout, c->mod, rl);
   kl_binary_free(&bin);
   if (r != CUDA_SUCCESS) {
+    if (c->mod) c->cu->cuModuleUnload(c->mod);
+    c->mod = NULL, c->oneshot = c->relayout = NULL; /* the NCCL path copies instead */
     snprintf(why, KL_WHY_MAX, "rank %d: loading the kernel: %s", c->rank, kl_cu_errstr(r));
     return -1;
   }

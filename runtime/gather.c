@@ -93,6 +93,28 @@ static kl_result oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens,
   return KLRT_OK;
 }
 
+/* Relayout without the generated kernel (its JIT failed on this rank): one
+ * strided copy per rank. Slower, but the NCCL path must not depend on NVRTC. */
+static kl_result relayout_copies(kl_ctx *c, CUdeviceptr out, int tokens, CUstream s) {
+  size_t e = (size_t)c->layout.elem_bytes, vocab_bytes = (size_t)c->spec.vocab_size * e;
+  size_t shard_bytes = (size_t)c->layout.shard_bytes;
+  for (int r = 0; r < c->nranks; r++) {
+    size_t col = (size_t)r * shard_bytes;
+    if (col >= vocab_bytes) break;
+    CUDA_MEMCPY2D m;
+    memset(&m, 0, sizeof m);
+    m.srcMemoryType = m.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    m.srcDevice = c->scratch + (size_t)r * (size_t)tokens * shard_bytes;
+    m.srcPitch = shard_bytes;
+    m.dstDevice = out + col;
+    m.dstPitch = vocab_bytes;
+    m.WidthInBytes = vocab_bytes - col < shard_bytes ? vocab_bytes - col : shard_bytes;
+    m.Height = (size_t)tokens;
+    KL_CU_TRY(c, cuMemcpy2DAsync(&m, s));
+  }
+  return KLRT_OK;
+}
+
 /* ncclAllGather leaves [tp, tokens, shard]; that is already [tokens, vocab]
  * when there is one token (or one rank) and no padding to slice off. */
 static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, CUstream s) {
@@ -119,6 +141,7 @@ static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
       return kl_rt_fail(KLRT_ENCCL, "ncclAllGather: %s", ncclGetErrorString(nr));
   }
   if (direct) return KLRT_OK;
+  if (!c->relayout) return relayout_copies(c, out, tokens, s);
   CUdeviceptr kout = out;
   if (out % (unsigned)c->layout.vec_bytes) {
     if ((res = ensure(c, &c->stage_out, &c->stage_out_bytes, out_bytes, s, "staging (output)")))
