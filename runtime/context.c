@@ -64,7 +64,7 @@ static kl_result check_config(const kl_config *cfg, const kl_spec *s) {
 
 /* The app's current context if it is on the requested device, else the
  * device's primary context (what the CUDA runtime uses). */
-static kl_result bind_device(kl_ctx *c, int device) {
+static kl_result bind_device(kl_ctx *c, int device, int no_pdl) {
   const kl_cu *cu = c->cu;
   CUcontext cur = NULL;
   cu->cuCtxGetCurrent(&cur);
@@ -91,21 +91,22 @@ static kl_result bind_device(kl_ctx *c, int device) {
   cu->cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev);
   cu->cuDeviceGetAttribute(&c->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c->dev);
   snprintf(c->arch, sizeof c->arch, "sm_%d%d", maj, min);
+  const char *pdl = getenv("KLGEN_PDL");
+  c->pdl = maj >= 9 && !(pdl && strcmp(pdl, "0") == 0) && !no_pdl;
   snprintf(c->stats.arch, sizeof c->stats.arch, "%s", c->arch);
   return KLRT_OK;
 }
 
 /* Render, compile (or hit the cache) and load. A failure here is not fatal:
  * it makes this rank's one-shot path unusable, which the group then agrees on. */
-static int build_kernels(kl_ctx *c, const char *source, const char *cache_dir, char *why) {
+static int build_kernels(kl_ctx *c, const char *source, char *why) {
   /* Fault injection for the tests of the readiness agreement: one rank's JIT
    * fails, every rank must fall back to NCCL alike. */
   if (getenv("KLGEN_FAULT_JIT")) {
     snprintf(why, KL_WHY_MAX, "rank %d: JIT failed (injected by KLGEN_FAULT_JIT)", c->rank);
     return -1;
   }
-  char dirbuf[4096];
-  const char *dir = kl_cache_dir(cache_dir, dirbuf, sizeof dirbuf) ? dirbuf : NULL;
+  const char *dir = c->cache_dir[0] ? c->cache_dir : NULL;
   kl_err err = {{0}};
   char *rendered = NULL;
   if (!source) {
@@ -189,7 +190,9 @@ static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
     return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
   }
   int pushed = 0;
-  if ((res = bind_device(c, cfg->device)) || (res = kl_ctx_enter(c, &pushed))) {
+  c->crossover_cfg = cfg->crossover_bytes;
+  if (!kl_cache_dir(cfg->cache_dir, c->cache_dir, sizeof c->cache_dir)) c->cache_dir[0] = 0;
+  if ((res = bind_device(c, cfg->device, cfg->no_pdl)) || (res = kl_ctx_enter(c, &pushed))) {
     release(c);
     return res;
   }
@@ -204,7 +207,7 @@ static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
   c->ex = (kl_exchange){cfg->group, cfg->nccl, cfg->allgather, cfg->allgather_user,
                         cfg->rank, cfg->nranks, cu, c->stream};
   char why[KL_WHY_MAX] = "";
-  int compiled = build_kernels(c, source, cfg->cache_dir, why) == 0;
+  int compiled = build_kernels(c, source, why) == 0;
   res = kl_transport_setup(c, compiled, why);
   c->stats.oneshot_ready = c->ready;
   c->stats.crossover_bytes = c->crossover;
@@ -218,9 +221,11 @@ static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
     return res;
   }
   if (kl_log_enabled())
-    kl_log("rank %d: %s on %s (GPU %d): one-shot %s%s%s, crossover %lld bytes, kernel %s",
-           c->rank, c->spec.name, c->arch, c->ordinal, c->ready ? "ready" : "NOT ready",
-           c->ready ? "" : ": ", c->ready ? "" : c->stats.not_ready, (long long)c->crossover,
+    kl_log("rank %d: %s on %s (GPU %d): one-shot %s%s%s, crossover %lld bytes (this rank's: "
+           "%s), PDL %s, kernel %s", c->rank, c->spec.name, c->arch, c->ordinal,
+           c->ready ? "ready" : "NOT ready", c->ready ? "" : ": ",
+           c->ready ? "" : c->stats.not_ready, (long long)c->crossover,
+           c->crossover_from ? c->crossover_from : "-", c->pdl ? "on" : "off",
            c->stats.cache_hit ? "from cache" : "compiled");
   *out = c;
   return KLRT_OK;
@@ -373,9 +378,9 @@ kl_result kl_ctx_status(kl_ctx *c) {
   if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
   kl_ctx_leave(c, pushed);
   if (r != CUDA_SUCCESS) return kl_rt_fail(KLRT_ECUDA, "reading the device state: %s", kl_cu_errstr(r));
-  if (st[3] != 0)
+  if (st[0] != 0) /* kl_state: error, err_peer, err_step */
     return kl_rt_fail(KLRT_EDEVICE, "rank %d: one-shot step %u timed out waiting for rank %u "
-                      "(after %lld ms); the context must be destroyed", c->rank, st[5], st[4],
+                      "(after %lld ms); the context must be destroyed", c->rank, st[2], st[1],
                       (long long)(c->layout.timeout_ns / 1000000));
   return KLRT_OK;
 }

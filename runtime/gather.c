@@ -87,8 +87,14 @@ static kl_result oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens,
   int grid = kl_layout_grid(&c->layout, &c->spec, tokens, c->cta_cap);
   int rank = c->rank;
   void *args[] = {&kin, &kout, &tokens, &rank, &c->state, c->peers};
-  KL_CU_TRY(c, cuLaunchKernel(c->oneshot, (unsigned)grid, 1, 1, (unsigned)c->layout.block, 1, 1, 0,
-                              s, args, NULL));
+  /* PDL: this launch may begin while the previous kernel (the LM head, or
+   * the last step's gather) drains; the kernel waits for it before reading. */
+  CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig cfg = {.gridDimX = (unsigned)grid, .gridDimY = 1, .gridDimZ = 1,
+                        .blockDimX = (unsigned)c->layout.block, .blockDimY = 1, .blockDimZ = 1,
+                        .hStream = s, .attrs = &attr, .numAttrs = c->pdl ? 1 : 0};
+  KL_CU_TRY(c, cuLaunchKernelEx(&cfg, c->oneshot, args, NULL));
   if (kout != out) return copy(c, out, kout, out_bytes, s);
   return KLRT_OK;
 }

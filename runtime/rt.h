@@ -44,6 +44,10 @@ int kl_cache_dir(const char *configured, char *buf, size_t n);
 int kl_jit_cubin(const char *source, const char *name, const char *arch, const char *dir,
                  kl_binary *out, int *hit, kl_err *err);
 
+/* ---- tune.c ---- */
+long long kl_crossover(const char *arch, int nranks, long long shard_bytes, long long configured,
+                       const char *cache_dir, const char **source);
+
 /* ---- the context ---- */
 struct kl_ctx {
   kl_spec spec;
@@ -63,12 +67,15 @@ struct kl_ctx {
   CUmodule mod;
   CUfunction oneshot, relayout;
   int cta_cap; /* CTAs per rank that stay co-resident with the other ranks */
+  int pdl;     /* launch with programmatic dependent launch (sm_90+) */
   CUdeviceptr recv, state;
   CUdeviceptr peers[KL_TP_MAX];
   unsigned char ipc_opened[KL_TP_MAX];
   int ready, disabled;
   int nccl_everywhere; /* every rank has a communicator: size declines are possible */
-  long long crossover;
+  long long crossover, crossover_cfg;
+  const char *crossover_from; /* where this rank's limit came from */
+  char cache_dir[4096];       /* "" when there is none */
   /* scratch: NCCL gather target and staging copies; grown outside capture */
   CUdeviceptr scratch, stage_in, stage_out;
   size_t scratch_bytes, stage_in_bytes, stage_out_bytes;

@@ -15,7 +15,6 @@
 
 #define INFO_MAGIC 0x4b4c5254u /* "KLRT" */
 #define INFO_VERSION 1u
-#define DEFAULT_CROSSOVER (4LL << 20) /* until klbench measures it; see README */
 
 typedef struct peer_info {
   uint32_t magic, version;
@@ -56,14 +55,6 @@ static uint64_t host_id(void) {
   return hash_str(h);
 }
 
-static long long env_ll(const char *name, long long dflt) {
-  const char *v = getenv(name);
-  if (!v || !*v) return dflt;
-  char *end;
-  long long x = strtoll(v, &end, 10);
-  return *end == 0 && x >= 0 ? x : dflt;
-}
-
 static int env_flag(const char *name) {
   const char *v = getenv(name);
   return v && *v && strcmp(v, "0") != 0;
@@ -74,12 +65,16 @@ static int alloc_buffers(kl_ctx *c, char *why) {
   const kl_cu *cu = c->cu;
   CUresult r;
   unsigned sentinel = c->layout.elem_bytes == 2 ? 0x80008000u : 0x80000000u;
-  uint64_t st[8] = {0};
-  st[3] = (uint64_t)c->layout.timeout_ns; /* kl_state.timeout_ns at byte 24 */
+  /* kl_state: a 64-byte header (timeout_ns at byte 16), then one 8-byte step
+   * slot per CTA the kernel may be launched with, all zero. */
+  uint64_t header[8] = {0};
+  header[2] = (uint64_t)c->layout.timeout_ns;
+  size_t state_bytes = sizeof header + 8 * (size_t)c->layout.max_ctas;
   if ((r = cu->cuMemAlloc(&c->recv, (size_t)c->layout.total_bytes)) != CUDA_SUCCESS ||
-      (r = cu->cuMemAlloc(&c->state, sizeof st)) != CUDA_SUCCESS ||
+      (r = cu->cuMemAlloc(&c->state, state_bytes)) != CUDA_SUCCESS ||
       (r = cu->cuMemsetD32(c->recv, sentinel, (size_t)c->layout.total_bytes / 4)) != CUDA_SUCCESS ||
-      (r = cu->cuMemcpyHtoD(c->state, st, sizeof st)) != CUDA_SUCCESS ||
+      (r = cu->cuMemsetD32(c->state, 0, state_bytes / 4)) != CUDA_SUCCESS ||
+      (r = cu->cuMemcpyHtoD(c->state, header, sizeof header)) != CUDA_SUCCESS ||
       (r = cu->cuCtxSynchronize()) != CUDA_SUCCESS) {
     snprintf(why, 160, "rank %d: receive buffers (%lld bytes): %s", c->rank,
              (long long)c->layout.total_bytes, kl_cu_errstr(r));
@@ -195,8 +190,9 @@ static int residency_cap(kl_ctx *c, const peer_info *all) {
   if (c->cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c->oneshot, c->layout.block, 0) !=
       CUDA_SUCCESS)
     return 0;
-  int cap = per_sm * c->sm_count / (on_device ? on_device : 1);
-  return cap;
+  /* With PDL a rank's next grid may be resident while this one runs. */
+  int grids = on_device * (c->pdl ? 2 : 1);
+  return per_sm * c->sm_count / (grids ? grids : 1);
 }
 
 static void unmap_all(kl_ctx *c) {
@@ -252,7 +248,8 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   mine.mapped = map_all(c, all, mine.why) == 0;
   mine.disabled = env_flag("KLGEN_DISABLE");
   mine.has_nccl = c->nccl != NULL || c->nranks == 1;
-  mine.crossover = env_ll("KLGEN_CROSSOVER_BYTES", DEFAULT_CROSSOVER);
+  mine.crossover = kl_crossover(c->arch, c->nranks, c->layout.shard_bytes, c->crossover_cfg,
+                                c->cache_dir[0] ? c->cache_dir : NULL, &c->crossover_from);
   if (kl_exchange_all(&c->ex, &mine, agree, sizeof mine, why) != 0) {
     res = kl_rt_fail(KLRT_ENCCL, "rank %d: %s", c->rank, why);
     goto out;

@@ -1,7 +1,9 @@
 /* libklrt API misuse and behaviour without a GPU: clear error codes and
  * messages, no crash. Runs everywhere; the no-driver checks only where there
  * is no driver (CI), the rest need none. */
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "klrt/klrt.h"
@@ -125,7 +127,38 @@ static void dispatch(void) {
         "disabled wins");
 }
 
+/* Where the crossover comes from: config, environment, tuned table, default. */
+static void crossover(void) {
+  const char *from = NULL;
+  unsetenv("KLGEN_CROSSOVER_BYTES");
+  unsetenv("KLGEN_TUNE_FILE");
+  CHECK(kl_crossover("sm_90", 2, 40960, 12345, NULL, &from) == 12345 && !strcmp(from, "kl_config"),
+        "config first");
+  setenv("KLGEN_CROSSOVER_BYTES", "777", 1);
+  CHECK(kl_crossover("sm_90", 2, 40960, 0, NULL, &from) == 777, "then the environment");
+  unsetenv("KLGEN_CROSSOVER_BYTES");
+  char path[] = "/tmp/klgen-tune.XXXXXX";
+  int fd = mkstemp(path);
+  FILE *f = fdopen(fd, "w");
+  fputs("# arch nranks shard_bytes crossover_bytes\nsm_90 2 40960 1000\nsm_90 2 163840 2000\n"
+        "sm_90 8 40960 3000\nsm_100 2 40960 4000\ngarbage line\n", f);
+  fclose(f);
+  setenv("KLGEN_TUNE_FILE", path, 1);
+  CHECK(kl_crossover("sm_90", 2, 50000, 0, NULL, &from) == 1000 && !strcmp(from, "tuned table"),
+        "nearest shard in the table");
+  CHECK(kl_crossover("sm_90", 2, 150000, 0, NULL, &from) == 2000, "nearest (larger)");
+  CHECK(kl_crossover("sm_90", 8, 40960, 0, NULL, &from) == 3000, "by group size");
+  CHECK(kl_crossover("sm_100", 2, 40960, 0, NULL, &from) == 4000, "by arch");
+  CHECK(kl_crossover("sm_90", 4, 40960, 0, NULL, &from) > 0 && strstr(from, "default"),
+        "no row: default");
+  CHECK(kl_crossover("sm_75", 4, 40960, 0, NULL, &from) > 0 && !strcmp(from, "fallback default"),
+        "unknown arch");
+  unsetenv("KLGEN_TUNE_FILE");
+  unlink(path);
+}
+
 int main(void) {
+  crossover();
   misuse();
   generated();
   no_driver();

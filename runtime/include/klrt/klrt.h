@@ -55,6 +55,11 @@ typedef struct kl_config {
   void *allgather_user;
   kl_group *group;    /* ranks in this process (threads); pointers shared directly */
   const char *cache_dir; /* JIT cache; NULL: $KLGEN_CACHE_DIR, $XDG_CACHE_HOME/klgen, ~/.cache/klgen */
+  /* Per-rank bytes per step (tokens x shard bytes) above which NCCL serves.
+   * 0: $KLGEN_CROSSOVER_BYTES, else the tuned table (klbench --tune), else the
+   * default for the GPU architecture. The smallest over the ranks applies. */
+  long long crossover_bytes;
+  int no_pdl; /* 1: launch without programmatic dependent launch (also KLGEN_PDL=0) */
 } kl_config;
 
 /* What klgen's generated header carries (KL_<NAME>_GENERATED initializes it). */

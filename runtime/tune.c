@@ -1,0 +1,58 @@
+/* The crossover: per-rank bytes per step above which the NCCL path is faster
+ * than the one-shot kernel, so the dispatch sends larger steps there.
+ *
+ * In order: the caller's kl_config.crossover_bytes; $KLGEN_CROSSOVER_BYTES;
+ * the table `klbench --tune` writes ($KLGEN_TUNE_FILE, else tune.txt in the JIT
+ * cache directory), nearest measured shard size for this arch and group size;
+ * the default for the architecture, measured by klbench (README). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt.h"
+
+/* Measured on 2 x H200 (sm_90) with klbench; see README "Benchmark". */
+static const struct {
+  const char *arch;
+  long long bytes;
+} defaults[] = {{"sm_90", 4LL << 20}};
+#define FALLBACK (4LL << 20)
+
+static long long from_table(const char *path, const char *arch, int nranks, long long shard) {
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  char line[256], a[32];
+  int n;
+  long long s, x, best = 0;
+  double dist = 1e300;
+  while (fgets(line, sizeof line, f)) {
+    if (line[0] == '#' || sscanf(line, "%31s %d %lld %lld", a, &n, &s, &x) != 4) continue;
+    if (strcmp(a, arch) != 0 || n != nranks || s <= 0 || x <= 0) continue;
+    double d = fabs(log((double)s / (double)shard));
+    if (d < dist) dist = d, best = x;
+  }
+  fclose(f);
+  return best;
+}
+
+long long kl_crossover(const char *arch, int nranks, long long shard_bytes, long long configured,
+                       const char *cache_dir, const char **source) {
+  const char *env = getenv("KLGEN_CROSSOVER_BYTES");
+  char *end;
+  if (configured > 0) return *source = "kl_config", configured;
+  if (env && *env) {
+    long long v = strtoll(env, &end, 10);
+    if (*end == 0 && v >= 0) return *source = "KLGEN_CROSSOVER_BYTES", v;
+  }
+  char path[4200];
+  const char *tf = getenv("KLGEN_TUNE_FILE");
+  if (tf && *tf) snprintf(path, sizeof path, "%s", tf);
+  else if (cache_dir) snprintf(path, sizeof path, "%s/tune.txt", cache_dir);
+  else path[0] = 0;
+  long long t = path[0] ? from_table(path, arch, nranks, shard_bytes) : 0;
+  if (t > 0) return *source = "tuned table", t;
+  for (size_t i = 0; i < sizeof defaults / sizeof *defaults; i++)
+    if (!strcmp(defaults[i].arch, arch)) return *source = "default for the arch", defaults[i].bytes;
+  return *source = "fallback default", FALLBACK;
+}
