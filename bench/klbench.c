@@ -1,0 +1,553 @@
+/* klbench: the one-shot gather against NCCL, side by side, on this machine's GPUs.
+ *
+ *   klbench SPEC [NAME] [--tokens LIST] [--steps N] [--replays R] [--csv FILE]
+ *           [--plot FILE.svg] [--tune FILE] [--no-gemm]
+ *
+ * One thread per GPU. Per token count, every path is captured `steps` deep in a
+ * CUDA graph per rank; the ranks replay together (a barrier before each
+ * replay), CUDA events time each replay; a path's figure is the median over
+ * replays, then the max over ranks (DESIGN "Measuring"). Paths:
+ *   one-shot         kl_gather forced onto the one-shot kernel (PDL on)
+ *   one-shot no-PDL  the same kernel launched without PDL
+ *   NCCL ring        ncclAllGather on plain buffers + relayout to [tokens, vocab]
+ *   NCCL symm        the same on ncclMemAlloc'd, NCCL_WIN_COLL_SYMMETRIC windows
+ *   auto             kl_gather as the runtime dispatches it
+ * All outputs are compared before anything is timed. Then an end-to-end step:
+ * the LM-head GEMM (cuBLAS, hidden 7168) followed by the gather. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "klgen.h"
+#include "klrt/klrt.h"
+#include "rt.h"
+
+#define MAX_TOK 64
+#define MAX_RANKS 8
+#define HIDDEN 7168
+enum { P_ONESHOT, P_NOPDL, P_RING, P_SYMM, P_AUTO, NPATHS };
+static const char *const path_names[NPATHS] = {"one-shot", "one-shot no-PDL", "NCCL ring",
+                                               "NCCL symm", "auto"};
+enum { E_GEMM, E_ONESHOT, E_NOPDL, E_RING, NE2E };
+static const char *const e2e_names[NE2E] = {"GEMM alone", "GEMM + one-shot (PDL)",
+                                            "GEMM + one-shot (no PDL)", "GEMM + NCCL ring"};
+
+typedef struct bench {
+  const char *spec_path, *name, *csv, *plot, *tune;
+  int tokens[MAX_TOK], ntok, steps, replays, gemm, n;
+  kl_spec orig, spec;
+  kl_layout l;
+  char spec_src[1024], gpu[256], arch[16];
+  ncclComm_t comms[MAX_RANKS];
+  kl_group *group;
+  pthread_barrier_t bar;
+  double t[NPATHS][MAX_TOK][MAX_RANKS];  /* µs per step, median over replays */
+  long long bad[MAX_TOK][MAX_RANKS];      /* elements where paths disagree */
+  int auto_path[MAX_TOK];                 /* 0 one-shot, 1 NCCL */
+  int e2e_tokens[2];
+  double e2e[NE2E][2][MAX_RANKS];
+  int symm_rank[MAX_RANKS], symm_ok; /* symm_ok: windows on every rank */
+  int failed;
+} bench;
+
+typedef struct rank {
+  bench *b;
+  int r;
+  cudaStream_t s;
+  kl_ctx *ctx[3]; /* one-shot, no-PDL, auto */
+  CUfunction relayout;
+  CUmodule mod;
+  void *in, *out[NPATHS], *scratch, *symm;
+  size_t in_bytes, out_bytes, all_bytes;
+  ncclWindow_t win;
+  cudaEvent_t e0, e1;
+} rank;
+
+static void die(const char *what, const char *why) {
+  fprintf(stderr, "klbench: %s: %s\n", what, why);
+  exit(1);
+}
+#define CUDA(call)                                                   \
+  do {                                                               \
+    cudaError_t e_ = (call);                                         \
+    if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_));       \
+  } while (0)
+#define NCCL(call)                                                   \
+  do {                                                               \
+    ncclResult_t n_ = (call);                                        \
+    if (n_ != ncclSuccess) die(#call, ncclGetErrorString(n_));       \
+  } while (0)
+#define KL(call)                                                     \
+  do {                                                               \
+    if ((call) != KLRT_OK) die(#call, kl_last_error());              \
+  } while (0)
+
+static void progress(const bench *b, int i, const char *what) {
+  fprintf(stderr, "\r[%d/%d] tokens %d: %-40s", i + 1, b->ntok, b->tokens[i], what);
+  if (!isatty(2)) fputc('\n', stderr);
+}
+
+/* ---------- setup ---------- */
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+static int parse_tokens(bench *b, const char *list) {
+  b->ntok = 0;
+  for (const char *p = list; *p && b->ntok < MAX_TOK;) {
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || v < 1 || v > KL_TOKENS_MAX) return -1;
+    b->tokens[b->ntok++] = (int)v;
+    p = *end == ',' ? end + 1 : end;
+    if (*end && *end != ',') return -1;
+  }
+  qsort(b->tokens, (size_t)b->ntok, sizeof *b->tokens, cmp_int);
+  return b->ntok ? 0 : -1;
+}
+
+/* Powers of two from 1 until a rank sends 16 MiB per step. */
+static void default_tokens(bench *b) {
+  long long limit = (16LL << 20) / b->l.shard_bytes;
+  b->ntok = 0;
+  for (long long t = 1; t <= limit && b->ntok < MAX_TOK; t *= 2) b->tokens[b->ntok++] = (int)t;
+  if (limit >= 1 && b->tokens[b->ntok - 1] != limit && b->ntok < MAX_TOK)
+    b->tokens[b->ntok++] = (int)limit;
+}
+
+/* The spec as measured: at most one rank per GPU; a spec for more ranks than
+ * GPUs keeps its per-rank shard, at the GPU count available. max_tokens
+ * covers the sweep so the one-shot column exists at every size. */
+static void derive_spec(bench *b, int gpus) {
+  kl_spec_list list;
+  kl_err e;
+  if (kl_spec_load_file(b->spec_path, &list, &e)) die("spec", e.msg);
+  int k = 0;
+  if (b->name) {
+    for (k = 0; k < list.n && strcmp(list.v[k].name, b->name); k++) {}
+    if (k == list.n) die(b->spec_path, "no spec of that name");
+  } else if (list.n > 1) {
+    die(b->spec_path, "defines several specs; name one");
+  }
+  b->orig = list.v[k];
+  kl_spec_list_free(&list);
+  kl_layout ol;
+  kl_layout_derive(&b->orig, &ol, &e);
+  b->n = b->orig.tp <= gpus ? b->orig.tp : gpus;
+  b->spec = b->orig;
+  if (b->n != b->orig.tp) {
+    b->spec.tp = b->n;
+    b->spec.vocab_size = ol.shard * b->n;
+    b->spec.pad_to = 0;
+    b->spec.padded_vocab = b->spec.vocab_size;
+    printf("note: %s is for tp %d but this machine has %d GPU(s): measuring its per-rank shard "
+           "(%lld columns, %lld bytes per token) at tp %d\n", b->orig.name, b->orig.tp, gpus,
+           (long long)ol.shard, (long long)ol.shard_bytes, b->n);
+  }
+  kl_layout_derive(&b->spec, &b->l, &e);
+  if (!b->ntok) default_tokens(b);
+  if (b->tokens[b->ntok - 1] > b->spec.max_tokens) b->spec.max_tokens = b->tokens[b->ntok - 1];
+  if (kl_layout_derive(&b->spec, &b->l, &e)) die("spec for the sweep", e.msg);
+  snprintf(b->spec_src, sizeof b->spec_src,
+           "return { name = '%s', vocab_size = %lld, padded_vocab = %lld, tp = %d, "
+           "dtype = '%s', max_tokens = %lld }",
+           b->spec.name, (long long)b->spec.vocab_size, (long long)b->l.padded_vocab, b->spec.tp,
+           kl_dtype_name(b->spec.dtype), (long long)b->spec.max_tokens);
+}
+
+static void make_contexts(rank *R) {
+  bench *b = R->b;
+  kl_config base = {.rank = R->r, .nranks = b->n, .device = R->r, .nccl = b->comms[R->r],
+                    .group = b->group};
+  kl_config os = base, np = base;
+  os.crossover_bytes = np.crossover_bytes = 1LL << 40; /* always one-shot */
+  np.no_pdl = 1;
+  KL(kl_ctx_create_string(&R->ctx[0], b->spec_src, NULL, &os));
+  KL(kl_ctx_create_string(&R->ctx[1], b->spec_src, NULL, &np));
+  KL(kl_ctx_create_string(&R->ctx[2], b->spec_src, NULL, &base));
+}
+
+/* The generated relayout kernel, for the NCCL columns (what the runtime's
+ * NCCL path runs after ncclAllGather). */
+static void load_relayout(rank *R) {
+  bench *b = R->b;
+  kl_err e;
+  char *src, dir[4096], name[128];
+  kl_binary bin;
+  int hit;
+  const kl_cu *cu = kl_cu_get(NULL);
+  if (kl_render(&b->spec, &b->l, NULL, &src, &e)) die("render", e.msg);
+  if (kl_jit_cubin(src, b->spec.name, b->arch, kl_cache_dir(NULL, dir, sizeof dir) ? dir : NULL,
+                   &bin, &hit, &e))
+    die("jit", e.msg);
+  kl_entry_name(&b->spec, "relayout", name, sizeof name);
+  if (cu->cuModuleLoadData(&R->mod, bin.data) || cu->cuModuleGetFunction(&R->relayout, R->mod, name))
+    die("relayout", "cannot load");
+  kl_binary_free(&bin);
+  free(src);
+}
+
+static void alloc_buffers(rank *R) {
+  bench *b = R->b;
+  size_t T = (size_t)b->tokens[b->ntok - 1], e = (size_t)b->l.elem_bytes;
+  R->in_bytes = T * (size_t)b->l.shard_bytes;
+  R->out_bytes = T * (size_t)b->spec.vocab_size * e;
+  R->all_bytes = R->in_bytes * (size_t)b->n;
+  CUDA(cudaMalloc(&R->in, R->in_bytes));
+  for (int p = 0; p < NPATHS; p++) CUDA(cudaMalloc(&R->out[p], R->out_bytes));
+  CUDA(cudaMalloc(&R->scratch, R->all_bytes));
+  /* Symmetric windows: [send | recv] in one registered allocation. */
+  size_t sym = R->in_bytes + R->all_bytes;
+  if (ncclMemAlloc(&R->symm, sym) == ncclSuccess &&
+      ncclCommWindowRegister(b->comms[R->r], R->symm, sym, &R->win, NCCL_WIN_COLL_SYMMETRIC) ==
+          ncclSuccess)
+    b->symm_rank[R->r] = 1;
+  else
+    fprintf(stderr, "klbench: rank %d: NCCL symmetric windows unavailable\n", R->r);
+  /* Logits-like data, different per rank, including -0.0 now and then. */
+  unsigned char *h = malloc(R->in_bytes);
+  uint32_t x = 0x9e3779b9u * (uint32_t)(R->r + 1);
+  for (size_t i = 0; i < R->in_bytes; i++) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    h[i] = (unsigned char)(x >> 24);
+  }
+  CUDA(cudaMemcpy(R->in, h, R->in_bytes, cudaMemcpyHostToDevice));
+  if (b->symm_rank[R->r]) CUDA(cudaMemcpy(R->symm, h, R->in_bytes, cudaMemcpyHostToDevice));
+  free(h);
+  CUDA(cudaEventCreate(&R->e0));
+  CUDA(cudaEventCreate(&R->e1));
+}
+
+/* ---------- the paths ---------- */
+
+static void nccl_gather(rank *R, const void *in, void *all, void *out, int T) {
+  bench *b = R->b;
+  size_t bytes = (size_t)T * (size_t)b->l.shard_bytes;
+  NCCL(ncclAllGather(in, all, bytes, ncclUint8, b->comms[R->r], R->s));
+  long long vecs = (long long)T * b->spec.vocab_size * b->l.elem_bytes / b->l.vec_bytes;
+  unsigned grid = (unsigned)((vecs + 255) / 256);
+  if (grid > 528) grid = 528;
+  void *args[] = {&all, &out, &T};
+  if (kl_cu_get(NULL)->cuLaunchKernel(R->relayout, grid, 1, 1, 256, 1, 1, 0, (CUstream)R->s, args,
+                                      NULL))
+    die("relayout", "launch failed");
+}
+
+static void run_path(rank *R, int p, int T) {
+  switch (p) {
+    case P_ONESHOT: KL(kl_gather(R->ctx[0], R->in, R->out[p], T, R->s)); break;
+    case P_NOPDL: KL(kl_gather(R->ctx[1], R->in, R->out[p], T, R->s)); break;
+    case P_AUTO: KL(kl_gather(R->ctx[2], R->in, R->out[p], T, R->s)); break;
+    case P_RING: nccl_gather(R, R->in, R->scratch, R->out[p], T); break;
+    case P_SYMM:
+      nccl_gather(R, R->symm, (char *)R->symm + R->in_bytes, R->out[p], T);
+      break;
+  }
+}
+
+/* Every path once; outputs compared with NCCL ring's (-0.0 == +0.0). */
+static long long check_paths(rank *R, int T) {
+  bench *b = R->b;
+  size_t n = (size_t)T * (size_t)b->spec.vocab_size * (size_t)b->l.elem_bytes;
+  for (int p = 0; p < NPATHS; p++) {
+    if (p == P_SYMM && !b->symm_ok) continue;
+    CUDA(cudaMemsetAsync(R->out[p], 0x5a, n, R->s));
+    run_path(R, p, T);
+  }
+  CUDA(cudaStreamSynchronize(R->s));
+  long long bad = 0;
+  unsigned char *ref = malloc(n), *got = malloc(n);
+  CUDA(cudaMemcpy(ref, R->out[P_RING], n, cudaMemcpyDeviceToHost));
+  int e = b->l.elem_bytes;
+  for (int p = 0; p < NPATHS; p++) {
+    if (p == P_RING || (p == P_SYMM && !b->symm_ok)) continue;
+    CUDA(cudaMemcpy(got, R->out[p], n, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i += (size_t)e) {
+      uint32_t a = 0, c = 0, neg = e == 2 ? 0x8000u : 0x80000000u;
+      memcpy(&a, got + i, (size_t)e);
+      memcpy(&c, ref + i, (size_t)e);
+      bad += a != c && !(c == neg && a == 0);
+    }
+  }
+  free(ref), free(got);
+  return bad;
+}
+
+static double median(double *v, int n) {
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+      double t = v[j];
+      v[j] = v[j - 1], v[j - 1] = t;
+    }
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* `steps` calls of fn captured once, replayed by all ranks together. */
+typedef void (*step_fn)(rank *R, int p, int T);
+static double time_graph(rank *R, step_fn fn, int p, int T) {
+  bench *b = R->b;
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CUDA(cudaStreamBeginCapture(R->s, cudaStreamCaptureModeThreadLocal));
+  for (int k = 0; k < b->steps; k++) fn(R, p, T);
+  CUDA(cudaStreamEndCapture(R->s, &g));
+  CUDA(cudaGraphInstantiate(&ge, g, 0));
+  double v[64];
+  for (int rep = -2; rep < b->replays; rep++) { /* two warm-up replays */
+    pthread_barrier_wait(&b->bar);
+    CUDA(cudaEventRecord(R->e0, R->s));
+    CUDA(cudaGraphLaunch(ge, R->s));
+    CUDA(cudaEventRecord(R->e1, R->s));
+    CUDA(cudaStreamSynchronize(R->s));
+    float ms;
+    CUDA(cudaEventElapsedTime(&ms, R->e0, R->e1));
+    if (rep >= 0) v[rep] = 1000.0 * ms / b->steps;
+  }
+  CUDA(cudaGraphExecDestroy(ge));
+  CUDA(cudaGraphDestroy(g));
+  return median(v, b->replays);
+}
+
+/* ---------- end to end: LM head + gather ---------- */
+
+typedef struct e2e {
+  cublasHandle_t h;
+  void *x, *w, *logits;
+  cudaDataType dt;
+} e2e;
+static e2e E2E[MAX_RANKS];
+
+static void e2e_step(rank *R, int which, int T) {
+  bench *b = R->b;
+  e2e *E = &E2E[R->r];
+  const float one = 1.0f, zero = 0.0f;
+  if (cublasGemmEx(E->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)b->l.shard, T, HIDDEN, &one, E->w, E->dt,
+                   HIDDEN, E->x, E->dt, HIDDEN, &zero, E->logits, E->dt, (int)b->l.shard,
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+    die("cublasGemmEx", "failed");
+  if (which == E_ONESHOT) KL(kl_gather(R->ctx[0], E->logits, R->out[0], T, R->s));
+  if (which == E_NOPDL) KL(kl_gather(R->ctx[1], E->logits, R->out[1], T, R->s));
+  if (which == E_RING) nccl_gather(R, E->logits, R->scratch, R->out[P_RING], T);
+}
+
+static void run_e2e(rank *R) {
+  bench *b = R->b;
+  e2e *E = &E2E[R->r];
+  size_t e = (size_t)b->l.elem_bytes;
+  E->dt = b->spec.dtype == KL_BF16 ? CUDA_R_16BF : b->spec.dtype == KL_FP16 ? CUDA_R_16F : CUDA_R_32F;
+  if (cublasCreate(&E->h) != CUBLAS_STATUS_SUCCESS) die("cublasCreate", "failed");
+  cublasSetStream(E->h, R->s);
+  int T2 = b->e2e_tokens[1];
+  CUDA(cudaMalloc(&E->x, (size_t)T2 * HIDDEN * e));
+  CUDA(cudaMalloc(&E->w, (size_t)b->l.shard * HIDDEN * e));
+  CUDA(cudaMalloc(&E->logits, (size_t)T2 * (size_t)b->l.shard * e));
+  CUDA(cudaMemset(E->x, 0x11, (size_t)T2 * HIDDEN * e)); /* small finite values */
+  CUDA(cudaMemset(E->w, 0x11, (size_t)b->l.shard * HIDDEN * e));
+  for (int i = 0; i < 2; i++)
+    for (int w = 0; w < NE2E; w++)
+      b->e2e[w][i][R->r] = time_graph(R, e2e_step, w, b->e2e_tokens[i]);
+  cublasDestroy(E->h);
+  cudaFree(E->x), cudaFree(E->w), cudaFree(E->logits);
+}
+
+/* ---------- the rank thread ---------- */
+
+static void *rank_main(void *arg) {
+  rank *R = arg;
+  bench *b = R->b;
+  CUDA(cudaSetDevice(R->r));
+  CUDA(cudaStreamCreateWithFlags(&R->s, cudaStreamNonBlocking));
+  load_relayout(R);
+  make_contexts(R);
+  alloc_buffers(R);
+  pthread_barrier_wait(&b->bar);
+  if (R->r == 0) {
+    b->symm_ok = 1;
+    for (int r = 0; r < b->n; r++) b->symm_ok &= b->symm_rank[r];
+  }
+  pthread_barrier_wait(&b->bar);
+  for (int i = 0; i < b->ntok; i++) {
+    int T = b->tokens[i];
+    if (R->r == 0) progress(b, i, "checking that all paths agree");
+    kl_stats before, after; /* which path the dispatch took for this size */
+    kl_ctx_stats(R->ctx[2], &before);
+    b->bad[i][R->r] = check_paths(R, T);
+    kl_ctx_stats(R->ctx[2], &after);
+    if (R->r == 0) b->auto_path[i] = after.nccl > before.nccl;
+    for (int p = 0; p < NPATHS; p++) {
+      if (p == P_SYMM && !b->symm_ok) {
+        b->t[p][i][R->r] = NAN;
+        continue;
+      }
+      if (R->r == 0) progress(b, i, path_names[p]);
+      b->t[p][i][R->r] = time_graph(R, run_path, p, T);
+    }
+  }
+  if (b->gemm) {
+    if (R->r == 0) fprintf(stderr, "\rend-to-end: LM-head GEMM + gather%30s\n", "");
+    run_e2e(R);
+  }
+  CUDA(cudaStreamSynchronize(R->s));
+  for (int k = 0; k < 3; k++) {
+    if (kl_ctx_status(R->ctx[k]) != KLRT_OK) die("device status", kl_last_error());
+    kl_ctx_destroy(R->ctx[k]);
+  }
+  if (b->symm_rank[R->r]) ncclCommWindowDeregister(b->comms[R->r], R->win);
+  return NULL;
+}
+
+/* ---------- reporting ---------- */
+
+static double worst(const double *v, int n) {
+  double m = v[0];
+  for (int i = 1; i < n; i++) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+static void fmt_bytes(long long b, char *buf, size_t n) {
+  if (b >= 1 << 20) snprintf(buf, n, "%.2f MiB", (double)b / (1 << 20));
+  else snprintf(buf, n, "%lld KiB", b >> 10);
+}
+
+static void report(bench *b, FILE *csv) {
+  printf("\n%-7s %11s %9s %9s %10s %10s %9s %9s %10s %12s\n", "tokens", "bytes/rank",
+         "one-shot", "no-PDL", "NCCL ring", "NCCL symm", "auto", "auto via", "vs NCCL",
+         "one-shot BW");
+  printf("%-7s %11s %9s %9s %10s %10s %9s %9s %10s %12s\n", "", "", "us", "us", "us", "us", "us",
+         "", "best", "GB/s/rank");
+  if (csv)
+    fprintf(csv, "tokens,bytes_per_rank,oneshot_us,oneshot_nopdl_us,nccl_ring_us,nccl_symm_us,"
+                 "auto_us,auto_path,speedup_vs_best_nccl,oneshot_gbps,mismatches\n");
+  for (int i = 0; i < b->ntok; i++) {
+    double t[NPATHS];
+    long long bad = 0;
+    for (int p = 0; p < NPATHS; p++) t[p] = worst(b->t[p][i], b->n);
+    for (int r = 0; r < b->n; r++) bad += b->bad[i][r];
+    double best_nccl = isnan(t[P_SYMM]) || t[P_RING] < t[P_SYMM] ? t[P_RING] : t[P_SYMM];
+    long long bytes = (long long)b->tokens[i] * b->l.shard_bytes;
+    /* bytes a rank receives from its peers per step, over the step time */
+    double gbps = (double)bytes * (b->n - 1) / (t[P_ONESHOT] * 1e3);
+    char bb[32];
+    fmt_bytes(bytes, bb, sizeof bb);
+    printf("%-7d %11s %9.2f %9.2f %10.2f %10.2f %9.2f %9s %9.2fx %12.1f%s\n", b->tokens[i], bb,
+           t[P_ONESHOT], t[P_NOPDL], t[P_RING], t[P_SYMM], t[P_AUTO],
+           b->auto_path[i] ? "NCCL" : "one-shot", best_nccl / t[P_ONESHOT], gbps,
+           bad ? "  OUTPUTS DIFFER" : "");
+    if (csv)
+      fprintf(csv, "%d,%lld,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%.3f,%.1f,%lld\n", b->tokens[i], bytes,
+              t[P_ONESHOT], t[P_NOPDL], t[P_RING], t[P_SYMM], t[P_AUTO],
+              b->auto_path[i] ? "nccl" : "oneshot", best_nccl / t[P_ONESHOT], gbps, bad);
+    if (bad) b->failed = 1;
+  }
+  if (!b->gemm) return;
+  printf("\nend to end (LM-head GEMM [tokens, %d] x [%d, %lld], then the gather), us per step:\n",
+         HIDDEN, HIDDEN, (long long)b->l.shard);
+  printf("%-28s %10d tok %10d tok\n", "", b->e2e_tokens[0], b->e2e_tokens[1]);
+  for (int w = 0; w < NE2E; w++)
+    printf("%-28s %14.2f %14.2f\n", e2e_names[w], worst(b->e2e[w][0], b->n),
+           worst(b->e2e[w][1], b->n));
+}
+
+static void write_tune(const bench *b) {
+  /* The largest measured size at which the one-shot kernel is still at least
+   * as fast as the NCCL path the dispatch falls back to (ring + relayout). */
+  long long cross = 0;
+  for (int i = 0; i < b->ntok; i++) {
+    double os = worst(b->t[P_ONESHOT][i], b->n), ring = worst(b->t[P_RING][i], b->n);
+    if (os > ring) break;
+    cross = (long long)b->tokens[i] * b->l.shard_bytes;
+  }
+  FILE *f = fopen(b->tune, "a");
+  if (!f) die(b->tune, "cannot write");
+  time_t now = time(NULL);
+  fprintf(f, "# klbench %s on %d x %s, %s", b->spec.name, b->n, b->gpu, ctime(&now));
+  fprintf(f, "%s %d %lld %lld\n", b->arch, b->n, (long long)b->l.shard_bytes, cross);
+  fclose(f);
+  printf("\ncrossover for %s, tp %d, shard %lld B: %lld bytes per rank per step -> %s\n", b->arch,
+         b->n, (long long)b->l.shard_bytes, cross, b->tune);
+}
+
+int klbench_plot(const char *path, const char *title, const int *tokens, int n,
+                 const double *series, const char *const *names, int nseries);
+
+int main(int argc, char **argv) {
+  bench *b = calloc(1, sizeof *b);
+  b->steps = 200, b->replays = 7, b->gemm = 1;
+  b->e2e_tokens[0] = 1, b->e2e_tokens[1] = 8;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    int more = i + 1 < argc;
+    if (!strcmp(a, "--tokens") && more) {
+      if (parse_tokens(b, argv[++i])) die("--tokens", "expected a list like 1,2,4,8");
+    } else if (!strcmp(a, "--steps") && more) b->steps = atoi(argv[++i]);
+    else if (!strcmp(a, "--replays") && more) b->replays = atoi(argv[++i]);
+    else if (!strcmp(a, "--csv") && more) b->csv = argv[++i];
+    else if (!strcmp(a, "--plot") && more) b->plot = argv[++i];
+    else if (!strcmp(a, "--tune") && more) b->tune = argv[++i];
+    else if (!strcmp(a, "--no-gemm")) b->gemm = 0;
+    else if (a[0] == '-' || (b->spec_path && b->name)) {
+      fprintf(stderr, "usage: klbench SPEC [NAME] [--tokens LIST] [--steps N] [--replays R] "
+                      "[--csv FILE] [--plot FILE.svg] [--tune FILE] [--no-gemm]\n");
+      return 2;
+    } else if (!b->spec_path) b->spec_path = a;
+    else b->name = a;
+  }
+  if (!b->spec_path || b->steps < 1 || b->replays < 1 || b->replays > 64)
+    return fprintf(stderr, "usage: klbench SPEC [NAME] [options] (--help in README)\n"), 2;
+  setenv("NCCL_NVLS_ENABLE", "0", 0); /* NVLink multicast stays off on shared hosts */
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) die("CUDA", "no GPU");
+  if (gpus > MAX_RANKS) gpus = MAX_RANKS;
+  derive_spec(b, gpus);
+  struct cudaDeviceProp prop;
+  CUDA(cudaGetDeviceProperties(&prop, 0));
+  snprintf(b->gpu, sizeof b->gpu, "%s", prop.name);
+  snprintf(b->arch, sizeof b->arch, "sm_%d%d", prop.major, prop.minor);
+  printf("klbench: %s (vocab %lld, tp %d, %s; %lld B per rank per token) on %d x %s (%s), "
+         "NCCL %d.%d.%d\n", b->orig.name, (long long)b->orig.vocab_size, b->orig.tp,
+         kl_dtype_name(b->orig.dtype), (long long)b->l.shard_bytes, b->n, b->gpu, b->arch,
+         NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+  printf("method: each path captured %d steps deep in a CUDA graph per rank, ranks replay "
+         "together, median of %d replays, max over ranks\n", b->steps, b->replays);
+  int devs[MAX_RANKS];
+  for (int r = 0; r < b->n; r++) devs[r] = r;
+  NCCL(ncclCommInitAll(b->comms, b->n, devs));
+  KL(kl_group_create(&b->group, b->n));
+  pthread_barrier_init(&b->bar, NULL, (unsigned)b->n);
+  rank R[MAX_RANKS];
+  pthread_t th[MAX_RANKS];
+  memset(R, 0, sizeof R);
+  for (int r = 0; r < b->n; r++) {
+    R[r].b = b, R[r].r = r;
+    pthread_create(&th[r], NULL, rank_main, &R[r]);
+  }
+  for (int r = 0; r < b->n; r++) pthread_join(th[r], NULL);
+  fprintf(stderr, "\r%60s\r", "");
+  FILE *csv = b->csv ? fopen(b->csv, "w") : NULL;
+  if (b->csv && !csv) die(b->csv, "cannot write");
+  report(b, csv);
+  if (csv) fclose(csv);
+  if (b->tune) write_tune(b);
+  if (b->plot) {
+    double *series = calloc((size_t)NPATHS * (size_t)b->ntok, sizeof *series);
+    for (int p = 0; p < NPATHS; p++)
+      for (int i = 0; i < b->ntok; i++) series[p * b->ntok + i] = worst(b->t[p][i], b->n);
+    char title[512];
+    snprintf(title, sizeof title, "%s: all-gather per decode step, %d x %s (tp %d, %lld B/rank/token)",
+             b->orig.name, b->n, b->gpu, b->n, (long long)b->l.shard_bytes);
+    if (klbench_plot(b->plot, title, b->tokens, b->ntok, series, path_names, NPATHS))
+      die(b->plot, "cannot write");
+    printf("\nplot: %s\n", b->plot);
+    free(series);
+  }
+  for (int r = 0; r < b->n; r++) ncclCommDestroy(b->comms[r]);
+  kl_group_destroy(b->group);
+  if (b->failed) fprintf(stderr, "klbench: outputs of the paths differ\n");
+  return b->failed ? 1 : 0;
+}
