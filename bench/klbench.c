@@ -229,6 +229,11 @@ static void alloc_buffers(rank *R) {
 static void nccl_gather(rank *R, const void *in, void *all, void *out, int T) {
   bench *b = R->b;
   size_t bytes = (size_t)T * (size_t)b->l.shard_bytes;
+  /* One token and no padding: NCCL's layout is already the output's. */
+  if (T == 1 && b->spec.vocab_size == b->l.padded_vocab) {
+    NCCL(ncclAllGather(in, out, bytes, ncclUint8, b->comms[R->r], R->s));
+    return;
+  }
   NCCL(ncclAllGather(in, all, bytes, ncclUint8, b->comms[R->r], R->s));
   long long vecs = (long long)T * b->spec.vocab_size * b->l.elem_bytes / b->l.vec_bytes;
   unsigned grid = (unsigned)((vecs + 255) / 256);

@@ -190,8 +190,10 @@ static int residency_cap(kl_ctx *c, const peer_info *all) {
   if (c->cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c->oneshot, c->layout.block, 0) !=
       CUDA_SUCCESS)
     return 0;
-  /* With PDL a rank's next grid may be resident while this one runs. */
-  int grids = on_device * (c->pdl ? 2 : 1);
+  /* With PDL a rank's next grid may become resident while this one runs (it
+   * launches once all of this grid's CTAs are resident, so alone on a GPU a
+   * rank cannot starve itself; sharing one, it could starve a peer). */
+  int grids = on_device > 1 && c->pdl ? 2 * on_device : on_device;
   return per_sm * c->sm_count / (grids ? grids : 1);
 }
 
