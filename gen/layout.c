@@ -2,7 +2,6 @@
  * buffer sizes, launch shape. The generator, the generated header and the
  * runtime all call this, so they cannot disagree. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "klgen.h"
@@ -81,7 +80,6 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
                         (long long)(KL_BUFFER_CAP / per_token));
   }
   l->block = BLOCK;
-  if (getenv("KLGEN_BLOCK")) l->block = atoi(getenv("KLGEN_BLOCK")); /* EXPLORATION ONLY */
   l->max_ctas = kl_layout_grid(l, s, (int)s->max_tokens, 0);
   l->timeout_ns = (s->timeout_ms ? s->timeout_ms : DEFAULT_TIMEOUT_MS) * 1000000LL;
   return 0;
