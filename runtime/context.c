@@ -59,6 +59,15 @@ static kl_result check_config(const kl_config *cfg, const kl_spec *s) {
     return kl_rt_fail(KLRT_EINVAL, "%d ranks need a way to meet: set group (threads), nccl or "
                       "allgather in kl_config", cfg->nranks);
   if (cfg->device < -1) return kl_rt_fail(KLRT_EINVAL, "device %d is not an ordinal", cfg->device);
+  /* The communicator decides who is who: a mismatch would pair the wrong
+   * buffers, so every rank refuses alike (each sees its own mismatch). */
+  int n = 0, r = -1;
+  if (cfg->nccl && (ncclCommCount(cfg->nccl, &n) != ncclSuccess ||
+                    ncclCommUserRank(cfg->nccl, &r) != ncclSuccess))
+    return kl_rt_fail(KLRT_ENCCL, "cfg.nccl is not a usable NCCL communicator");
+  if (cfg->nccl && (n != cfg->nranks || r != cfg->rank))
+    return kl_rt_fail(KLRT_EINVAL, "cfg says rank %d of %d, but the NCCL communicator says rank "
+                      "%d of %d", cfg->rank, cfg->nranks, r, n);
   return KLRT_OK;
 }
 

@@ -28,8 +28,17 @@ static const kl_generated generated = KL_GENERATED_INIT;
 #define HOST_CHECK_EVERY 64
 #define GRAPH_STEPS 8
 
+/* The caller-supplied all-gather (kl_config.allgather) instead of a kl_group:
+ * here threads meet at a barrier, as an app's own bootstrap would. */
+typedef struct callback_xchg {
+  pthread_barrier_t bar;
+  unsigned char buf[64][1024];
+  int n;
+} callback_xchg;
+
 typedef struct shared {
   const char *file;
+  callback_xchg *xchg; /* non-NULL: exchange through the callback */
   kl_spec spec;
   kl_layout layout;
   kl_group *group;
@@ -46,6 +55,17 @@ typedef struct rank_ctx {
   int failed;
   char msg[512];
 } rank_ctx;
+
+static int thread_allgather(const void *send, void *recv, size_t bytes, void *user) {
+  rank_ctx *r = user;
+  callback_xchg *x = r->sh->xchg;
+  if (bytes > sizeof x->buf[0]) return -1;
+  memcpy(x->buf[r->rank], send, bytes);
+  pthread_barrier_wait(&x->bar);
+  for (int i = 0; i < x->n; i++) memcpy((char *)recv + (size_t)i * bytes, x->buf[i], bytes);
+  pthread_barrier_wait(&x->bar); /* nobody refills buf before all have read it */
+  return 0;
+}
 
 static int fail(rank_ctx *r, const char *what, const char *detail) {
   snprintf(r->msg, sizeof r->msg, "rank %d: %s: %s", r->rank, what, detail);
@@ -136,6 +156,7 @@ static void *run_rank(void *arg) {
    * start their steps seconds apart would run into the poll's time limit. */
   if (testkern_load(cu, sh->layout.elem_bytes, &b.k)) fail(r, "test kernels", "did not build");
   kl_config cfg = {.rank = r->rank, .nranks = sh->spec.tp, .device = 0, .group = sh->group};
+  if (sh->xchg) cfg.group = NULL, cfg.allgather = thread_allgather, cfg.allgather_user = r;
   kl_ctx *ctx = NULL;
 #ifdef KL_GENERATED_H
   kl_result made = kl_ctx_create_generated(&ctx, &generated, &cfg);
@@ -210,6 +231,12 @@ static int planted_error_is_caught(const kl_cu *cu, const kl_spec *s, const kl_l
 static int run_spec(shared *sh) {
   int tp = sh->spec.tp, fails = 0;
   kl_group_create(&sh->group, tp);
+  callback_xchg xchg;
+  if (getenv("KL_TEST_CALLBACK")) {
+    xchg.n = tp;
+    pthread_barrier_init(&xchg.bar, NULL, (unsigned)tp);
+    sh->xchg = &xchg;
+  }
   rank_ctx *r = calloc((size_t)tp, sizeof *r);
   pthread_t *th = calloc((size_t)tp, sizeof *th);
   for (int i = 0; i < tp; i++) {
@@ -223,9 +250,9 @@ static int run_spec(shared *sh) {
     dev += r[i].bad_device, host += r[i].bad_host, checks += r[i].host_checks;
   }
   if (dev || host) fails++;
-  printf("%s %s: tp %d on one GPU, tokens {%d,%d,%d,%d}, %d eager + %d graph steps per rank: "
+  printf("%s %s%s: tp %d on one GPU, tokens {%d,%d,%d,%d}, %d eager + %d graph steps per rank: "
          "%lld device-checked mismatches, %lld host-checked mismatches (%lld host checks)\n",
-         fails ? "FAIL" : "ok", sh->spec.name, tp, sh->tokens[0], sh->tokens[1], sh->tokens[2],
+         fails ? "FAIL" : "ok", sh->spec.name, sh->xchg ? " (allgather callback)" : "", tp, sh->tokens[0], sh->tokens[1], sh->tokens[2],
          sh->tokens[3], sh->steps, sh->steps / GRAPH_STEPS * GRAPH_STEPS, dev, host, checks);
   kl_group_destroy(sh->group);
   free(r), free(th);

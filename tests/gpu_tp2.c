@@ -51,21 +51,17 @@ static kl_ctx *make_ctx(rank_env *e, const char *file, const char *name) {
   return c;
 }
 
-/* fill -> gather -> ncclAllGather reference; returns mismatches vs reference. */
-static long long step_vs_nccl(rank_env *e, kl_ctx *c, int tokens, size_t in_off, size_t out_off) {
+/* ncclAllGather of `in` into e->ref: the reference for the step. */
+#define NCCL_CHECK_REF(e, in, bytes)                                                      \
+  EXPECT(e, ncclAllGather((void *)(in), (void *)(e)->ref, (bytes), ncclUint8, (e)->comm,    \
+                          (cudaStream_t)(e)->s) == ncclSuccess, "ncclAllGather")
+
+/* out [T, vocab] against e->ref [2, T, shard] sliced; waits for the stream. */
+static long long compare_with_ref(rank_env *e, CUdeviceptr out, int tokens) {
   const kl_cu *cu = e->cu;
   int elem = e->l.elem_bytes;
   size_t shard_bytes = (size_t)tokens * (size_t)e->l.shard_bytes;
   size_t out_bytes = (size_t)tokens * (size_t)e->spec.vocab_size * (size_t)elem;
-  CUdeviceptr in = e->shard + in_off, out = e->out + out_off;
-  CU_CHECK(cu, cuMemsetD32Async(e->out, 0x5a5a5a5a, (out_bytes + out_off + 3) / 4, e->s));
-  launch_fill(cu, &e->k, in, tokens, e->l.shard, (unsigned)e->rank, e->step, e->s);
-  kl_result r = kl_gather(c, (void *)in, (void *)out, tokens, e->s);
-  EXPECT(e, r == KLRT_OK, "gather(%d tokens): %s", tokens, kl_last_error());
-  ncclResult_t nr = ncclAllGather((void *)in, (void *)e->ref, shard_bytes, ncclUint8, e->comm,
-                                  (cudaStream_t)e->s);
-  EXPECT(e, nr == ncclSuccess, "ncclAllGather: %s", ncclGetErrorString(nr));
-  launch_bump(cu, &e->k, e->step, e->s);
   char *got = malloc(out_bytes), *all = malloc(shard_bytes * 2);
   CU_CHECK(cu, cuStreamSynchronize(e->s));
   CU_CHECK(cu, cuMemcpyDtoH(got, out, out_bytes));
@@ -87,6 +83,21 @@ static long long step_vs_nccl(rank_env *e, kl_ctx *c, int tokens, size_t in_off,
     }
   free(got), free(all);
   return bad;
+}
+
+/* fill -> gather -> ncclAllGather reference; returns mismatches vs reference. */
+static long long step_vs_nccl(rank_env *e, kl_ctx *c, int tokens, size_t in_off, size_t out_off) {
+  const kl_cu *cu = e->cu;
+  size_t shard_bytes = (size_t)tokens * (size_t)e->l.shard_bytes;
+  size_t out_bytes = (size_t)tokens * (size_t)e->spec.vocab_size * (size_t)e->l.elem_bytes;
+  CUdeviceptr in = e->shard + in_off, out = e->out + out_off;
+  CU_CHECK(cu, cuMemsetD32Async(e->out, 0x5a5a5a5a, (out_bytes + out_off + 3) / 4, e->s));
+  launch_fill(cu, &e->k, in, tokens, e->l.shard, (unsigned)e->rank, e->step, e->s);
+  kl_result r = kl_gather(c, (void *)in, (void *)out, tokens, e->s);
+  EXPECT(e, r == KLRT_OK, "gather(%d tokens): %s", tokens, kl_last_error());
+  NCCL_CHECK_REF(e, in, shard_bytes);
+  launch_bump(cu, &e->k, e->step, e->s);
+  return compare_with_ref(e, out, tokens);
 }
 
 static void expect_path(rank_env *e, kl_ctx *c, uint64_t oneshot, uint64_t nccl, int decline,
@@ -202,6 +213,79 @@ static void test_foreign_pointer(rank_env *e, const char *file, const char *name
          e->rank, e->fails ? "FAIL" : "ok");
 }
 
+/* Rank 0's shard lies inside its own output buffer: staged, correct. */
+static void test_overlap(rank_env *e, const char *file, const char *name) {
+  kl_ctx *c = make_ctx(e, file, name);
+  if (!c) return;
+  const kl_cu *cu = e->cu;
+  int T = 3;
+  size_t shard_bytes = (size_t)T * (size_t)e->l.shard_bytes;
+  size_t out_bytes = (size_t)T * (size_t)e->spec.vocab_size * (size_t)e->l.elem_bytes;
+  launch_fill(cu, &e->k, e->shard, T, e->l.shard, (unsigned)e->rank, e->step, e->s);
+  CUdeviceptr in = e->shard;
+  if (e->rank == 0) { /* a copy of the shard in the middle of the output */
+    in = e->out + ((out_bytes / 2) & ~(size_t)15);
+    CU_CHECK(cu, cuMemcpyAsync(in, e->shard, shard_bytes, e->s));
+  }
+  kl_result r = kl_gather(c, (void *)in, (void *)e->out, T, e->s);
+  EXPECT(e, r == KLRT_OK, "overlapping gather: %s", kl_last_error());
+  NCCL_CHECK_REF(e, e->shard, shard_bytes);
+  launch_bump(cu, &e->k, e->step, e->s);
+  long long bad = compare_with_ref(e, e->out, T);
+  kl_stats st;
+  kl_ctx_stats(c, &st);
+  EXPECT(e, bad == 0, "overlap: %lld mismatches", bad);
+  EXPECT(e, st.oneshot == 1 && (e->rank != 0 || st.staged == 1), "overlap: path %llu/%llu staged "
+         "%llu", (unsigned long long)st.oneshot, (unsigned long long)st.nccl,
+         (unsigned long long)st.staged);
+  kl_ctx_destroy(c);
+  printf("rank %d: input overlapping the output on rank 0 only -> staged, same result: %s\n",
+         e->rank, bad ? "FAIL" : "ok");
+}
+
+/* The NCCL path inside a captured CUDA graph, replayed with new data. */
+static void test_nccl_graph(rank_env *e, const char *file, const char *name) {
+  setenv("KLGEN_DISABLE", "1", 1);
+  kl_ctx *c = make_ctx(e, file, name);
+  unsetenv("KLGEN_DISABLE");
+  if (!c) return;
+  const kl_cu *cu = e->cu;
+  int T = 3;
+  size_t shard_bytes = (size_t)T * (size_t)e->l.shard_bytes;
+  CUgraph g;
+  CUgraphExec ge;
+  CU_CHECK(cu, cuStreamBeginCapture(e->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  launch_fill(cu, &e->k, e->shard, T, e->l.shard, (unsigned)e->rank, e->step, e->s);
+  kl_result r = kl_gather(c, (void *)e->shard, (void *)e->out, T, e->s);
+  NCCL_CHECK_REF(e, e->shard, shard_bytes);
+  launch_bump(cu, &e->k, e->step, e->s);
+  CU_CHECK(cu, cuStreamEndCapture(e->s, &g));
+  EXPECT(e, r == KLRT_OK, "capturing the NCCL path: %s", kl_last_error());
+  CU_CHECK(cu, cuGraphInstantiate(&ge, g, 0));
+  long long bad = 0;
+  for (int rep = 0; rep < 5; rep++) {
+    CU_CHECK(cu, cuGraphLaunch(ge, e->s));
+    bad += compare_with_ref(e, e->out, T);
+  }
+  EXPECT(e, bad == 0, "NCCL path in a graph: %lld mismatches", bad);
+  cu->cuGraphExecDestroy(ge);
+  cu->cuGraphDestroy(g);
+  kl_ctx_destroy(c);
+  printf("rank %d: NCCL path captured in a CUDA graph, 5 replays: %s\n", e->rank,
+         bad ? "FAIL" : "ok");
+}
+
+/* Ranks that disagree with their communicator refuse alike, without hanging. */
+static void test_rank_mismatch(rank_env *e, const char *file, const char *name) {
+  kl_config cfg = {.rank = 1 - e->rank, .nranks = 2, .device = e->rank, .nccl = e->comm};
+  kl_ctx *c = NULL;
+  kl_result r = kl_ctx_create_file(&c, file, name, &cfg);
+  EXPECT(e, r == KLRT_EINVAL && c == NULL && strstr(kl_last_error(), "NCCL communicator says"),
+         "swapped ranks: %s (%s)", kl_result_name(r), kl_last_error());
+  printf("rank %d: rank swapped against the communicator -> %s: %s\n", e->rank,
+         kl_result_name(r), r == KLRT_EINVAL ? "ok" : "FAIL");
+}
+
 /* Rank 1 skips a step; rank 0 must give up and say so. */
 static void test_skipped_step(rank_env *e) {
   char src[512];
@@ -263,6 +347,9 @@ static int run_rank(int rank, int fd_id[2], const char *file, const char *name) 
   test_oneshot_equals_nccl(&e, file, name);
   test_forced_decline(&e, file, name, "KLGEN_DISABLE", "1", KL_DECLINE_DISABLED);
   test_forced_decline(&e, file, name, "KLGEN_CROSSOVER_BYTES", "1", KL_DECLINE_SIZE);
+  test_overlap(&e, file, name);
+  test_nccl_graph(&e, file, name);
+  test_rank_mismatch(&e, file, name);
   test_not_ready_anywhere(&e, file, name);
   test_foreign_pointer(&e, file, name);
   test_skipped_step(&e);
