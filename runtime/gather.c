@@ -86,7 +86,7 @@ static kl_result oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens,
   }
   int grid = kl_layout_grid(&c->layout, &c->spec, tokens, c->cta_cap);
   int rank = c->rank;
-  void *args[] = {&kin, &kout, &tokens, &rank, &c->state, c->peers};
+  void *args[] = {&kin, &kout, &tokens, &rank, &c->nslots, &c->state, c->peers};
   /* PDL: this launch may begin while the previous kernel (the LM head, or
    * the last step's gather) drains; the kernel waits for it before reading. */
   CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};

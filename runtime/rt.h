@@ -68,6 +68,7 @@ struct kl_ctx {
   CUfunction oneshot, relayout;
   int cta_cap; /* CTAs per rank that stay co-resident with the other ranks */
   int pdl;     /* launch with programmatic dependent launch (sm_90+) */
+  int nslots;  /* the largest grid launched: the kernel's step slots in use */
   CUdeviceptr recv, state;
   CUdeviceptr peers[KL_TP_MAX];
   unsigned char ipc_opened[KL_TP_MAX];
