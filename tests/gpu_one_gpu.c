@@ -46,6 +46,7 @@ typedef struct shared {
   int tokens[4];
   const kl_cu *cu;
   CUcontext cuctx;
+  pthread_barrier_t bar; /* all rank threads */
 } shared;
 
 typedef struct rank_ctx {
@@ -124,14 +125,19 @@ static int graph(rank_ctx *r, kl_ctx *ctx, bufs *b) {
   const kl_cu *cu = r->sh->cu;
   CUgraph g;
   CUgraphExec ge;
-  CU_CHECK(cu, cuStreamBeginCapture(b->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-  for (int s = 0; s < GRAPH_STEPS; s++)
-    if (one_step(r, ctx, b, r->sh->tokens[s % 4])) {
-      cu->cuStreamEndCapture(b->s, &g);
-      return -1;
-    }
-  CU_CHECK(cu, cuStreamEndCapture(b->s, &g));
-  CU_CHECK(cu, cuGraphInstantiate(&ge, g, 0));
+  /* Instantiation may synchronize the device: every rank finishes its eager
+   * steps first, and replays start only once every graph exists. */
+  CU_CHECK(cu, cuStreamSynchronize(b->s));
+  pthread_barrier_wait(&r->sh->bar);
+  int ok = !r->failed;
+  if (ok) {
+    CU_CHECK(cu, cuStreamBeginCapture(b->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    for (int s = 0; s < GRAPH_STEPS && ok; s++) ok = one_step(r, ctx, b, r->sh->tokens[s % 4]) == 0;
+    CU_CHECK(cu, cuStreamEndCapture(b->s, &g));
+    if (ok) CU_CHECK(cu, cuGraphInstantiate(&ge, g, 0));
+  }
+  pthread_barrier_wait(&r->sh->bar);
+  if (!ok) return -1;
   int replays = r->sh->steps / GRAPH_STEPS;
   for (int i = 0; i < replays; i++) CU_CHECK(cu, cuGraphLaunch(ge, b->s));
   /* The last replayed step used tokens[(GRAPH_STEPS-1) % 4]; its step number is
@@ -154,7 +160,19 @@ static void *run_rank(void *arg) {
   memset(&b, 0, sizeof b);
   /* Everything slow happens before creation, which is a barrier: ranks that
    * start their steps seconds apart would run into the poll's time limit. */
+  /* Nothing that may synchronize the device (allocation, module load, a
+   * memset on the legacy stream) once steps run: with all ranks on one GPU, a
+   * rank stalled in such a call would leave its peers' kernels waiting. */
   if (testkern_load(cu, sh->layout.elem_bytes, &b.k)) fail(r, "test kernels", "did not build");
+  size_t max_t = (size_t)sh->spec.max_tokens, elem = (size_t)sh->layout.elem_bytes;
+  CU_CHECK(cu, cuStreamCreate(&b.s, CU_STREAM_NON_BLOCKING));
+  CU_CHECK(cu, cuMemAlloc(&b.shard, max_t * (size_t)sh->layout.shard * elem));
+  CU_CHECK(cu, cuMemAlloc(&b.out, max_t * (size_t)sh->spec.vocab_size * elem));
+  CU_CHECK(cu, cuMemAlloc(&b.step, 16));
+  CU_CHECK(cu, cuMemAlloc(&b.bad, 8));
+  CU_CHECK(cu, cuMemsetD32Async(b.step, 0, 4, b.s));
+  CU_CHECK(cu, cuMemsetD32Async(b.bad, 0, 2, b.s));
+  CU_CHECK(cu, cuStreamSynchronize(b.s));
   kl_config cfg = {.rank = r->rank, .nranks = sh->spec.tp, .device = 0, .group = sh->group};
   if (sh->xchg) cfg.group = NULL, cfg.allgather = thread_allgather, cfg.allgather_user = r;
   kl_ctx *ctx = NULL;
@@ -163,23 +181,12 @@ static void *run_rank(void *arg) {
 #else
   kl_result made = kl_ctx_create_file(&ctx, sh->file, sh->spec.name, &cfg);
 #endif
-  if (made != KLRT_OK) {
-    fail(r, "create", kl_last_error());
-    return NULL;
-  }
-  kl_stats st;
-  kl_ctx_stats(ctx, &st);
-  if (!st.oneshot_ready) fail(r, "one-shot not ready", st.not_ready);
-  size_t max_t = (size_t)sh->spec.max_tokens, elem = (size_t)sh->layout.elem_bytes;
-  CU_CHECK(cu, cuStreamCreate(&b.s, CU_STREAM_NON_BLOCKING));
-  CU_CHECK(cu, cuMemAlloc(&b.shard, max_t * (size_t)sh->layout.shard * elem));
-  CU_CHECK(cu, cuMemAlloc(&b.out, max_t * (size_t)sh->spec.vocab_size * elem));
-  CU_CHECK(cu, cuMemAlloc(&b.step, 16));
-  CU_CHECK(cu, cuMemAlloc(&b.bad, 8));
-  CU_CHECK(cu, cuMemsetD32(b.step, 0, 4));
-  CU_CHECK(cu, cuMemsetD32(b.bad, 0, 2));
-  if (!r->failed && !eager(r, ctx, &b)) graph(r, ctx, &b);
-  if (!r->failed) {
+  kl_stats st = {0};
+  if (made != KLRT_OK) fail(r, "create", kl_last_error()); /* still meets the others below */
+  else if (kl_ctx_stats(ctx, &st), !st.oneshot_ready) fail(r, "one-shot not ready", st.not_ready);
+  if (!r->failed) eager(r, ctx, &b);
+  graph(r, ctx, &b);
+  if (!r->failed && ctx) {
     CU_CHECK(cu, cuStreamSynchronize(b.s));
     unsigned long long bad = 0;
     CU_CHECK(cu, cuMemcpyDtoH(&bad, b.bad, 8));
@@ -189,7 +196,7 @@ static void *run_rank(void *arg) {
     if (st.nccl != 0) fail(r, "path", "a call went to NCCL");
   }
   cu->cuStreamSynchronize(b.s);
-  if (kl_ctx_destroy(ctx) != KLRT_OK) fail(r, "kl_ctx_destroy", kl_last_error());
+  if (ctx && kl_ctx_destroy(ctx) != KLRT_OK) fail(r, "kl_ctx_destroy", kl_last_error());
   cu->cuMemFree(b.shard), cu->cuMemFree(b.out), cu->cuMemFree(b.step), cu->cuMemFree(b.bad);
   cu->cuModuleUnload(b.k.mod);
   cu->cuStreamDestroy(b.s);
@@ -237,6 +244,7 @@ static int run_spec(shared *sh) {
     pthread_barrier_init(&xchg.bar, NULL, (unsigned)tp);
     sh->xchg = &xchg;
   }
+  pthread_barrier_init(&sh->bar, NULL, (unsigned)tp);
   rank_ctx *r = calloc((size_t)tp, sizeof *r);
   pthread_t *th = calloc((size_t)tp, sizeof *th);
   for (int i = 0; i < tp; i++) {
@@ -255,6 +263,7 @@ static int run_spec(shared *sh) {
          fails ? "FAIL" : "ok", sh->spec.name, sh->xchg ? " (allgather callback)" : "", tp, sh->tokens[0], sh->tokens[1], sh->tokens[2],
          sh->tokens[3], sh->steps, sh->steps / GRAPH_STEPS * GRAPH_STEPS, dev, host, checks);
   kl_group_destroy(sh->group);
+  pthread_barrier_destroy(&sh->bar);
   free(r), free(th);
   return fails;
 }

@@ -342,7 +342,7 @@ static int run_rank(int rank, int fd_id[2], const char *file, const char *name) 
   CU_CHECK(cu, cuMemAlloc(&e.ref, 2 * t * (size_t)e.l.shard_bytes));
   CU_CHECK(cu, cuMemAlloc(&e.step, 4));
   CU_CHECK(cu, cuMemAlloc(&e.bad, 8));
-  CU_CHECK(cu, cuMemsetD32(e.step, 0, 1));
+  CU_CHECK(cu, cuMemsetD32Async(e.step, 0, 1, e.s)); /* on e.s: ordered before the steps */
   if (testkern_load(cu, (int)elem, &e.k)) return 1;
   test_oneshot_equals_nccl(&e, file, name);
   test_forced_decline(&e, file, name, "KLGEN_DISABLE", "1", KL_DECLINE_DISABLED);
