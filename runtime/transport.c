@@ -211,6 +211,29 @@ static void free_buffers(kl_ctx *c) {
   c->recv = c->state = 0;
 }
 
+/* One launch of each kernel with no work, here, before any rank can spin:
+ * whatever the driver does at a kernel's first launch (loading its code, with
+ * lazy loading) may wait for the device, and on a GPU shared by several ranks
+ * that wait would hold up a rank its peers' first step is waiting for (seen on
+ * a one-GPU H200 with 8 ranks). tokens = 0 moves nothing; it advances the step
+ * slots once, on every rank alike. */
+static int warm_up(kl_ctx *c, char *why) {
+  int zero = 0, rank = c->rank;
+  CUdeviceptr none = 0;
+  void *os[] = {&none, &none, &zero, &rank, &c->nslots, &c->state, c->peers};
+  void *rl[] = {&none, &none, &zero};
+  CUresult r = c->cu->cuLaunchKernel(c->oneshot, 1, 1, 1, (unsigned)c->layout.block, 1, 1, 0,
+                                     c->stream, os, NULL);
+  if (r == CUDA_SUCCESS)
+    r = c->cu->cuLaunchKernel(c->relayout, 1, 1, 1, 256, 1, 1, 0, c->stream, rl, NULL);
+  if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
+  if (r != CUDA_SUCCESS) {
+    snprintf(why, 160, "rank %d: first launch of the kernels: %s", c->rank, kl_cu_errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
 static int map_all(kl_ctx *c, const peer_info *all, char *why) {
   for (int r = 0; r < c->nranks; r++) {
     if (!all[r].usable) {
@@ -227,7 +250,7 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
     return -1;
   }
   c->nslots = kl_layout_grid(&c->layout, &c->spec, (int)c->spec.max_tokens, c->cta_cap);
-  return 0;
+  return warm_up(c, why);
 }
 
 kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
