@@ -27,7 +27,9 @@ int klbench_plot(const char *path, const char *title, const int *tokens, int n,
   double lo = 1e300, hi = 0;
   for (int i = 0; i < n * nseries; i++)
     if (!isnan(series[i]) && series[i] > 0) lo = fmin(lo, series[i]), hi = fmax(hi, series[i]);
-  lo = pow(10, floor(log10(lo))), hi = pow(10, ceil(log10(hi)));
+  lo = pow(10, floor(log10(lo)));
+  double top = pow(10, floor(log10(hi))); /* 1, 2 or 5 x 10^k: no empty decade on top */
+  hi = hi <= top ? top : hi <= 2 * top ? 2 * top : hi <= 5 * top ? 5 * top : 10 * top;
   double x0 = tokens[0], x1 = tokens[n - 1] > tokens[0] ? tokens[n - 1] : tokens[0] * 2;
   fprintf(f, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' "
              "font-family='sans-serif' font-size='12'>\n<rect width='100%%' height='100%%' "
