@@ -256,8 +256,10 @@ static kl_result pick_spec(const kl_spec_list *l, const char *name, kl_spec *out
   return kl_rt_fail(KLRT_EINVAL, "no spec named '%s' in it", name);
 }
 
-static kl_result create_from_list(kl_ctx **ctx, kl_spec_list *l, const char *name,
-                                  const kl_config *cfg) {
+/* After kl_spec_load_*: the named spec of the list, then the context. */
+static kl_result create_loaded(kl_ctx **ctx, int load_rc, const kl_err *err, kl_spec_list *l,
+                               const char *name, const kl_config *cfg) {
+  if (load_rc != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err->msg);
   kl_spec s;
   kl_result res = pick_spec(l, name, &s);
   kl_spec_list_free(l);
@@ -277,8 +279,7 @@ kl_result kl_ctx_create_file(kl_ctx **ctx, const char *path, const char *name,
   if (!path) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_file: spec_path is NULL");
   kl_spec_list l;
   kl_err err;
-  if (kl_spec_load_file(path, &l, &err) != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
-  return create_from_list(ctx, &l, name, cfg);
+  return create_loaded(ctx, kl_spec_load_file(path, &l, &err), &err, &l, name, cfg);
 }
 
 kl_result kl_ctx_create_string(kl_ctx **ctx, const char *src, const char *name,
@@ -287,9 +288,8 @@ kl_result kl_ctx_create_string(kl_ctx **ctx, const char *src, const char *name,
   if (!src) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_string: spec_source is NULL");
   kl_spec_list l;
   kl_err err;
-  if (kl_spec_load_string("<spec string>", src, strlen(src), &l, &err) != 0)
-    return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
-  return create_from_list(ctx, &l, name, cfg);
+  int rc = kl_spec_load_string("<spec string>", src, strlen(src), &l, &err);
+  return create_loaded(ctx, rc, &err, &l, name, cfg);
 }
 
 /* A header from klgen: the spec is re-validated and the layout re-derived, and

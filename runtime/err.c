@@ -18,8 +18,6 @@ kl_result kl_rt_fail(kl_result r, const char *fmt, ...) {
   return r;
 }
 
-kl_result kl_rt_ok(void) { return KLRT_OK; }
-
 const char *kl_last_error(void) { return last; }
 
 const char *kl_result_name(kl_result r) {

@@ -19,7 +19,6 @@
 
 /* ---- err.c ---- */
 kl_result kl_rt_fail(kl_result r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-kl_result kl_rt_ok(void);
 int kl_log_enabled(void);
 void kl_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -157,8 +157,23 @@ static void crossover(void) {
   unlink(path);
 }
 
+/* A spec's sizes, without a GPU. */
+static void info(void) {
+  kl_info i;
+  CHECK(kl_spec_info_file(SPEC_DIR "/gpt2_tp4.lua", NULL, &i) == KLRT_OK && i.vocab_size == 50257 &&
+            i.padded_vocab == 50304 && i.shard == 12576 && i.tp == 4 && i.dtype == 1 &&
+            i.elem_bytes == 2 && i.vec_bytes == 2 && !strcmp(i.name, "gpt2_tp4"),
+        "gpt2 info: %s", kl_last_error());
+  CHECK(kl_spec_info_file(SPEC_DIR "/deepseek_v3.lua", "deepseek_v3_tp4", &i) == KLRT_OK &&
+            i.tp == 4 && i.shard == 32320, "named spec of a list");
+  EXPECT_ERR(kl_spec_info_file(SPEC_DIR "/deepseek_v3.lua", NULL, &i), KLRT_EINVAL, "defines 3");
+  EXPECT_ERR(kl_spec_info_file(NULL, NULL, &i), KLRT_EINVAL, "NULL");
+  EXPECT_ERR(kl_ctx_info(NULL, &i), KLRT_EINVAL, "NULL");
+}
+
 int main(void) {
   crossover();
+  info();
   misuse();
   generated();
   no_driver();
