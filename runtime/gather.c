@@ -65,6 +65,20 @@ static kl_result copy(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUs
   return KLRT_OK;
 }
 
+CUresult kl_launch_oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, int grid,
+                           CUstream s) {
+  int rank = c->rank;
+  void *args[] = {&in, &out, &tokens, &rank, &c->nslots, &c->state, c->peers};
+  /* PDL: this launch may begin while the previous kernel (the LM head, or
+   * the last step's gather) drains; the kernel waits for it before reading. */
+  CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig cfg = {.gridDimX = (unsigned)grid, .gridDimY = 1, .gridDimZ = 1,
+                        .blockDimX = (unsigned)c->layout.block, .blockDimY = 1, .blockDimZ = 1,
+                        .hStream = s, .attrs = &attr, .numAttrs = c->pdl ? 1 : 0};
+  return c->cu->cuLaunchKernelEx(&cfg, c->oneshot, args, NULL);
+}
+
 static kl_result oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, CUstream s) {
   size_t in_bytes = (size_t)tokens * (size_t)c->layout.shard_bytes;
   size_t out_bytes = (size_t)tokens * (size_t)c->spec.vocab_size * (size_t)c->layout.elem_bytes;
@@ -85,16 +99,9 @@ static kl_result oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens,
     c->stats.staged += kin == in;
   }
   int grid = kl_layout_grid(&c->layout, &c->spec, tokens, c->cta_cap);
-  int rank = c->rank;
-  void *args[] = {&kin, &kout, &tokens, &rank, &c->nslots, &c->state, c->peers};
-  /* PDL: this launch may begin while the previous kernel (the LM head, or
-   * the last step's gather) drains; the kernel waits for it before reading. */
-  CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
-  attr.value.programmaticStreamSerializationAllowed = 1;
-  CUlaunchConfig cfg = {.gridDimX = (unsigned)grid, .gridDimY = 1, .gridDimZ = 1,
-                        .blockDimX = (unsigned)c->layout.block, .blockDimY = 1, .blockDimZ = 1,
-                        .hStream = s, .attrs = &attr, .numAttrs = c->pdl ? 1 : 0};
-  KL_CU_TRY(c, cuLaunchKernelEx(&cfg, c->oneshot, args, NULL));
+  CUresult r = kl_launch_oneshot(c, kin, kout, tokens, grid, s);
+  if (r != CUDA_SUCCESS)
+    return kl_rt_fail(KLRT_ECUDA, "launching the one-shot kernel: %s", kl_cu_errstr(r));
   if (kout != out) return copy(c, out, kout, out_bytes, s);
   return KLRT_OK;
 }

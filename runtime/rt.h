@@ -94,6 +94,9 @@ void kl_transport_teardown(kl_ctx *c);
 
 /* ---- gather.c ---- */
 enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
+/* The one-shot kernel on s, as every step launches it (PDL when c->pdl). */
+CUresult kl_launch_oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, int grid,
+                           CUstream s);
 /* The dispatch rule (DESIGN §8): PATH_ONESHOT, or PATH_NCCL with *why. */
 int kl_choose_path(const kl_ctx *c, int tokens, kl_decline *why);
 kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstream s);

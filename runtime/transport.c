@@ -218,12 +218,10 @@ static void free_buffers(kl_ctx *c) {
  * a one-GPU H200 with 8 ranks). tokens = 0 moves nothing; it advances the step
  * slots once, on every rank alike. */
 static int warm_up(kl_ctx *c, char *why) {
-  int zero = 0, rank = c->rank;
+  int zero = 0;
   CUdeviceptr none = 0;
-  void *os[] = {&none, &none, &zero, &rank, &c->nslots, &c->state, c->peers};
   void *rl[] = {&none, &none, &zero};
-  CUresult r = c->cu->cuLaunchKernel(c->oneshot, 1, 1, 1, (unsigned)c->layout.block, 1, 1, 0,
-                                     c->stream, os, NULL);
+  CUresult r = kl_launch_oneshot(c, none, none, 0, 1, c->stream);
   if (r == CUDA_SUCCESS)
     r = c->cu->cuLaunchKernel(c->relayout, 1, 1, 1, 256, 1, 1, 0, c->stream, rl, NULL);
   if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
