@@ -9,7 +9,7 @@ deps="$root/.deps"
 lua_dir="$deps/lua-5.4.4"
 
 need=()
-for p in cmake make gcc patch ca-certificates; do
+for p in cmake make gcc patch pkg-config ca-certificates; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 apt_updated=0
