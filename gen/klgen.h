@@ -94,7 +94,7 @@ const char *kl_dtype_name(kl_dtype d);
 /* ---- layout (layout.c) ---- */
 int kl_layout_derive(const kl_spec *s, kl_layout *out, kl_err *err);
 /* CTAs to launch for `tokens` rows, at most `cap` (0: no cap). */
-int kl_layout_grid(const kl_layout *l, const kl_spec *s, int tokens, int cap);
+int kl_layout_grid(const kl_layout *l, int tokens, int cap);
 
 /* ---- rendering (render.c) ---- */
 /* Templates come from the binary (dir == NULL) or from a directory. */

@@ -80,15 +80,14 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
                         (long long)(KL_BUFFER_CAP / per_token));
   }
   l->block = BLOCK;
-  l->max_ctas = kl_layout_grid(l, s, (int)s->max_tokens, 0);
+  l->max_ctas = kl_layout_grid(l, (int)s->max_tokens, 0);
   l->timeout_ns = (s->timeout_ms ? s->timeout_ms : DEFAULT_TIMEOUT_MS) * 1000000LL;
   return 0;
 }
 
 /* One thread per 16-byte chunk of a shard row: it pushes that chunk to every
  * peer, then polls the same chunk of every rank's slot. */
-int kl_layout_grid(const kl_layout *l, const kl_spec *s, int tokens, int cap) {
-  (void)s;
+int kl_layout_grid(const kl_layout *l, int tokens, int cap) {
   int64_t items = (int64_t)tokens * l->row_chunks;
   int64_t g = (items + l->block - 1) / l->block;
   if (g < 1) g = 1;

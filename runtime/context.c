@@ -11,13 +11,17 @@
 /* Live contexts, so that a call after destroy is an error, not a crash. */
 #define LIVE_MAX 1024
 static kl_ctx *live[LIVE_MAX];
+static int live_hi; /* slots in use are below it: the per-call lookup stays short */
 static pthread_mutex_t live_m = PTHREAD_MUTEX_INITIALIZER;
 
 static int live_add(kl_ctx *c) {
   pthread_mutex_lock(&live_m);
   int ok = 0;
   for (int i = 0; i < LIVE_MAX && !ok; i++)
-    if (!live[i]) live[i] = c, ok = 1;
+    if (!live[i]) {
+      live[i] = c, ok = 1;
+      if (i >= live_hi) live_hi = i + 1;
+    }
   pthread_mutex_unlock(&live_m);
   return ok;
 }
@@ -25,7 +29,7 @@ static int live_add(kl_ctx *c) {
 static int live_take(kl_ctx *c, int remove) {
   pthread_mutex_lock(&live_m);
   int found = 0;
-  for (int i = 0; i < LIVE_MAX && !found; i++)
+  for (int i = 0; i < live_hi && !found; i++)
     if (live[i] == c) {
       found = 1;
       if (remove) live[i] = NULL;

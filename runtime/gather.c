@@ -98,7 +98,7 @@ static kl_result oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens,
     kout = c->stage_out;
     c->stats.staged += kin == in;
   }
-  int grid = kl_layout_grid(&c->layout, &c->spec, tokens, c->cta_cap);
+  int grid = kl_layout_grid(&c->layout, tokens, c->cta_cap);
   CUresult r = kl_launch_oneshot(c, kin, kout, tokens, grid, s);
   if (r != CUDA_SUCCESS)
     return kl_rt_fail(KLRT_ECUDA, "launching the one-shot kernel: %s", kl_cu_errstr(r));

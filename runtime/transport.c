@@ -247,7 +247,7 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
     snprintf(why, 160, "rank %d: the one-shot kernel cannot be resident", c->rank);
     return -1;
   }
-  c->nslots = kl_layout_grid(&c->layout, &c->spec, (int)c->spec.max_tokens, c->cta_cap);
+  c->nslots = kl_layout_grid(&c->layout, (int)c->spec.max_tokens, c->cta_cap);
   return warm_up(c, why);
 }
 

@@ -31,9 +31,9 @@ int main(void) {
   CHECK(l.timeout_ns == 10000LL * 1000000, "default time limit");
 
   kl_spec s = spec("kimi", 163840, 64, 0, 8, KL_BF16, 64);
-  CHECK(kl_layout_grid(&l, &s, 1, 0) == 20, "grid 1 token");
-  CHECK(kl_layout_grid(&l, &s, 64, 0) == 1280, "grid 64 tokens");
-  CHECK(kl_layout_grid(&l, &s, 64, 100) == 100, "grid capped");
+  CHECK(kl_layout_grid(&l, 1, 0) == 20, "grid 1 token");
+  CHECK(kl_layout_grid(&l, 64, 0) == 1280, "grid 64 tokens");
+  CHECK(kl_layout_grid(&l, 64, 100) == 100, "grid capped");
 
   /* Padding: GPT-2's odd vocabulary, the default pad (64), an explicit one. */
   l = derive(spec("gpt2", 50257, 64, 0, 4, KL_FP16, 8));
