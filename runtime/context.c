@@ -414,7 +414,7 @@ kl_result kl_ctx_destroy(kl_ctx *c) {
   int token = c->rank, all[KL_TP_MAX];
   if (c->ready && kl_exchange_all(&c->ex, &token, all, sizeof token, why) != 0)
     res = kl_rt_fail(KLRT_ENCCL, "kl_ctx_destroy: %s", why);
-  if (!res) kl_ctx_leave(c, pushed);
+  kl_ctx_leave(c, pushed); /* also when the exchange failed: never leave a context pushed */
   release(c);
   return res;
 }
