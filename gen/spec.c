@@ -8,7 +8,6 @@
 #include "lauxlib.h"
 #include "sandbox.h"
 #include "srcscan.h"
-#include "validate.h"
 
 #define SPEC_FILE_MAX (1u << 20) /* a spec is a page of text, not a data file */
 #define SPECS_MAX 256

@@ -1,6 +1,6 @@
 /* Field ranges and the C-identifier rules for `name`. Layout-level checks
  * (divisibility, buffer sizes) live in layout.c, the one place that derives it. */
-#include "validate.h"
+#include "klgen.h"
 
 #include <ctype.h>
 #include <string.h>

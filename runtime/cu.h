@@ -7,7 +7,7 @@
 #include <cuda.h>
 
 #define KL_CU_FUNCS(X)                                                                 \
-  X(cuInit) X(cuDriverGetVersion) X(cuGetErrorString) X(cuGetErrorName)                \
+  X(cuInit) X(cuGetErrorString) X(cuGetErrorName)                                     \
   X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDeviceGetUuid)        \
   X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)    \
   X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent)         \
@@ -15,15 +15,13 @@
   X(cuMemAlloc) X(cuMemFree) X(cuMemsetD32) X(cuMemsetD32Async) X(cuMemcpyHtoD)         \
   X(cuMemcpyDtoH) X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)            \
   X(cuMemcpy2DAsync)                                                                   \
-  X(cuMemGetAddressRange) X(cuPointerGetAttribute)                                     \
+  X(cuPointerGetAttribute)                                                             \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)                    \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)        \
   X(cuLaunchKernelEx) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                    \
-  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)          \
+  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                          \
   X(cuStreamIsCapturing) X(cuStreamBeginCapture) X(cuStreamEndCapture)                  \
-  X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)        \
-  X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)             \
-  X(cuEventElapsedTime) X(cuFuncSetAttribute)
+  X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)
 
 #define KL_CU_MEMBER(name) __typeof__(&name) name;
 typedef struct kl_cu {

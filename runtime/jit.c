@@ -25,7 +25,7 @@ typedef struct entry_header {
   uint64_t size, checksum;
 } entry_header;
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+uint64_t kl_fnv1a(uint64_t h, const void *p, size_t n) {
   const unsigned char *b = p;
   for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
   return h;
@@ -46,10 +46,10 @@ static void cache_key(const char *source, const char *arch, uint64_t key[2]) {
   kl_nvrtc_version(&maj, &min);
   char meta[128];
   int n = snprintf(meta, sizeof meta, "klgen %s|nvrtc %d.%d|%s|", KLGEN_VERSION, maj, min, arch);
-  uint64_t a = fnv1a(0xcbf29ce484222325ULL, meta, (size_t)n);
-  uint64_t b = fnv1a(0x84222325cbf29ce4ULL ^ 0x9e3779b97f4a7c15ULL, meta, (size_t)n);
-  a = fnv1a(a, source, strlen(source));
-  b = fnv1a(b, source, strlen(source));
+  uint64_t a = kl_fnv1a(KL_FNV_BASIS, meta, (size_t)n);
+  uint64_t b = kl_fnv1a(0x84222325cbf29ce4ULL ^ 0x9e3779b97f4a7c15ULL, meta, (size_t)n);
+  a = kl_fnv1a(a, source, strlen(source));
+  b = kl_fnv1a(b, source, strlen(source));
   key[0] = mix(a);
   key[1] = mix(b ^ key[0]);
 }
@@ -94,7 +94,7 @@ static int read_entry(const char *path, const uint64_t key[2], kl_binary *out) {
       h.size <= ENTRY_MAX) {
     out->data = malloc(h.size);
     if (out->data && fread(out->data, 1, h.size, f) == h.size && fgetc(f) == EOF &&
-        fnv1a(0xcbf29ce484222325ULL, out->data, h.size) == h.checksum) {
+        kl_fnv1a(KL_FNV_BASIS, out->data, h.size) == h.checksum) {
       out->size = h.size;
       rc = 0;
     }
@@ -117,7 +117,7 @@ static void write_entry(const char *dir, const char *path, const uint64_t key[2]
   h.version = ENTRY_VERSION;
   h.key[0] = key[0], h.key[1] = key[1];
   h.size = bin->size;
-  h.checksum = fnv1a(0xcbf29ce484222325ULL, bin->data, bin->size);
+  h.checksum = kl_fnv1a(KL_FNV_BASIS, bin->data, bin->size);
   FILE *f = fdopen(fd, "wb");
   int ok = f && fwrite(&h, sizeof h, 1, f) == 1 && fwrite(bin->data, 1, bin->size, f) == bin->size;
   ok = (f ? fclose(f) == 0 : (close(fd), 0)) && ok;

@@ -20,6 +20,8 @@
 /* ---- err.c ---- */
 kl_result kl_rt_fail(kl_result r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int kl_log_enabled(void);
+/* An environment variable set to anything but "" or "0". */
+int kl_env_flag(const char *name);
 void kl_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- exchange.c ---- */
@@ -37,6 +39,9 @@ typedef struct kl_exchange {
 int kl_exchange_all(kl_exchange *ex, const void *mine, void *all, size_t bytes, char *why);
 
 /* ---- jit.c ---- */
+#define KL_FNV_BASIS 0xcbf29ce484222325ULL
+/* FNV-1a over n bytes, continuing from h (start from KL_FNV_BASIS). */
+uint64_t kl_fnv1a(uint64_t h, const void *p, size_t n);
 /* Resolves the cache directory (DESIGN §5); 0 if none can be determined. */
 int kl_cache_dir(const char *configured, char *buf, size_t n);
 /* Cubin for source on arch, from the cache at dir (NULL: no cache) or NVRTC. */

@@ -15,29 +15,26 @@
 
 #define INFO_MAGIC 0x4b4c5254u /* "KLRT" */
 #define INFO_VERSION 1u
+#define PEER_WHY 160 /* a reason travels with the exchange: bounded */
 
 typedef struct peer_info {
   uint32_t magic, version;
   int32_t rank, nranks;
   uint64_t fingerprint, host, pid;
-  int32_t ordinal, usable; /* usable: compiled, loaded, allocated */
+  int32_t usable; /* compiled, loaded, allocated */
   uint8_t uuid[16];
   uint64_t ptr;
   CUipcMemHandle handle;
-  char why[160];
+  char why[PEER_WHY];
 } peer_info;
 
 typedef struct agree_info {
   int32_t mapped, disabled, has_nccl;
   int64_t crossover;
-  char why[160];
+  char why[PEER_WHY];
 } agree_info;
 
-static uint64_t hash_str(const char *s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
-  return h;
-}
+static uint64_t hash_str(const char *s) { return kl_fnv1a(KL_FNV_BASIS, s, strlen(s)); }
 
 /* Ranks must run the very same kernel: same spec, same derived layout. */
 static uint64_t fingerprint(const kl_ctx *c) {
@@ -53,11 +50,6 @@ static uint64_t host_id(void) {
   char h[256] = "";
   gethostname(h, sizeof h - 1);
   return hash_str(h);
-}
-
-static int env_flag(const char *name) {
-  const char *v = getenv(name);
-  return v && *v && strcmp(v, "0") != 0;
 }
 
 /* Receive buffers filled with the sentinel, and a zeroed state block. */
@@ -76,7 +68,7 @@ static int alloc_buffers(kl_ctx *c, char *why) {
       (r = cu->cuMemsetD32(c->state, 0, state_bytes / 4)) != CUDA_SUCCESS ||
       (r = cu->cuMemcpyHtoD(c->state, header, sizeof header)) != CUDA_SUCCESS ||
       (r = cu->cuCtxSynchronize()) != CUDA_SUCCESS) {
-    snprintf(why, 160, "rank %d: receive buffers (%lld bytes): %s", c->rank,
+    snprintf(why, PEER_WHY, "rank %d: receive buffers (%lld bytes): %s", c->rank,
              (long long)c->layout.total_bytes, kl_cu_errstr(r));
     return -1;
   }
@@ -92,7 +84,6 @@ static void fill_info(kl_ctx *c, peer_info *me, int usable, const char *why) {
   me->fingerprint = fingerprint(c);
   me->host = host_id();
   me->pid = (uint64_t)getpid();
-  me->ordinal = c->ordinal;
   CUuuid u;
   if (c->cu->cuDeviceGetUuid(&u, c->dev) == CUDA_SUCCESS) memcpy(me->uuid, u.bytes, 16);
   /* Threads of one process share pointers; other processes need an IPC handle. */
@@ -138,7 +129,7 @@ static int map_peer(kl_ctx *c, const peer_info *p, char *why) {
   const kl_cu *cu = c->cu;
   CUdevice pdev;
   if (find_device(cu, p->uuid, &pdev) != 0) {
-    snprintf(why, 160, "rank %d: rank %d's GPU is not visible here (multi-node NVLink is not "
+    snprintf(why, PEER_WHY, "rank %d: rank %d's GPU is not visible here (multi-node NVLink is not "
              "supported)", c->rank, p->rank);
     return -1;
   }
@@ -146,7 +137,7 @@ static int map_peer(kl_ctx *c, const peer_info *p, char *why) {
     int can = 0;
     cu->cuDeviceCanAccessPeer(&can, c->dev, pdev);
     if (!can) {
-      snprintf(why, 160, "rank %d: no peer access from GPU %d to rank %d's GPU", c->rank,
+      snprintf(why, PEER_WHY, "rank %d: no peer access from GPU %d to rank %d's GPU", c->rank,
                c->ordinal, p->rank);
       return -1;
     }
@@ -161,7 +152,7 @@ static int map_peer(kl_ctx *c, const peer_info *p, char *why) {
         cu->cuDevicePrimaryCtxRelease(pdev); /* the peer rank holds its own reference */
       }
       if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
-        snprintf(why, 160, "rank %d: enabling peer access to rank %d: %s", c->rank, p->rank,
+        snprintf(why, PEER_WHY, "rank %d: enabling peer access to rank %d: %s", c->rank, p->rank,
                  kl_cu_errstr(r));
         return -1;
       }
@@ -172,7 +163,7 @@ static int map_peer(kl_ctx *c, const peer_info *p, char *why) {
   CUresult r = cu->cuIpcOpenMemHandle(&c->peers[p->rank], p->handle,
                                       CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
   if (r != CUDA_SUCCESS) {
-    snprintf(why, 160, "rank %d: cuIpcOpenMemHandle for rank %d: %s", c->rank, p->rank,
+    snprintf(why, PEER_WHY, "rank %d: cuIpcOpenMemHandle for rank %d: %s", c->rank, p->rank,
              kl_cu_errstr(r));
     return -1;
   }
@@ -226,7 +217,7 @@ static int warm_up(kl_ctx *c, char *why) {
     r = c->cu->cuLaunchKernel(c->relayout, 1, 1, 1, 256, 1, 1, 0, c->stream, rl, NULL);
   if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
   if (r != CUDA_SUCCESS) {
-    snprintf(why, 160, "rank %d: first launch of the kernels: %s", c->rank, kl_cu_errstr(r));
+    snprintf(why, PEER_WHY, "rank %d: first launch of the kernels: %s", c->rank, kl_cu_errstr(r));
     return -1;
   }
   return 0;
@@ -235,7 +226,7 @@ static int warm_up(kl_ctx *c, char *why) {
 static int map_all(kl_ctx *c, const peer_info *all, char *why) {
   for (int r = 0; r < c->nranks; r++) {
     if (!all[r].usable) {
-      snprintf(why, 160, "%s", all[r].why);
+      snprintf(why, PEER_WHY, "%s", all[r].why);
       return -1;
     }
   }
@@ -244,7 +235,7 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
     if (r != c->rank && map_peer(c, &all[r], why) != 0) return -1;
   c->cta_cap = residency_cap(c, all);
   if (c->cta_cap < 1) {
-    snprintf(why, 160, "rank %d: the one-shot kernel cannot be resident", c->rank);
+    snprintf(why, PEER_WHY, "rank %d: the one-shot kernel cannot be resident", c->rank);
     return -1;
   }
   c->nslots = kl_layout_grid(&c->layout, (int)c->spec.max_tokens, c->cta_cap);
@@ -270,7 +261,7 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   if ((res = check_group(c, all)) != KLRT_OK) goto out;
   agree_info mine = {0};
   mine.mapped = map_all(c, all, mine.why) == 0;
-  mine.disabled = env_flag("KLGEN_DISABLE");
+  mine.disabled = kl_env_flag("KLGEN_DISABLE");
   mine.has_nccl = c->nccl != NULL || c->nranks == 1;
   mine.crossover = kl_crossover(c->arch, c->nranks, c->layout.shard_bytes, c->crossover_cfg,
                                 c->cache_dir[0] ? c->cache_dir : NULL, &c->crossover_from);
