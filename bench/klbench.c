@@ -1,7 +1,7 @@
 /* klbench: the one-shot gather against NCCL, side by side, on this machine's GPUs.
  *
  *   klbench SPEC [NAME] [--tokens LIST] [--steps N] [--replays R] [--csv FILE]
- *           [--plot FILE.svg] [--tune FILE] [--no-gemm]
+ *           [--plot FILE.svg] [--tune FILE] [--no-gemm] [--templates DIR]
  *
  * One thread per GPU. Per token count, every path is captured `steps` deep in a
  * CUDA graph per rank; the ranks replay together (a barrier before each
@@ -13,7 +13,10 @@
  *   NCCL symm        the same on ncclMemAlloc'd, NCCL_WIN_COLL_SYMMETRIC windows
  *   auto             kl_gather as the runtime dispatches it
  * All outputs are compared before anything is timed. Then an end-to-end step:
- * the LM-head GEMM (cuBLAS, hidden 7168) followed by the gather. */
+ * the LM-head GEMM (cuBLAS, hidden 7168) followed by the gather.
+ * --templates DIR renders the kernels from DIR instead of the built-in
+ * templates (as klgen --templates does): a template change is measured
+ * against the same NCCL figures without rebuilding anything. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -40,7 +43,8 @@ static const char *const e2e_names[NE2E] = {"GEMM alone", "GEMM + one-shot (PDL)
                                             "GEMM + one-shot (no PDL)", "GEMM + NCCL ring"};
 
 typedef struct bench {
-  const char *spec_path, *name, *csv, *plot, *tune;
+  const char *spec_path, *name, *csv, *plot, *tune, *templates;
+  char *source; /* rendered from `templates`, or NULL: the runtime renders */
   int tokens[MAX_TOK], ntok, steps, replays, gemm, n;
   kl_spec orig, spec;
   kl_layout l;
@@ -168,6 +172,18 @@ static void make_contexts(rank *R) {
   kl_config os = base, np = base;
   os.crossover_bytes = np.crossover_bytes = 1LL << 40; /* always one-shot */
   np.no_pdl = 1;
+  if (b->source) {
+    kl_generated g = {.abi = 1, .name = b->spec.name, .vocab_size = b->spec.vocab_size,
+                      .pad_to = b->spec.pad_to, .padded_vocab = b->l.padded_vocab,
+                      .tp = b->spec.tp, .dtype = (int)b->spec.dtype,
+                      .max_tokens = b->spec.max_tokens, .timeout_ms = b->spec.timeout_ms,
+                      .vec_bytes = b->l.vec_bytes, .block = b->l.block, .source = b->source,
+                      .source_len = strlen(b->source)};
+    KL(kl_ctx_create_generated(&R->ctx[0], &g, &os));
+    KL(kl_ctx_create_generated(&R->ctx[1], &g, &np));
+    KL(kl_ctx_create_generated(&R->ctx[2], &g, &base));
+    return;
+  }
   KL(kl_ctx_create_string(&R->ctx[0], b->spec_src, NULL, &os));
   KL(kl_ctx_create_string(&R->ctx[1], b->spec_src, NULL, &np));
   KL(kl_ctx_create_string(&R->ctx[2], b->spec_src, NULL, &base));
@@ -182,7 +198,7 @@ static void load_relayout(rank *R) {
   kl_binary bin;
   int hit;
   const kl_cu *cu = kl_cu_get(NULL);
-  if (kl_render(&b->spec, &b->l, NULL, &src, &e)) die("render", e.msg);
+  if (kl_render(&b->spec, &b->l, b->templates, &src, &e)) die("render", e.msg);
   if (kl_jit_cubin(src, b->spec.name, b->arch, kl_cache_dir(NULL, dir, sizeof dir) ? dir : NULL,
                    &bin, &hit, &e))
     die("jit", e.msg);
@@ -499,9 +515,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--plot") && more) b->plot = argv[++i];
     else if (!strcmp(a, "--tune") && more) b->tune = argv[++i];
     else if (!strcmp(a, "--no-gemm")) b->gemm = 0;
+    else if (!strcmp(a, "--templates") && more) b->templates = argv[++i];
     else if (a[0] == '-' || (b->spec_path && b->name)) {
       fprintf(stderr, "usage: klbench SPEC [NAME] [--tokens LIST] [--steps N] [--replays R] "
-                      "[--csv FILE] [--plot FILE.svg] [--tune FILE] [--no-gemm]\n");
+                      "[--csv FILE] [--plot FILE.svg] [--tune FILE] [--no-gemm] [--templates DIR]\n");
       return 2;
     } else if (!b->spec_path) b->spec_path = a;
     else b->name = a;
@@ -513,6 +530,10 @@ int main(int argc, char **argv) {
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) die("CUDA", "no GPU");
   if (gpus > MAX_RANKS) gpus = MAX_RANKS;
   derive_spec(b, gpus);
+  if (b->templates) {
+    kl_err e;
+    if (kl_render(&b->spec, &b->l, b->templates, &b->source, &e)) die("--templates", e.msg);
+  }
   struct cudaDeviceProp prop;
   CUDA(cudaGetDeviceProperties(&prop, 0));
   snprintf(b->gpu, sizeof b->gpu, "%s", prop.name);
@@ -523,6 +544,7 @@ int main(int argc, char **argv) {
          NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
   printf("method: each path captured %d steps deep in a CUDA graph per rank, ranks replay "
          "together, median of %d replays, max over ranks\n", b->steps, b->replays);
+  if (b->templates) printf("kernels rendered from the templates in %s\n", b->templates);
   int devs[MAX_RANKS];
   for (int r = 0; r < b->n; r++) devs[r] = r;
   NCCL(ncclCommInitAll(b->comms, b->n, devs));

@@ -171,13 +171,34 @@ static int map_peer(kl_ctx *c, const peer_info *p, char *why) {
   return 0;
 }
 
+/* Ranks whose buffers live on this rank's GPU, this one included. */
+static int ranks_on_device(const kl_ctx *c, const peer_info *all) {
+  int n = 0;
+  for (int r = 0; r < c->nranks; r++)
+    if (all[r].host == all[c->rank].host && memcmp(all[r].uuid, all[c->rank].uuid, 16) == 0) n++;
+  return n;
+}
+
+/* Several ranks on one GPU need their streams in separate hardware queues.
+ * The driver maps streams round robin onto CUDA_DEVICE_MAX_CONNECTIONS
+ * queues (8 by default), and a queue runs in order: a rank whose next kernel
+ * waits behind its spinning one-shot grid blocks any peer work queued after it
+ * in the same queue, so the grid spins until the poll limit. Measured on one
+ * H200 with 8 ranks: with 1 queue every run stalls at step 1; with 8 now and
+ * then; with 32 never. 32 is the driver's maximum. */
+#define KL_SHARED_GPU_QUEUES 32
+static int queues_ok(const kl_ctx *c, int on_device, char *why) {
+  const char *v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  if (on_device < 2 || (v && atoi(v) >= KL_SHARED_GPU_QUEUES)) return 1;
+  snprintf(why, PEER_WHY, "rank %d: %d ranks share this GPU: set CUDA_DEVICE_MAX_CONNECTIONS=%d "
+           "before CUDA starts (it is %s)", c->rank, on_device, KL_SHARED_GPU_QUEUES, v ? v : "unset: 8");
+  return 0;
+}
+
 /* CTAs per rank such that every rank's CTAs on this GPU are resident at once:
  * a spinning CTA must never keep a peer's unscheduled CTA off the GPU. */
-static int residency_cap(kl_ctx *c, const peer_info *all) {
-  int on_device = 0, per_sm = 0;
-  for (int r = 0; r < c->nranks; r++)
-    if (all[r].host == all[c->rank].host && memcmp(all[r].uuid, all[c->rank].uuid, 16) == 0)
-      on_device++;
+static int residency_cap(kl_ctx *c, int on_device) {
+  int per_sm = 0;
   if (c->cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c->oneshot, c->layout.block, 0) !=
       CUDA_SUCCESS)
     return 0;
@@ -202,12 +223,10 @@ static void free_buffers(kl_ctx *c) {
   c->recv = c->state = 0;
 }
 
-/* One launch of each kernel with no work, here, before any rank can spin:
- * whatever the driver does at a kernel's first launch (loading its code, with
- * lazy loading) may wait for the device, and on a GPU shared by several ranks
- * that wait would hold up a rank its peers' first step is waiting for (seen on
- * a one-GPU H200 with 8 ranks). tokens = 0 moves nothing; it advances the step
- * slots once, on every rank alike. */
+/* One launch of each kernel with no work, here, where a slow first launch
+ * (lazy loading of the code) costs nothing: in a step it would make this rank
+ * late and its peers' grids spin. tokens = 0 moves nothing; it advances the
+ * step slots once, on every rank alike. */
 static int warm_up(kl_ctx *c, char *why) {
   int zero = 0;
   CUdeviceptr none = 0;
@@ -233,7 +252,9 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
   c->peers[c->rank] = c->recv;
   for (int r = 0; r < c->nranks; r++)
     if (r != c->rank && map_peer(c, &all[r], why) != 0) return -1;
-  c->cta_cap = residency_cap(c, all);
+  int on_device = ranks_on_device(c, all);
+  if (!queues_ok(c, on_device, why)) return -1;
+  c->cta_cap = residency_cap(c, on_device);
   if (c->cta_cap < 1) {
     snprintf(why, PEER_WHY, "rank %d: the one-shot kernel cannot be resident", c->rank);
     return -1;

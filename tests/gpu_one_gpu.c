@@ -241,6 +241,49 @@ static int planted_error_is_caught(const kl_cu *cu, const kl_spec *s, const kl_l
   return dev_bad == 1 && host_bad == 1 ? 0 : -1;
 }
 
+/* Ranks sharing a GPU with too few hardware queues must be refused at
+ * creation, with the remedy in the message, rather than stall in a step. */
+typedef struct queue_probe {
+  kl_group *group;
+  CUcontext cuctx;
+  int rank;
+  kl_result res;
+  char msg[512];
+} queue_probe;
+
+static void *create_with_few_queues(void *arg) {
+  queue_probe *q = arg;
+  static const char spec[] = "return { name = 'q', vocab_size = 4096, tp = 2, dtype = 'bf16', "
+                             "max_tokens = 4 }";
+  const kl_cu *cu = kl_cu_get(NULL);
+  cu->cuCtxSetCurrent(q->cuctx);
+  kl_config cfg = {.rank = q->rank, .nranks = 2, .device = 0, .group = q->group};
+  kl_ctx *ctx = NULL;
+  q->res = kl_ctx_create_string(&ctx, spec, "q", &cfg);
+  snprintf(q->msg, sizeof q->msg, "%s", q->res == KLRT_OK ? "created" : kl_last_error());
+  if (ctx) kl_ctx_destroy(ctx);
+  return NULL;
+}
+
+static int few_queues_refused(CUcontext cuctx) {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8", 1);
+  queue_probe q[2] = {{.cuctx = cuctx, .rank = 0}, {.cuctx = cuctx, .rank = 1}};
+  kl_group_create(&q[0].group, 2);
+  q[1].group = q[0].group;
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, create_with_few_queues, &q[i]);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  kl_group_destroy(q[0].group);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+  int ok = 1;
+  for (int i = 0; i < 2; i++) {
+    int good = q[i].res == KLRT_EUNAVAILABLE && strstr(q[i].msg, "CUDA_DEVICE_MAX_CONNECTIONS=32");
+    printf("%s rank %d with CUDA_DEVICE_MAX_CONNECTIONS=8: %s\n", good ? "ok" : "FAIL", i, q[i].msg);
+    ok &= good;
+  }
+  return ok ? 0 : -1;
+}
+
 static int run_spec(shared *sh) {
   int tp = sh->spec.tp, fails = 0;
   kl_group_create(&sh->group, tp);
@@ -279,6 +322,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: %s SPEC_FILE [STEPS]\n", argv[0]);
     return 2;
   }
+  /* Before CUDA starts: every rank's stream gets its own hardware queue
+   * (libklrt refuses ranks sharing a GPU otherwise; see few_queues_refused). */
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
   const kl_cu *cu = gpu_require(1);
   kl_spec_list list;
   kl_err err;
@@ -303,6 +349,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "FAIL: a planted error was not caught\n");
       fails++;
     }
+    if (i == 0 && few_queues_refused(cuctx) != 0) fails++;
     fails += run_spec(&sh);
   }
   kl_spec_list_free(&list);
