@@ -23,20 +23,43 @@ static int capturing(const kl_ctx *c, CUstream s) {
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/* Scratch grows to fit; never while the stream is being captured (an
- * allocation there would not be replayed, and may be illegal). */
-static kl_result ensure(kl_ctx *c, CUdeviceptr *buf, size_t *cap, size_t need, CUstream s,
-                        const char *what) {
+/* A buffer of at least `need` bytes, allocated for `size` (>= need) so that
+ * it grows at most once per size class: cuMemFree waits for the whole device,
+ * and with several ranks on one GPU that wait is on peers spinning for this
+ * rank. Never while the stream is being captured (an allocation there would
+ * not be replayed, and may be illegal). */
+static kl_result ensure(kl_ctx *c, CUdeviceptr *buf, size_t *cap, size_t need, size_t size,
+                        CUstream s, const char *what) {
   if (need <= *cap) return KLRT_OK;
   if (capturing(c, s))
     return kl_rt_fail(KLRT_EINVAL, "%s: %zu bytes needed while capturing a CUDA graph; run one "
                       "step of this size before capture so the buffer exists", what, need);
+  if (size < need) size = need;
   if (*buf) c->cu->cuMemFree(*buf);
   *buf = 0, *cap = 0;
-  CUresult r = c->cu->cuMemAlloc(buf, need);
+  CUresult r = c->cu->cuMemAlloc(buf, size);
   if (r != CUDA_SUCCESS)
-    return kl_rt_fail(KLRT_ENOMEM, "%s: cuMemAlloc(%zu): %s", what, need, kl_cu_errstr(r));
-  *cap = need;
+    return kl_rt_fail(KLRT_ENOMEM, "%s: cuMemAlloc(%zu): %s", what, size, kl_cu_errstr(r));
+  *cap = size;
+  return KLRT_OK;
+}
+
+/* Bytes of `tokens` rows of the output. */
+static size_t out_bytes_for(const kl_ctx *c, long long tokens) {
+  return (size_t)tokens * (size_t)c->spec.vocab_size * (size_t)c->layout.elem_bytes;
+}
+
+/* Where a kernel writes `out`: out itself when aligned for the kernel's
+ * vector stores, else the output staging buffer (copied to out after). */
+static kl_result output_target(kl_ctx *c, CUdeviceptr out, int tokens, CUstream s,
+                               CUdeviceptr *target) {
+  *target = out;
+  if (out % (unsigned)c->layout.vec_bytes == 0) return KLRT_OK;
+  long long most = tokens > c->spec.max_tokens ? tokens : c->spec.max_tokens;
+  kl_result res = ensure(c, &c->stage_out, &c->stage_out_bytes, out_bytes_for(c, tokens),
+                         out_bytes_for(c, most), s, "staging (output)");
+  if (res) return res;
+  *target = c->stage_out;
   return KLRT_OK;
 }
 
@@ -81,23 +104,18 @@ CUresult kl_launch_oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
 
 static kl_result oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, CUstream s) {
   size_t in_bytes = (size_t)tokens * (size_t)c->layout.shard_bytes;
-  size_t out_bytes = (size_t)tokens * (size_t)c->spec.vocab_size * (size_t)c->layout.elem_bytes;
-  unsigned align = (unsigned)c->layout.vec_bytes;
+  size_t out_bytes = out_bytes_for(c, tokens);
   CUdeviceptr kin = in, kout = out;
   kl_result res;
-  if (in % align || overlaps(in, in_bytes, out, out_bytes)) {
-    if ((res = ensure(c, &c->stage_in, &c->stage_in_bytes, in_bytes, s, "staging (input)")) ||
+  if (in % (unsigned)c->layout.vec_bytes || overlaps(in, in_bytes, out, out_bytes)) {
+    size_t most = (size_t)c->spec.max_tokens * (size_t)c->layout.shard_bytes;
+    if ((res = ensure(c, &c->stage_in, &c->stage_in_bytes, in_bytes, most, s, "staging (input)")) ||
         (res = copy(c, c->stage_in, in, in_bytes, s)))
       return res;
     kin = c->stage_in;
-    c->stats.staged++;
   }
-  if (out % align) {
-    if ((res = ensure(c, &c->stage_out, &c->stage_out_bytes, out_bytes, s, "staging (output)")))
-      return res;
-    kout = c->stage_out;
-    c->stats.staged += kin == in;
-  }
+  if ((res = output_target(c, out, tokens, s, &kout))) return res;
+  c->stats.staged += kin != in || kout != out;
   int grid = kl_layout_grid(&c->layout, tokens, c->cta_cap);
   CUresult r = kl_launch_oneshot(c, kin, kout, tokens, grid, s);
   if (r != CUDA_SUCCESS)
@@ -135,14 +153,15 @@ static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
     return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: the one-shot path cannot serve this call "
                       "and the context has no NCCL communicator for the fallback", c->rank);
   size_t shard_bytes = (size_t)tokens * (size_t)c->layout.shard_bytes;
-  size_t out_bytes = (size_t)tokens * (size_t)c->spec.vocab_size * (size_t)c->layout.elem_bytes;
+  size_t out_bytes = out_bytes_for(c, tokens);
   size_t all_bytes = shard_bytes * (size_t)c->nranks;
   int direct = (tokens == 1 || c->nranks == 1) && c->spec.vocab_size == c->layout.padded_vocab &&
                !overlaps(in, shard_bytes, out, out_bytes);
   kl_result res;
   CUdeviceptr dst = out;
   if (!direct) {
-    if ((res = ensure(c, &c->scratch, &c->scratch_bytes, all_bytes, s, "NCCL scratch"))) return res;
+    if ((res = ensure(c, &c->scratch, &c->scratch_bytes, all_bytes, all_bytes, s, "NCCL scratch")))
+      return res;
     dst = c->scratch;
   }
   if (c->nranks == 1) {
@@ -155,13 +174,9 @@ static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
   }
   if (direct) return KLRT_OK;
   if (!c->relayout) return relayout_copies(c, out, tokens, s);
-  CUdeviceptr kout = out;
-  if (out % (unsigned)c->layout.vec_bytes) {
-    if ((res = ensure(c, &c->stage_out, &c->stage_out_bytes, out_bytes, s, "staging (output)")))
-      return res;
-    kout = c->stage_out;
-    c->stats.staged++;
-  }
+  CUdeviceptr kout;
+  if ((res = output_target(c, out, tokens, s, &kout))) return res;
+  c->stats.staged += kout != out;
   long long vecs = (long long)out_bytes / c->layout.vec_bytes;
   long long grid = (vecs + 255) / 256;
   if (grid > 4LL * c->sm_count) grid = 4LL * c->sm_count;
