@@ -5,8 +5,9 @@
  *
  * One thread per GPU. Per token count, every path is captured `steps` deep in a
  * CUDA graph per rank; the ranks replay together (a barrier before each
- * replay), CUDA events time each replay; a path's figure is the median over
- * replays, then the max over ranks (DESIGN "Measuring"). Paths:
+ * replay), the paths' graphs in turn, CUDA events time each replay; a path's
+ * figure is the median over replays, then the max over ranks (DESIGN
+ * "Measuring"). Paths:
  *   one-shot         kl_gather forced onto the one-shot kernel (PDL on)
  *   one-shot no-PDL  the same kernel launched without PDL
  *   NCCL ring        ncclAllGather on plain buffers + relayout to [tokens, vocab]
@@ -35,6 +36,7 @@
 #define MAX_TOK 64
 #define MAX_RANKS 8
 #define HIDDEN 7168
+#define MAX_VARIANTS 8 /* graphs timed side by side (paths, end-to-end variants) */
 enum { P_ONESHOT, P_NOPDL, P_RING, P_SYMM, P_AUTO, NPATHS };
 static const char *const path_names[NPATHS] = {"one-shot", "one-shot no-PDL", "NCCL ring",
                                                "NCCL symm", "auto"};
@@ -309,30 +311,39 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* `steps` calls of fn captured once, replayed by all ranks together. */
+/* For each of the n variants which[i]: `steps` calls of fn captured once.
+ * The graphs are then replayed in turn, every rank together, so a drift in
+ * clocks or memory state during the run falls on all variants alike. t[i]:
+ * median µs per step of variant i. */
 typedef void (*step_fn)(rank *R, int p, int T);
-static double time_graph(rank *R, step_fn fn, int p, int T) {
+static void time_graphs(rank *R, step_fn fn, const int *which, int n, int T, double *t) {
   bench *b = R->b;
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CUDA(cudaStreamBeginCapture(R->s, cudaStreamCaptureModeThreadLocal));
-  for (int k = 0; k < b->steps; k++) fn(R, p, T);
-  CUDA(cudaStreamEndCapture(R->s, &g));
-  CUDA(cudaGraphInstantiate(&ge, g, 0));
-  double v[64];
-  for (int rep = -2; rep < b->replays; rep++) { /* two warm-up replays */
-    pthread_barrier_wait(&b->bar);
-    CUDA(cudaEventRecord(R->e0, R->s));
-    CUDA(cudaGraphLaunch(ge, R->s));
-    CUDA(cudaEventRecord(R->e1, R->s));
-    CUDA(cudaStreamSynchronize(R->s));
-    float ms;
-    CUDA(cudaEventElapsedTime(&ms, R->e0, R->e1));
-    if (rep >= 0) v[rep] = 1000.0 * ms / b->steps;
+  cudaGraph_t g[MAX_VARIANTS];
+  cudaGraphExec_t ge[MAX_VARIANTS];
+  for (int i = 0; i < n; i++) {
+    CUDA(cudaStreamBeginCapture(R->s, cudaStreamCaptureModeThreadLocal));
+    for (int k = 0; k < b->steps; k++) fn(R, which[i], T);
+    CUDA(cudaStreamEndCapture(R->s, &g[i]));
+    CUDA(cudaGraphInstantiate(&ge[i], g[i], 0));
   }
-  CUDA(cudaGraphExecDestroy(ge));
-  CUDA(cudaGraphDestroy(g));
-  return median(v, b->replays);
+  double v[MAX_VARIANTS][64];
+  for (int rep = -2; rep < b->replays; rep++) { /* two warm-up rounds */
+    for (int i = 0; i < n; i++) {
+      pthread_barrier_wait(&b->bar);
+      CUDA(cudaEventRecord(R->e0, R->s));
+      CUDA(cudaGraphLaunch(ge[i], R->s));
+      CUDA(cudaEventRecord(R->e1, R->s));
+      CUDA(cudaStreamSynchronize(R->s));
+      float ms;
+      CUDA(cudaEventElapsedTime(&ms, R->e0, R->e1));
+      if (rep >= 0) v[i][rep] = 1000.0 * ms / b->steps;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    CUDA(cudaGraphExecDestroy(ge[i]));
+    CUDA(cudaGraphDestroy(g[i]));
+    t[i] = median(v[i], b->replays);
+  }
 }
 
 /* ---------- end to end: LM head + gather ---------- */
@@ -370,9 +381,13 @@ static void run_e2e(rank *R) {
   CUDA(cudaMalloc(&E->logits, (size_t)T2 * (size_t)b->l.shard * e));
   CUDA(cudaMemset(E->x, 0x11, (size_t)T2 * HIDDEN * e)); /* small finite values */
   CUDA(cudaMemset(E->w, 0x11, (size_t)b->l.shard * HIDDEN * e));
-  for (int i = 0; i < 2; i++)
-    for (int w = 0; w < NE2E; w++)
-      b->e2e[w][i][R->r] = time_graph(R, e2e_step, w, b->e2e_tokens[i]);
+  int all[NE2E];
+  double t[NE2E];
+  for (int w = 0; w < NE2E; w++) all[w] = w;
+  for (int i = 0; i < 2; i++) {
+    time_graphs(R, e2e_step, all, NE2E, b->e2e_tokens[i], t);
+    for (int w = 0; w < NE2E; w++) b->e2e[w][i][R->r] = t[w];
+  }
   cublasDestroy(E->h);
   cudaFree(E->x), cudaFree(E->w), cudaFree(E->logits);
 }
@@ -404,14 +419,15 @@ static void *rank_main(void *arg) {
     b->bad[i][R->r] = check_paths(R, T);
     kl_ctx_stats(R->ctx[2], &after);
     if (R->r == 0) b->auto_path[i] = after.nccl > before.nccl;
+    int which[NPATHS], n = 0;
+    double t[NPATHS];
     for (int p = 0; p < NPATHS; p++) {
-      if (p == P_SYMM && !b->symm_ok) {
-        b->t[p][i][R->r] = NAN;
-        continue;
-      }
-      if (R->r == 0) progress(b, i, path_names[p]);
-      b->t[p][i][R->r] = time_graph(R, run_path, p, T);
+      b->t[p][i][R->r] = NAN;
+      if (p != P_SYMM || b->symm_ok) which[n++] = p;
     }
+    if (R->r == 0) progress(b, i, "timing every path");
+    time_graphs(R, run_path, which, n, T, t);
+    for (int k = 0; k < n; k++) b->t[which[k]][i][R->r] = t[k];
   }
   if (b->gemm) {
     if (R->r == 0) fprintf(stderr, "\rend-to-end: LM-head GEMM + gather%30s\n", "");
@@ -470,12 +486,18 @@ static void report(bench *b, FILE *csv) {
     if (bad) b->failed = 1;
   }
   if (!b->gemm) return;
-  printf("\nend to end (LM-head GEMM [tokens, %d] x [%d, %lld], then the gather), us per step:\n",
-         HIDDEN, HIDDEN, (long long)b->l.shard);
-  printf("%-28s %10d tok %10d tok\n", "", b->e2e_tokens[0], b->e2e_tokens[1]);
-  for (int w = 0; w < NE2E; w++)
-    printf("%-28s %14.2f %14.2f\n", e2e_names[w], worst(b->e2e[w][0], b->n),
-           worst(b->e2e[w][1], b->n));
+  printf("\nend to end (LM-head GEMM [tokens, %d] x [%d, %lld], then the gather), us per step,\n"
+         "the four graphs' replays interleaved:\n", HIDDEN, HIDDEN, (long long)b->l.shard);
+  printf("%-26s %9d tok %11s %9d tok %11s\n", "", b->e2e_tokens[0], "over GEMM", b->e2e_tokens[1],
+         "over GEMM");
+  double base[2] = {worst(b->e2e[E_GEMM][0], b->n), worst(b->e2e[E_GEMM][1], b->n)};
+  for (int w = 0; w < NE2E; w++) {
+    double t0 = worst(b->e2e[w][0], b->n), t1 = worst(b->e2e[w][1], b->n);
+    if (w == E_GEMM) printf("%-26s %13.2f %11s %13.2f\n", e2e_names[w], t0, "", t1);
+    else
+      printf("%-26s %13.2f %+11.2f %13.2f %+11.2f\n", e2e_names[w], t0, t0 - base[0], t1,
+             t1 - base[1]);
+  }
 }
 
 static void write_tune(const bench *b) {
@@ -543,7 +565,7 @@ int main(int argc, char **argv) {
          kl_dtype_name(b->orig.dtype), (long long)b->l.shard_bytes, b->n, b->gpu, b->arch,
          NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
   printf("method: each path captured %d steps deep in a CUDA graph per rank, ranks replay "
-         "together, median of %d replays, max over ranks\n", b->steps, b->replays);
+         "together, paths in turn, median of %d replays, max over ranks\n", b->steps, b->replays);
   if (b->templates) printf("kernels rendered from the templates in %s\n", b->templates);
   int devs[MAX_RANKS];
   for (int r = 0; r < b->n; r++) devs[r] = r;
