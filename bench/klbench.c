@@ -59,7 +59,6 @@ typedef struct bench {
   int auto_path[MAX_TOK];                 /* 0 one-shot, 1 NCCL */
   int e2e_tokens[2];
   double e2e[NE2E][2][MAX_RANKS];
-  double e2e_over[NE2E][2][MAX_RANKS]; /* median of (variant - GEMM alone) per round */
   int symm_rank[MAX_RANKS], symm_ok; /* symm_ok: windows on every rank */
   int failed;
 } bench;
@@ -314,12 +313,12 @@ static double median(double *v, int n) {
 
 /* For each of the n variants which[i]: `steps` calls of fn captured once.
  * The graphs are then replayed in turn, `replays` rounds, every rank
- * together, so a drift in clocks or memory state during the run falls on all
- * variants alike. t[i]: median µs per step of variant i; over[i] (if not
- * NULL): median over rounds of variant i minus variant 0 in the same round. */
+ * together, each round starting one variant later, so neither a drift in
+ * clocks or memory state nor a place in the round favours a variant. t[i]:
+ * median µs per step of variant i. */
 typedef void (*step_fn)(rank *R, int p, int T);
 static void time_graphs(rank *R, step_fn fn, const int *which, int n, int T, int replays,
-                        double *t, double *over) {
+                        double *t) {
   bench *b = R->b;
   cudaGraph_t g[MAX_VARIANTS];
   cudaGraphExec_t ge[MAX_VARIANTS];
@@ -329,9 +328,10 @@ static void time_graphs(rank *R, step_fn fn, const int *which, int n, int T, int
     CUDA(cudaStreamEndCapture(R->s, &g[i]));
     CUDA(cudaGraphInstantiate(&ge[i], g[i], 0));
   }
-  double v[MAX_VARIANTS][64], d[64];
+  double v[MAX_VARIANTS][64];
   for (int rep = -2; rep < replays; rep++) { /* two warm-up rounds */
-    for (int i = 0; i < n; i++) {
+    for (int k = 0; k < n; k++) {
+      int i = (k + rep + 2) % n;
       pthread_barrier_wait(&b->bar);
       CUDA(cudaEventRecord(R->e0, R->s));
       CUDA(cudaGraphLaunch(ge[i], R->s));
@@ -342,13 +342,9 @@ static void time_graphs(rank *R, step_fn fn, const int *which, int n, int T, int
       if (rep >= 0) v[i][rep] = 1000.0 * ms / b->steps;
     }
   }
-  for (int i = n - 1; i >= 0; i--) { /* variant 0 last: median() sorts in place */
+  for (int i = 0; i < n; i++) {
     CUDA(cudaGraphExecDestroy(ge[i]));
     CUDA(cudaGraphDestroy(g[i]));
-    if (over) {
-      for (int k = 0; k < replays; k++) d[k] = v[i][k] - v[0][k];
-      over[i] = median(d, replays);
-    }
     t[i] = median(v[i], replays);
   }
 }
@@ -391,13 +387,13 @@ static void run_e2e(rank *R) {
   CUDA(cudaMemset(E->x, 0x11, (size_t)T2 * HIDDEN * e)); /* small finite values */
   CUDA(cudaMemset(E->w, 0x11, (size_t)b->l.shard * HIDDEN * e));
   /* The gather is a few us on a GEMM of 80-300 us whose time wanders by
-   * more: 3x the rounds, and the gather's share read as paired differences. */
-  int all[NE2E], rounds = e2e_rounds(b);
-  double t[NE2E], over[NE2E];
+   * more: 3x the rounds. */
+  int all[NE2E];
+  double t[NE2E];
   for (int w = 0; w < NE2E; w++) all[w] = w;
   for (int i = 0; i < 2; i++) {
-    time_graphs(R, e2e_step, all, NE2E, b->e2e_tokens[i], rounds, t, over);
-    for (int w = 0; w < NE2E; w++) b->e2e[w][i][R->r] = t[w], b->e2e_over[w][i][R->r] = over[w];
+    time_graphs(R, e2e_step, all, NE2E, b->e2e_tokens[i], e2e_rounds(b), t);
+    for (int w = 0; w < NE2E; w++) b->e2e[w][i][R->r] = t[w];
   }
   cublasDestroy(E->h);
   cudaFree(E->x), cudaFree(E->w), cudaFree(E->logits);
@@ -437,7 +433,7 @@ static void *rank_main(void *arg) {
       if (p != P_SYMM || b->symm_ok) which[n++] = p;
     }
     if (R->r == 0) progress(b, i, "timing every path");
-    time_graphs(R, run_path, which, n, T, b->replays, t, NULL);
+    time_graphs(R, run_path, which, n, T, b->replays, t);
     for (int k = 0; k < n; k++) b->t[which[k]][i][R->r] = t[k];
   }
   if (b->gemm) {
@@ -498,17 +494,17 @@ static void report(bench *b, FILE *csv) {
   }
   if (!b->gemm) return;
   printf("\nend to end (LM-head GEMM [tokens, %d] x [%d, %lld], then the gather), us per step,\n"
-         "the four graphs replayed in turn, %d rounds; \"over GEMM\": median of the per-round "
-         "difference:\n", HIDDEN, HIDDEN, (long long)b->l.shard,
-         e2e_rounds(b));
+         "the four graphs replayed in turn (rotating), median of %d rounds:\n", HIDDEN, HIDDEN,
+         (long long)b->l.shard, e2e_rounds(b));
   printf("%-26s %9d tok %11s %9d tok %11s\n", "", b->e2e_tokens[0], "over GEMM", b->e2e_tokens[1],
          "over GEMM");
+  double base[2] = {worst(b->e2e[E_GEMM][0], b->n), worst(b->e2e[E_GEMM][1], b->n)};
   for (int w = 0; w < NE2E; w++) {
     double t0 = worst(b->e2e[w][0], b->n), t1 = worst(b->e2e[w][1], b->n);
     if (w == E_GEMM) printf("%-26s %13.2f %11s %13.2f\n", e2e_names[w], t0, "", t1);
     else
-      printf("%-26s %13.2f %+11.2f %13.2f %+11.2f\n", e2e_names[w], t0,
-             worst(b->e2e_over[w][0], b->n), t1, worst(b->e2e_over[w][1], b->n));
+      printf("%-26s %13.2f %+11.2f %13.2f %+11.2f\n", e2e_names[w], t0, t0 - base[0], t1,
+             t1 - base[1]);
   }
 }
 
