@@ -51,6 +51,7 @@ typedef struct bench {
   kl_spec orig, spec;
   kl_layout l;
   char spec_src[1024], gpu[256], arch[16];
+  int sm_count;
   ncclComm_t comms[MAX_RANKS];
   kl_group *group;
   pthread_barrier_t bar;
@@ -253,12 +254,13 @@ static void nccl_gather(rank *R, const void *in, void *all, void *out, int T) {
     return;
   }
   NCCL(ncclAllGather(in, all, bytes, ncclUint8, b->comms[R->r], R->s));
-  long long vecs = (long long)T * b->spec.vocab_size * b->l.elem_bytes / b->l.vec_bytes;
-  unsigned grid = (unsigned)((vecs + 255) / 256);
-  if (grid > 528) grid = 528;
+  /* the runtime's NCCL path launches it the same way (gather.c) */
+  int64_t out_bytes = (int64_t)T * b->spec.vocab_size * b->l.elem_bytes;
+  unsigned grid = (unsigned)kl_layout_relayout_grid(&b->l, out_bytes,
+                                                    KL_RELAYOUT_CTAS_PER_SM * b->sm_count);
   void *args[] = {&all, &out, &T};
-  if (kl_cu_get(NULL)->cuLaunchKernel(R->relayout, grid, 1, 1, 256, 1, 1, 0, (CUstream)R->s, args,
-                                      NULL))
+  if (kl_cu_get(NULL)->cuLaunchKernel(R->relayout, grid, 1, 1, (unsigned)b->l.relayout_block, 1,
+                                      1, 0, (CUstream)R->s, args, NULL))
     die("relayout", "launch failed");
 }
 
@@ -568,6 +570,7 @@ int main(int argc, char **argv) {
   CUDA(cudaGetDeviceProperties(&prop, 0));
   snprintf(b->gpu, sizeof b->gpu, "%s", prop.name);
   snprintf(b->arch, sizeof b->arch, "sm_%d%d", prop.major, prop.minor);
+  b->sm_count = prop.multiProcessorCount;
   printf("klbench: %s (vocab %lld, tp %d, %s; %lld B per rank per token) on %d x %s (%s), "
          "NCCL %d.%d.%d\n", b->orig.name, (long long)b->orig.vocab_size, b->orig.tp,
          kl_dtype_name(b->orig.dtype), (long long)b->l.shard_bytes, b->n, b->gpu, b->arch,

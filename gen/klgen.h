@@ -72,7 +72,8 @@ typedef struct kl_layout {
   int64_t slot_bytes;  /* one rank's slot: max_tokens rows */
   int64_t buffer_bytes; /* one of the three rotating buffers: tp slots */
   int64_t total_bytes;  /* all three: what each rank allocates */
-  int block;            /* threads per CTA */
+  int block;            /* threads per CTA of the one-shot kernel */
+  int relayout_block;   /* threads per CTA of the relayout kernel */
   int max_ctas;         /* CTAs per rank at max_tokens (before residency caps) */
   int64_t timeout_ns;
 } kl_layout;
@@ -95,6 +96,9 @@ const char *kl_dtype_name(kl_dtype d);
 int kl_layout_derive(const kl_spec *s, kl_layout *out, kl_err *err);
 /* CTAs to launch for `tokens` rows, at most `cap` (0: no cap). */
 int kl_layout_grid(const kl_layout *l, int tokens, int cap);
+/* CTAs of the relayout kernel for an output of out_bytes: one vector per
+ * thread, at most cap (> 0) CTAs, which then loop. */
+int kl_layout_relayout_grid(const kl_layout *l, int64_t out_bytes, int cap);
 
 /* ---- rendering (render.c) ---- */
 /* Templates come from the binary (dir == NULL) or from a directory. */

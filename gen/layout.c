@@ -12,6 +12,7 @@
 #define DEFAULT_TIMEOUT_MS 10000
 #define CHUNK 16   /* bytes: one Lamport vector, one volatile poll */
 #define BLOCK 128  /* threads per CTA: small CTAs spread the pushes over more SMs */
+#define RELAYOUT_BLOCK 256
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 static int64_t gcd64(int64_t a, int64_t b) {
@@ -80,6 +81,7 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
                         (long long)(KL_BUFFER_CAP / per_token));
   }
   l->block = BLOCK;
+  l->relayout_block = RELAYOUT_BLOCK;
   l->max_ctas = kl_layout_grid(l, (int)s->max_tokens, 0);
   l->timeout_ns = (s->timeout_ms ? s->timeout_ms : DEFAULT_TIMEOUT_MS) * 1000000LL;
   return 0;
@@ -93,4 +95,11 @@ int kl_layout_grid(const kl_layout *l, int tokens, int cap) {
   if (g < 1) g = 1;
   if (cap > 0 && g > cap) g = cap;
   return (int)g;
+}
+
+int kl_layout_relayout_grid(const kl_layout *l, int64_t out_bytes, int cap) {
+  int64_t threads = out_bytes / l->vec_bytes;
+  int64_t g = (threads + l->relayout_block - 1) / l->relayout_block;
+  if (g > cap) g = cap;
+  return g < 1 ? 1 : (int)g;
 }

@@ -177,12 +177,11 @@ static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
   CUdeviceptr kout;
   if ((res = output_target(c, out, tokens, s, &kout))) return res;
   c->stats.staged += kout != out;
-  long long vecs = (long long)out_bytes / c->layout.vec_bytes;
-  long long grid = (vecs + 255) / 256;
-  if (grid > 4LL * c->sm_count) grid = 4LL * c->sm_count;
-  if (grid < 1) grid = 1;
+  unsigned grid = (unsigned)kl_layout_relayout_grid(&c->layout, (int64_t)out_bytes,
+                                                     KL_RELAYOUT_CTAS_PER_SM * c->sm_count);
   void *args[] = {&c->scratch, &kout, &tokens};
-  KL_CU_TRY(c, cuLaunchKernel(c->relayout, (unsigned)grid, 1, 1, 256, 1, 1, 0, s, args, NULL));
+  KL_CU_TRY(c, cuLaunchKernel(c->relayout, grid, 1, 1, (unsigned)c->layout.relayout_block, 1, 1,
+                              0, s, args, NULL));
   if (kout != out) return copy(c, out, kout, out_bytes, s);
   return KLRT_OK;
 }

@@ -99,6 +99,7 @@ void kl_transport_teardown(kl_ctx *c);
 
 /* ---- gather.c ---- */
 enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
+#define KL_RELAYOUT_CTAS_PER_SM 4 /* the relayout grid's cap: larger outputs loop */
 /* The one-shot kernel on s, as every step launches it (PDL when c->pdl). */
 CUresult kl_launch_oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, int grid,
                            CUstream s);

@@ -233,7 +233,8 @@ static int warm_up(kl_ctx *c, char *why) {
   void *rl[] = {&none, &none, &zero};
   CUresult r = kl_launch_oneshot(c, none, none, 0, 1, c->stream);
   if (r == CUDA_SUCCESS)
-    r = c->cu->cuLaunchKernel(c->relayout, 1, 1, 1, 256, 1, 1, 0, c->stream, rl, NULL);
+    r = c->cu->cuLaunchKernel(c->relayout, 1, 1, 1, (unsigned)c->layout.relayout_block, 1, 1, 0,
+                              c->stream, rl, NULL);
   if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
   if (r != CUDA_SUCCESS) {
     snprintf(why, PEER_WHY, "rank %d: first launch of the kernels: %s", c->rank, kl_cu_errstr(r));

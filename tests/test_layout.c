@@ -34,6 +34,11 @@ int main(void) {
   CHECK(kl_layout_grid(&l, 1, 0) == 20, "grid 1 token");
   CHECK(kl_layout_grid(&l, 64, 0) == 1280, "grid 64 tokens");
   CHECK(kl_layout_grid(&l, 64, 100) == 100, "grid capped");
+  /* relayout: one 16-byte vector per thread, 256 threads per CTA */
+  CHECK(l.relayout_block == 256, "relayout block %d", l.relayout_block);
+  CHECK(kl_layout_relayout_grid(&l, 163840 * 2, 1000) == 80, "relayout grid 1 token");
+  CHECK(kl_layout_relayout_grid(&l, 64LL * 163840 * 2, 528) == 528, "relayout grid capped");
+  CHECK(kl_layout_relayout_grid(&l, 0, 528) == 1, "relayout grid at least 1");
 
   /* Padding: GPT-2's odd vocabulary, the default pad (64), an explicit one. */
   l = derive(spec("gpt2", 50257, 64, 0, 4, KL_FP16, 8));
