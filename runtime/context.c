@@ -144,10 +144,6 @@ static int build_kernels(kl_ctx *c, const char *source, char *why) {
   CUresult r = c->cu->cuModuleLoadData(&c->mod, bin.data);
   if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->oneshot, c->mod, on);
   if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->relayout, c->mod, rl);
-  if (r == CUDA_SUCCESS) { /* before the ranks can spin on each other */
-    kl_cu_preload(c->cu, c->oneshot);
-    kl_cu_preload(c->cu, c->relayout);
-  }
   kl_binary_free(&bin);
   if (r != CUDA_SUCCESS) {
     if (c->mod) c->cu->cuModuleUnload(c->mod);

@@ -35,7 +35,6 @@ static void load(void) {
     return;
   }
   if (resolve(lib) != 0) return;
-  *(void **)(&table.cuFuncLoad) = dlsym(lib, "cuFuncLoad");
   CUresult r = table.cuInit(0);
   if (r != CUDA_SUCCESS) {
     snprintf(why_buf, sizeof why_buf, "no usable GPU: cuInit failed: %s", kl_cu_errstr(r));
@@ -53,10 +52,6 @@ const kl_cu *kl_cu_get(const char **why) {
   pthread_once(&once, load);
   if (!loaded && why) *why = why_buf;
   return loaded;
-}
-
-void kl_cu_preload(const kl_cu *cu, CUfunction f) {
-  if (cu->cuFuncLoad && f) cu->cuFuncLoad(f);
 }
 
 const char *kl_cu_errstr(CUresult r) {

@@ -26,19 +26,12 @@
 #define KL_CU_MEMBER(name) __typeof__(&name) name;
 typedef struct kl_cu {
   KL_CU_FUNCS(KL_CU_MEMBER)
-  /* Optional (CUDA 12.4+ drivers): NULL when absent. */
-  __typeof__(&cuFuncLoad) cuFuncLoad;
 } kl_cu;
 #undef KL_CU_MEMBER
 
 /* Loads libcuda once per process and calls cuInit(0). Returns the table, or
  * NULL with a message in *why (static storage) when no driver or GPU is usable. */
 const kl_cu *kl_cu_get(const char **why);
-
-/* Loads f's code now rather than at its first launch (CUDA's lazy loading):
- * a first launch may wait for the device, and with several ranks on one GPU
- * the device is busy with peers spinning on this very rank. */
-void kl_cu_preload(const kl_cu *cu, CUfunction f);
 
 /* "CUDA_ERROR_X: description" for r. */
 const char *kl_cu_errstr(CUresult r);

@@ -191,7 +191,8 @@ static int queues_ok(const kl_ctx *c, int on_device, char *why) {
   const char *v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   if (on_device < 2 || (v && atoi(v) >= KL_SHARED_GPU_QUEUES)) return 1;
   snprintf(why, PEER_WHY, "rank %d: %d ranks share this GPU: set CUDA_DEVICE_MAX_CONNECTIONS=%d "
-           "before CUDA starts (it is %s)", c->rank, on_device, KL_SHARED_GPU_QUEUES, v ? v : "unset: 8");
+           "before CUDA starts (it is %s)", c->rank, on_device, KL_SHARED_GPU_QUEUES,
+           v ? v : "unset: 8");
   return 0;
 }
 

@@ -170,9 +170,8 @@ static void *run_rank(void *arg) {
   CU_CHECK(cu, cuMemAlloc(&b.out, max_t * (size_t)sh->spec.vocab_size * elem));
   CU_CHECK(cu, cuMemAlloc(&b.step, 16));
   CU_CHECK(cu, cuMemAlloc(&b.bad, 8));
-  /* One launch of each test kernel now: with CUDA's lazy loading, a first
-   * launch loads the code and can wait for the device, i.e. for peers that
-   * are already spinning on this rank. */
+  /* One launch of each test kernel now, so that no step pays for loading the
+   * code (CUDA's lazy loading) while peers spin on this rank. */
   launch_fill(cu, &b.k, b.shard, 1, sh->layout.shard, 0, b.step, b.s);
   launch_verify(cu, &b.k, b.out, 1, sh->spec.vocab_size, sh->layout.shard, b.step, b.bad, b.s);
   launch_bump(cu, &b.k, b.step, b.s);

@@ -142,7 +142,6 @@ int testkern_load(const kl_cu *cu, int elem, testkern *k) {
        cu->cuModuleGetFunction(&k->verify, k->mod, "verify") != CUDA_SUCCESS ||
        cu->cuModuleGetFunction(&k->bump, k->mod, "bump") != CUDA_SUCCESS;
   kl_binary_free(&bin);
-  if (!rc) kl_cu_preload(cu, k->fill), kl_cu_preload(cu, k->verify), kl_cu_preload(cu, k->bump);
   return rc ? -1 : 0;
 }
 
