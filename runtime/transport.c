@@ -203,9 +203,11 @@ static int residency_cap(kl_ctx *c, int on_device) {
   if (c->cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c->oneshot, c->layout.block, 0) !=
       CUDA_SUCCESS)
     return 0;
-  /* With PDL a rank's next grid may become resident while this one runs (it
-   * launches once all of this grid's CTAs are resident, so alone on a GPU a
-   * rank cannot starve itself; sharing one, it could starve a peer). */
+  /* With PDL a rank's next grid may become resident while this one runs: the
+   * kernel lets it launch once past its own PDL wait, that is once the grid
+   * before has finished, so at most two grids per rank are resident at once.
+   * Alone on a GPU a rank cannot starve itself; sharing one, it could starve
+   * a peer. */
   int grids = on_device > 1 && c->pdl ? 2 * on_device : on_device;
   return per_sm * c->sm_count / (grids ? grids : 1);
 }
