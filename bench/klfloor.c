@@ -322,8 +322,10 @@ int main(int argc, char **argv) {
   printf("                 PDL, each thread stores 16 B on GPU 1  %6.2f us per step\n", b_remote);
   printf("dependent L2 load (ld.global.cg, one thread)            %6.2f us\n", l2);
   printf("hop to the peer GPU (store there, its poll sees it):\n");
-  printf("                 1 chunk of 16 B                        %6.2f us\n", h1);
-  printf("                 %5d chunks of 16 B (%4d KiB)          %6.2f us\n", ctas * threads, kib, hn);
+  char label[64];
+  snprintf(label, sizeof label, "%d chunks of 16 B (%d KiB)", ctas * threads, kib);
+  printf("                 %-38s %6.2f us\n", "1 chunk of 16 B", h1);
+  printf("                 %-38s %6.2f us\n", label, hn);
   /* A step: its boundary (it stores into the peer), the input load, the hop. */
   printf("\nfloor of a one-shot step of %d KiB per rank: %.2f + %.2f + %.2f = %.2f us\n", kib,
          b_remote, l2, hn, b_remote + l2 + hn);
