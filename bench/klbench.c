@@ -29,6 +29,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "bench_util.h"
+
 #include "klgen.h"
 #include "klrt/klrt.h"
 #include "rt.h"
@@ -77,15 +79,8 @@ typedef struct rank {
   cudaEvent_t e0, e1;
 } rank;
 
-static void die(const char *what, const char *why) {
-  fprintf(stderr, "klbench: %s: %s\n", what, why);
-  exit(1);
-}
-#define CUDA(call)                                                   \
-  do {                                                               \
-    cudaError_t e_ = (call);                                         \
-    if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_));       \
-  } while (0)
+const char *const kl_bench_prog = "klbench";
+
 #define NCCL(call)                                                   \
   do {                                                               \
     ncclResult_t n_ = (call);                                        \

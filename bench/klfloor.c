@@ -23,6 +23,8 @@
 
 #include <cuda_runtime.h>
 
+#include "bench_util.h"
+
 #include "klgen.h"
 #include "rt.h"
 
@@ -90,15 +92,8 @@ typedef struct gpu {
 
 static int ctas = 20, threads = 128, steps = 200, replays = 21;
 
-static void die(const char *what, const char *why) {
-  fprintf(stderr, "klfloor: %s: %s\n", what, why);
-  exit(1);
-}
-#define CUDA(call)                                             \
-  do {                                                         \
-    cudaError_t e_ = (call);                                   \
-    if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_)); \
-  } while (0)
+const char *const kl_bench_prog = "klfloor";
+
 #define CU(call)                                  \
   do {                                            \
     CUresult r_ = (call);                         \

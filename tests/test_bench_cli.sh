@@ -4,18 +4,7 @@
 #   test_bench_cli.sh KLBENCH KLFLOOR SPEC
 set -u
 klbench=$1 klfloor=$2 spec=$3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-no() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-expect() {
-  local want=$1; shift
-  "$@" >"$tmp/out" 2>"$tmp/err" </dev/null
-  local got=$?
-  [ "$got" = "$want" ] && ok || no "exit $got, want $want: $* :: $(head -3 "$tmp/err")"
-}
-has() { grep -q -- "$2" "$1" && ok || no "$1 lacks '$2': $(head -3 "$1")"; }
+source "$(dirname "$0")/cli_lib.sh"
 
 expect 2 "$klbench";                          has "$tmp/err" "usage: klbench SPEC"
 expect 2 "$klbench" "$spec" --frobnicate;     has "$tmp/err" "usage: klbench SPEC"
@@ -31,5 +20,4 @@ expect 2 "$klfloor" --replays 102;            has "$tmp/err" "usage: klfloor"
 expect 2 "$klfloor" --steps 12x;              has "$tmp/err" "usage: klfloor"
 expect 2 "$klfloor" --steps;                  has "$tmp/err" "usage: klfloor"
 
-echo "test_bench_cli: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish test_bench_cli

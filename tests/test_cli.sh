@@ -3,19 +3,7 @@
 #   test_cli.sh KLGEN SPECS_DIR TEMPLATES_DIR
 set -u
 klgen=$1 specs=$2 templates=$3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-no() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-# expect CODE CMD...: runs CMD, checks its exit status; output in $tmp/out, $tmp/err
-expect() {
-  local want=$1; shift
-  "$@" >"$tmp/out" 2>"$tmp/err"
-  local got=$?
-  [ "$got" = "$want" ] && ok || no "exit $got, want $want: $* :: $(head -3 "$tmp/err")"
-}
-has() { grep -q -- "$2" "$1" && ok || no "$1 lacks '$2': $(head -3 "$1")"; }
+source "$(dirname "$0")/cli_lib.sh"
 empty_dir() { [ -z "$(ls -A "$1" 2>/dev/null)" ] && ok || no "$1 not empty: $(ls -A "$1")"; }
 
 # usage errors: exit 2
@@ -83,5 +71,4 @@ expect 1 "$klgen" --templates "$tmp/tpl" "$specs/kimi_k3_tp8.lua" -o "$tmp/g"
 has "$tmp/err" "templates/oneshot.cu.tmpl:3: unknown name 'NO_SUCH'"
 [ ! -e "$tmp/g" ] && ok || no "output written despite a template error"
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish test_cli
