@@ -48,6 +48,13 @@ static void contents(void) {
   for (size_t i = 0; i < sizeof want / sizeof *want; i++)
     CHECK(strstr(src, want[i]) != NULL, "source lacks '%s'", want[i]);
   CHECK(strstr(src, "#include") == NULL, "source includes a header (NVRTC has no include path)");
+  /* The one-shot kernel lets its dependents launch only after its own PDL
+   * wait: the runtime's residency cap counts on at most one waiting grid per
+   * rank (runtime/transport.c). */
+  const char *body = strstr(src, "kl_kimi_k3_tp8_oneshot(");
+  const char *wait = body ? strstr(body, "pdl_wait();") : NULL;
+  const char *trigger = body ? strstr(body, "pdl_launch_dependents();") : NULL;
+  CHECK(wait && trigger && wait < trigger, "one-shot kernel: the PDL trigger is not after the wait");
   CHECK(kl_render_header(&s, &l, src, NULL, &hdr, &e) == 0, "header: %s", e.msg);
   if (hdr) {
     const char *hwant[] = {"#define KL_KIMI_K3_TP8_TP 8", "#define KL_KIMI_K3_TP8_SHARD 20480",
