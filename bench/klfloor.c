@@ -58,7 +58,8 @@ static const char *const SRC =
     "}\n"
     /* Thread t owns chunk t. The starting side stores round i into the
      * peer and waits for it to come back; the other side waits, then answers.
-     * A poll gives up after a second (no peer): *err is set. */
+     * A thread still polling a second after the kernel began gives up (no
+     * peer, or a grid too large to be resident at once) and sets *err. */
     "extern \"C\" __global__ void kl_floor_pingpong(uint4 *mine, uint4 *peer, int iters,\n"
     "                                               int starts, u32 *err) {\n"
     "  const u32 t = blockIdx.x * blockDim.x + threadIdx.x;\n"
