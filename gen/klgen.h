@@ -72,6 +72,7 @@ typedef struct kl_layout {
   int64_t slot_bytes;  /* one rank's slot: max_tokens rows */
   int64_t buffer_bytes; /* one of the three rotating buffers: tp slots */
   int64_t total_bytes;  /* all three: what each rank allocates */
+  uint32_t sentinel32;  /* -0.0 in every element of a 32-bit word: "not arrived" */
   int block;            /* threads per CTA of the one-shot kernel */
   int relayout_block;   /* threads per CTA of the relayout kernel */
   int max_ctas;         /* CTAs per rank at max_tokens (before residency caps) */

@@ -66,6 +66,8 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   l->padded_vocab = padded;
   l->shard = padded / s->tp;
   l->elem_bytes = s->dtype == KL_FP32 ? 4 : 2;
+  /* What the receive buffers are filled with and the kernel polls for. */
+  l->sentinel32 = l->elem_bytes == 2 ? 0x80008000u : 0x80000000u;
   l->shard_bytes = l->shard * l->elem_bytes;
   l->vec_bytes = vector_width(l->shard_bytes, s->vocab_size * l->elem_bytes, l->elem_bytes);
   l->row_chunks = (l->shard_bytes + CHUNK - 1) / CHUNK;

@@ -77,7 +77,8 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_int(L, "TIMEOUT_MS", l->timeout_ns / 1000000);
   set_int(L, "PAD_TO", s->pad_to);
   set_int(L, "DTYPE_ID", (long long)s->dtype);
-  set_str(L, "SENTINEL32", l->elem_bytes == 2 ? "0x80008000u" : "0x80000000u");
+  snprintf(buf, sizeof buf, "0x%08xu", (unsigned)l->sentinel32);
+  set_str(L, "SENTINEL32", buf);
   kl_entry_name(s, "oneshot", buf, sizeof buf);
   set_str(L, "ONESHOT", buf);
   kl_entry_name(s, "relayout", buf, sizeof buf);

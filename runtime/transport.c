@@ -56,7 +56,6 @@ static uint64_t host_id(void) {
 static int alloc_buffers(kl_ctx *c, char *why) {
   const kl_cu *cu = c->cu;
   CUresult r;
-  unsigned sentinel = c->layout.elem_bytes == 2 ? 0x80008000u : 0x80000000u;
   /* kl_state: a 64-byte header (timeout_ns at byte 16), then one 8-byte step
    * slot per CTA the kernel may be launched with, all zero. */
   uint64_t header[8] = {0};
@@ -64,7 +63,7 @@ static int alloc_buffers(kl_ctx *c, char *why) {
   size_t state_bytes = sizeof header + 8 * (size_t)c->layout.max_ctas;
   if ((r = cu->cuMemAlloc(&c->recv, (size_t)c->layout.total_bytes)) != CUDA_SUCCESS ||
       (r = cu->cuMemAlloc(&c->state, state_bytes)) != CUDA_SUCCESS ||
-      (r = cu->cuMemsetD32(c->recv, sentinel, (size_t)c->layout.total_bytes / 4)) != CUDA_SUCCESS ||
+      (r = cu->cuMemsetD32(c->recv, c->layout.sentinel32, (size_t)c->layout.total_bytes / 4)) != CUDA_SUCCESS ||
       (r = cu->cuMemsetD32(c->state, 0, state_bytes / 4)) != CUDA_SUCCESS ||
       (r = cu->cuMemcpyHtoD(c->state, header, sizeof header)) != CUDA_SUCCESS ||
       (r = cu->cuCtxSynchronize()) != CUDA_SUCCESS) {
