@@ -299,15 +299,6 @@ static long long check_paths(rank *R, int T) {
   return bad;
 }
 
-static double median(double *v, int n) {
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-      double t = v[j];
-      v[j] = v[j - 1], v[j - 1] = t;
-    }
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* For each of the n variants which[i]: `steps` calls of fn captured once.
  * The graphs are then replayed in turn, `replays` rounds, every rank
  * together, each round starting one variant later, so neither a drift in

@@ -103,16 +103,6 @@ const char *const kl_bench_prog = "klfloor";
 
 static const kl_cu *cu;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return v[n / 2];
-}
-
 static void setup(gpu *g, int dev, const char *arch) {
   CUDA(cudaSetDevice(dev));
   CUDA(cudaFree(0)); /* the primary context, current for the driver calls below */
