@@ -129,7 +129,7 @@ static void default_tokens(bench *b) {
 static void derive_spec(bench *b, int gpus) {
   kl_spec_list list;
   kl_err e;
-  if (kl_spec_load_file(b->spec_path, &list, &e)) die("spec", e.msg);
+  if (kl_spec_load_file(b->spec_path, NULL, &list, &e)) die("spec", e.msg);
   int k = 0;
   if (b->name) {
     for (k = 0; k < list.n && strcmp(list.v[k].name, b->name); k++) {}

@@ -26,7 +26,7 @@ enum {
   KL_EARG = 6 /* API misuse: NULL, out of range */
 };
 
-#define KL_ERR_MAX 1024
+#define KL_ERR_MAX 5120 /* room for a PATH_MAX file name and the message */
 typedef struct kl_err {
   char msg[KL_ERR_MAX];
 } kl_err;
@@ -50,7 +50,7 @@ typedef struct kl_spec {
   int64_t max_tokens;  /* rows per step the one-shot buffers hold */
   int64_t timeout_ms;  /* one-shot poll limit before the kernel gives up */
   /* Where each field was written, for messages ("file:line: field: ..."). */
-  char file[256];
+  char file[4096];
   int line[8]; /* indexed by kl_field */
 } kl_spec;
 
@@ -85,9 +85,22 @@ typedef struct kl_spec_list {
   int n;
 } kl_spec_list;
 
-int kl_spec_load_file(const char *path, kl_spec_list *out, kl_err *err);
+/* Bounds on a spec's code: all of it (evaluation, reading the result,
+ * finalizers) runs within time_ms of wall clock and mem_bytes of memory.
+ * NULL or a field <= 0: the default. */
+#define KL_SPEC_TIME_MS 2000
+#define KL_SPEC_MEM_BYTES (32 << 20)
+#define KL_SPEC_FILE_MAX (1 << 20) /* a spec is a page of text, not a data file */
+typedef struct kl_limits {
+  int64_t time_ms;
+  int64_t mem_bytes;
+} kl_limits;
+
+/* Loads every spec a file (or a string) defines. The file must be a regular
+ * file; chunkname is what error messages call the string. */
+int kl_spec_load_file(const char *path, const kl_limits *lim, kl_spec_list *out, kl_err *err);
 int kl_spec_load_string(const char *chunkname, const char *src, size_t len,
-                        kl_spec_list *out, kl_err *err);
+                        const kl_limits *lim, kl_spec_list *out, kl_err *err);
 void kl_spec_list_free(kl_spec_list *l);
 /* Full validation of a spec built by hand (loading already does this). */
 int kl_spec_validate(const kl_spec *s, kl_err *err);
@@ -136,6 +149,12 @@ typedef struct kl_file_out {
 int kl_write_files_atomic(const kl_file_out *files, int n, kl_err *err);
 int kl_read_file(const char *path, char **data, size_t *size, size_t limit,
                  kl_err *err);
+
+/* Names equal up to ASCII case (they would share files and header guards). */
+int kl_name_equal_nocase(const char *a, const char *b);
+/* The sanitised base name of path, as generated files show it. */
+#define KL_FILE_LABEL_MAX 64
+void kl_file_label(const char *path, char *buf, size_t n);
 
 /* "file:line: field: message" for field f of spec s; returns KL_ESPEC. */
 int kl_spec_fail(kl_err *err, const kl_spec *s, kl_field f, const char *fmt, ...)

@@ -101,7 +101,7 @@ static int load_all(const opts *o, job **jobs, int *n, kl_err *err) {
   *jobs = NULL, *n = 0;
   for (int f = 0; f < o->n_specs; f++) {
     kl_spec_list l;
-    int rc = kl_spec_load_file(o->specs[f], &l, err);
+    int rc = kl_spec_load_file(o->specs[f], NULL, &l, err);
     if (rc) return rc;
     job *grown = realloc(*jobs, (size_t)(*n + l.n) * sizeof **jobs);
     if (!grown) return kl_spec_list_free(&l), kl_fail(err, KL_ENOMEM, "out of memory");

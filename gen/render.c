@@ -55,7 +55,9 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   lua_newtable(L);
   set_str(L, "KLGEN_VERSION", KLGEN_VERSION);
   set_str(L, "NAME", s->name);
-  set_str(L, "SPEC_FILE", s->file);
+  char label[KL_FILE_LABEL_MAX + 1];
+  kl_file_label(s->file, label, sizeof label);
+  set_str(L, "SPEC_FILE", label);
   set_str(L, "DTYPE", kl_dtype_name(s->dtype));
   set_int(L, "VOCAB", s->vocab_size);
   set_int(L, "PADDED_VOCAB", l->padded_vocab);
@@ -85,14 +87,30 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_str(L, "RELAYOUT", buf);
 }
 
+/* One rendering: what the protected function needs, and its outcome. */
+typedef struct render_job {
+  kl_sandbox *sb;
+  const kl_spec *s;
+  const kl_layout *l;
+  const char *source, *dir;
+  const char *const *parts;
+  int lines;
+  char **result;
+  kl_err *err;
+  int rc;
+} render_job;
+
+static int lua_fail(kl_sandbox *sb, int status, const char *what, kl_err *err) {
+  return kl_fail(err, KL_ETEMPLATE, "%s%s", what, kl_sandbox_message(sb, status));
+}
+
 /* Loads render.lua; leaves its module table at the top of the stack. */
 static int load_engine(kl_sandbox *sb, kl_err *err) {
   const kl_embedded_file *e = kl_engine;
-  if (kl_sandbox_load(sb, "=render.lua", e->data, e->size) != LUA_OK)
-    return kl_fail(err, KL_ETEMPLATE, "template engine: %s", lua_tostring(sb->L, -1));
+  int st = kl_sandbox_load(sb, "=render.lua", e->data, e->size);
+  if (st != LUA_OK) return lua_fail(sb, st, "template engine: ", err);
   lua_getfield(sb->L, LUA_REGISTRYINDEX, KL_SANDBOX_LOAD_KEY);
-  if (kl_sandbox_call(sb, 1, 1) != LUA_OK)
-    return kl_fail(err, KL_ETEMPLATE, "template engine: %s", lua_tostring(sb->L, -1));
+  if ((st = kl_sandbox_call(sb, 1, 1)) != LUA_OK) return lua_fail(sb, st, "template engine: ", err);
   return 0;
 }
 
@@ -108,17 +126,43 @@ static int render_one(kl_sandbox *sb, int engine, int env, const char *dir, cons
   snprintf(tname, sizeof tname, "templates/%s", name);
   lua_getfield(L, engine, "render");
   lua_pushlstring(L, text, len);
+  free(text);
   lua_pushstring(L, tname);
   lua_pushvalue(L, env);
   lua_pushboolean(L, lines);
-  free(text);
-  if (kl_sandbox_call(sb, 4, 1) != LUA_OK) {
-    const char *m = lua_tostring(L, -1);
-    rc = kl_fail(err, KL_ETEMPLATE, "%s", m ? m : "template error");
-    lua_pop(L, 1);
-    return rc;
-  }
+  int st = kl_sandbox_call(sb, 4, 1);
+  if (st != LUA_OK) return lua_fail(sb, st, "", err);
   luaL_addvalue(out);
+  return 0;
+}
+
+/* Inside lua_pcall: every Lua error (memory, time) is caught, none aborts. */
+static int render_protected(lua_State *L) {
+  render_job *j = lua_touserdata(L, 1);
+  int rc = load_engine(j->sb, j->err);
+  if (rc == 0) {
+    int engine = lua_gettop(L);
+    push_env(L, j->s, j->l);
+    int env = lua_gettop(L);
+    if (j->source) {
+      set_str(L, "SOURCE", j->source);
+      lua_getfield(L, engine, "c_lines");
+      lua_setfield(L, env, "c_lines");
+    }
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (int i = 0; j->parts[i] && rc == 0; i++)
+      rc = render_one(j->sb, engine, env, j->dir, j->parts[i], j->lines, &b, j->err);
+    if (rc == 0) {
+      luaL_pushresult(&b);
+      size_t n;
+      const char *r = lua_tolstring(L, -1, &n);
+      *j->result = malloc(n + 1);
+      if (!*j->result) rc = kl_fail(j->err, KL_ENOMEM, "out of memory");
+      else memcpy(*j->result, r, n + 1);
+    }
+  }
+  j->rc = rc;
   return 0;
 }
 
@@ -127,32 +171,16 @@ static int with_engine(const kl_spec *s, const kl_layout *l, const char *source,
                        const char *dir, const char *const *parts, int lines, char **result,
                        kl_err *err) {
   kl_sandbox sb;
-  if (kl_sandbox_open(&sb) != 0) return kl_fail(err, KL_ENOMEM, "cannot create a Lua state");
-  lua_State *L = sb.L;
-  int rc = load_engine(&sb, err);
-  if (rc == 0) {
-    int engine = lua_gettop(L);
-    push_env(L, s, l);
-    int env = lua_gettop(L);
-    if (source) {
-      set_str(L, "SOURCE", source);
-      lua_getfield(L, engine, "c_lines");
-      lua_setfield(L, env, "c_lines");
-    }
-    luaL_Buffer b;
-    luaL_buffinit(L, &b);
-    for (int i = 0; parts[i] && rc == 0; i++)
-      rc = render_one(&sb, engine, env, dir, parts[i], lines, &b, err);
-    if (rc == 0) {
-      luaL_pushresult(&b);
-      size_t n;
-      const char *r = lua_tolstring(L, -1, &n);
-      *result = malloc(n + 1);
-      if (!*result) rc = kl_fail(err, KL_ENOMEM, "out of memory");
-      else memcpy(*result, r, n + 1);
-    }
-  }
+  if (kl_sandbox_open(&sb, KL_SANDBOX_ENGINE, NULL) != 0)
+    return kl_fail(err, KL_ENOMEM, "cannot create a Lua state");
+  render_job j = {&sb, s, l, source, dir, parts, lines, result, err, 0};
+  int st = kl_sandbox_run(&sb, render_protected, &j);
+  int rc = st != LUA_OK ? lua_fail(&sb, st, "rendering: ", err) : j.rc;
   kl_sandbox_close(&sb);
+  if (rc) {
+    free(*result);
+    *result = NULL;
+  }
   return rc;
 }
 

@@ -1,5 +1,10 @@
 /* Spec loading: run the sandboxed chunk, then turn the table(s) it returns into
- * kl_spec values, checking every field's type, range and spelling. */
+ * kl_spec values, checking every field's type, range and spelling.
+ *
+ * The result is read inside a protected call with raw access only: a table
+ * with a metatable is refused before anything is read from it, so no spec
+ * code (__index, __len, __tostring, ...) runs outside the sandbox's bounds,
+ * and no Lua error can reach the panic handler (which aborts the process). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,8 +14,8 @@
 #include "sandbox.h"
 #include "srcscan.h"
 
-#define SPEC_FILE_MAX (1u << 20) /* a spec is a page of text, not a data file */
 #define SPECS_MAX 256
+#define CHUNKNAME "=spec" /* Lua then says "spec:LINE:", which names the real file */
 
 const char *const kl_field_names[KL_F_COUNT] = {
     "name", "vocab_size", "pad_to", "padded_vocab",
@@ -55,6 +60,23 @@ static int field_index(const char *key) {
   return -1;
 }
 
+/* A key for a message, without calling anything of the spec's (__tostring). */
+static const char *describe_key(lua_State *L, int i, char *buf, size_t n) {
+  if (lua_type(L, i) == LUA_TNUMBER) {
+    if (lua_isinteger(L, i)) snprintf(buf, n, "%lld", (long long)lua_tointeger(L, i));
+    else snprintf(buf, n, "%.17g", (double)lua_tonumber(L, i));
+  } else {
+    snprintf(buf, n, "a %s", luaL_typename(L, i));
+  }
+  return buf;
+}
+
+/* The value of field f of the table at t, raw (no __index). */
+static int raw_field(lua_State *L, int t, kl_field f) {
+  lua_pushstring(L, kl_field_names[f]);
+  return lua_rawget(L, t);
+}
+
 /* Unknown keys are errors: a typo like `vocab_sise` must not pass silently. */
 static int check_keys(const ctx *c, const kl_spec *s, int t) {
   lua_State *L = c->L;
@@ -62,8 +84,9 @@ static int check_keys(const ctx *c, const kl_spec *s, int t) {
   while (lua_next(L, t) != 0) {
     lua_pop(L, 1);
     if (lua_type(L, -1) != LUA_TSTRING) {
-      const char *k = luaL_tolstring(L, -1, NULL);
-      return kl_spec_fail(c->err, s, KL_F_NAME, "spec table has a non-string key [%s]", k);
+      char k[64];
+      return kl_spec_fail(c->err, s, KL_F_NAME, "spec table has a non-string key [%s]",
+                          describe_key(L, -1, k, sizeof k));
     }
     const char *key = lua_tostring(L, -1);
     if (field_index(key) >= 0) continue;
@@ -86,7 +109,7 @@ static int check_keys(const ctx *c, const kl_spec *s, int t) {
 static int get_int(const ctx *c, const kl_spec *s, int t, kl_field f, int64_t *out,
                    int absent_ok) {
   lua_State *L = c->L;
-  int ty = lua_getfield(L, t, kl_field_names[f]);
+  int ty = raw_field(L, t, f);
   int rc = 0;
   if (ty == LUA_TNIL) {
     if (!absent_ok) rc = kl_spec_fail(c->err, s, f, "missing (an integer is required)");
@@ -111,7 +134,7 @@ static int get_int(const ctx *c, const kl_spec *s, int t, kl_field f, int64_t *o
 static int get_string(const ctx *c, const kl_spec *s, int t, kl_field f, char *buf,
                       size_t n, int absent_ok) {
   lua_State *L = c->L;
-  int ty = lua_getfield(L, t, kl_field_names[f]);
+  int ty = raw_field(L, t, f);
   int rc = 0;
   buf[0] = 0;
   if (ty == LUA_TNIL) {
@@ -146,6 +169,9 @@ static int convert(const ctx *c, const char *file, int t, kl_spec *s) {
   set_origin(s, file, c);
   int64_t tp = 0;
   int rc;
+  if (lua_getmetatable(c->L, t))
+    return kl_spec_fail(c->err, s, KL_F_NAME, "the spec table has a metatable; return a plain "
+                        "table (metamethods would run outside the sandbox's limits)");
   if ((rc = check_keys(c, s, t)) || (rc = get_string(c, s, t, KL_F_NAME, s->name, sizeof s->name, 0)) ||
       (rc = get_int(c, s, t, KL_F_VOCAB_SIZE, &s->vocab_size, 0)) ||
       (rc = get_int(c, s, t, KL_F_PAD_TO, &s->pad_to, 1)) ||
@@ -175,13 +201,15 @@ static int collect(lua_State *L, const char *file, const kl_srcscan *scan,
   if (lua_type(L, -1) != LUA_TTABLE)
     return kl_fail(err, KL_ESPEC, "%s:%d: a spec must return a table (or a list of tables), got %s",
                    file, line, luaL_typename(L, -1));
-  int t = lua_gettop(L), list = is_list(L, t);
-  lua_Integer n = list ? luaL_len(L, t) : 1;
+  int t = lua_gettop(L);
+  if (lua_getmetatable(L, t))
+    return kl_fail(err, KL_ESPEC, "%s:%d: the returned table has a metatable; return a plain "
+                   "table (metamethods would run outside the sandbox's limits)", file, line);
+  int list = is_list(L, t);
+  lua_Integer n = list ? (lua_Integer)lua_rawlen(L, t) : 1;
   if (n > SPECS_MAX)
     return kl_fail(err, KL_ESPEC, "%s:%d: %lld specs in one file (at most %d)", file, line,
                    (long long)n, SPECS_MAX);
-  if (list && luaL_len(L, t) == 0)
-    return kl_fail(err, KL_ESPEC, "%s:%d: the spec list is empty", file, line);
   out->v = calloc((size_t)n, sizeof *out->v);
   if (!out->v) return kl_fail(err, KL_ENOMEM, "out of memory");
   for (lua_Integer i = 0; i < n; i++) {
@@ -194,68 +222,102 @@ static int collect(lua_State *L, const char *file, const kl_srcscan *scan,
     if (rc) return rc;
     out->n++;
     for (int j = 0; j < i; j++)
-      if (strcmp(out->v[j].name, out->v[i].name) == 0)
+      if (kl_name_equal_nocase(out->v[j].name, out->v[i].name))
         return kl_spec_fail(err, &out->v[i], KL_F_NAME,
-                            "'%s' is used by two specs (names become file names)", out->v[i].name);
+                            strcmp(out->v[j].name, out->v[i].name) == 0
+                                ? "'%s' is used by two specs (names become file names)"
+                                : "'%s' differs from another spec's name only in case (they "
+                                  "would share file names and header guards)",
+                            out->v[i].name);
   }
   return 0;
 }
 
-/* Lua's own messages carry "file:line:"; the few that do not get a location. */
+/* Lua names the chunk "spec" (CHUNKNAME): "spec:LINE: msg" becomes
+ * "file:LINE: msg", whatever the length of the file's path (Lua would cut
+ * a long one to 60 characters). Other messages get line 1. */
 static int chunk_error(kl_sandbox *sb, const char *file, int status, kl_err *err) {
-  const char *m = lua_tostring(sb->L, -1);
-  if (status == LUA_ERRMEM)
-    return kl_fail(err, KL_ESPEC, "%s:1: spec exceeded its memory limit (%u MiB)", file,
-                   KL_SANDBOX_MEM >> 20);
-  if (m && strstr(m, "binary chunk"))
+  const char *m = kl_sandbox_message(sb, status);
+  if (strstr(m, "binary chunk"))
     return kl_fail(err, KL_ESPEC, "%s:1: precompiled (binary) chunks are refused; give the spec as Lua text",
                    file);
-  if (!m) m = "error object is not a string";
-  size_t n = strlen(file);
-  if (strncmp(m, file, n) == 0 && m[n] == ':') return kl_fail(err, KL_ESPEC, "%s", m);
+  if (status == LUA_ERRMEM && !sb->expired)
+    return kl_fail(err, KL_ESPEC, "%s:1: spec exceeded its memory limit (%zu MiB)", file,
+                   sb->cap >> 20);
+  const char *p = m + strlen(CHUNKNAME) - 1;
+  if (strncmp(m, CHUNKNAME + 1, strlen(CHUNKNAME) - 1) == 0 && *p == ':' && p[1] >= '0' &&
+      p[1] <= '9') {
+    char *end;
+    long line = strtol(p + 1, &end, 10);
+    if (*end == ':') return kl_fail(err, KL_ESPEC, "%s:%ld:%s", file, line, end + 1);
+  }
   return kl_fail(err, KL_ESPEC, "%s:1: %s", file, m);
 }
 
-int kl_spec_load_string(const char *chunkname, const char *src, size_t len, kl_spec_list *out,
-                        kl_err *err) {
+/* What the protected conversion needs. */
+typedef struct collect_args {
+  const char *file;
+  const kl_srcscan *scan;
+  kl_spec_list *out;
+  kl_err *err;
+  int rc;
+} collect_args;
+
+static int collect_protected(lua_State *L) {
+  collect_args *a = lua_touserdata(L, 2);
+  lua_settop(L, 1); /* the chunk's result */
+  a->rc = collect(L, a->file, a->scan, a->out, a->err);
+  return 0;
+}
+
+static int run_spec(kl_sandbox *sb, const char *file, const char *src, size_t len,
+                    const kl_srcscan *scan, kl_spec_list *out, kl_err *err) {
+  int st = kl_sandbox_load(sb, CHUNKNAME, src, len);
+  if (st == LUA_OK) st = kl_sandbox_call(sb, 0, 1);
+  if (st != LUA_OK) return chunk_error(sb, file, st, err);
+  collect_args a = {file, scan, out, err, 0};
+  lua_pushcfunction(sb->L, collect_protected);
+  lua_insert(sb->L, -2);
+  lua_pushlightuserdata(sb->L, &a);
+  st = lua_pcall(sb->L, 2, 0, 0);
+  if (st != LUA_OK) return chunk_error(sb, file, st, err);
+  return a.rc;
+}
+
+int kl_spec_load_string(const char *chunkname, const char *src, size_t len,
+                        const kl_limits *lim, kl_spec_list *out, kl_err *err) {
   if (!chunkname || !src || !out || !err) {
     if (err) kl_fail(err, KL_EARG, "kl_spec_load_string: NULL argument");
     return KL_EARG;
   }
   memset(out, 0, sizeof *out);
+  if (len > KL_SPEC_FILE_MAX)
+    return kl_fail(err, KL_ESPEC, "%s:1: %zu bytes, larger than the %d-byte limit for a spec",
+                   chunkname, len, KL_SPEC_FILE_MAX);
   kl_sandbox sb;
   kl_srcscan scan;
-  if (kl_sandbox_open(&sb) != 0) return kl_fail(err, KL_ENOMEM, "cannot create a Lua state");
-  if (kl_srcscan_run(&scan, src, len) != 0) {
-    kl_sandbox_close(&sb);
-    return kl_fail(err, KL_ENOMEM, "out of memory");
-  }
-  char lname[300];
-  snprintf(lname, sizeof lname, "@%s", chunkname); /* Lua then says "file:line:" */
-  int rc = KL_OK;
-  int st = kl_sandbox_load(&sb, lname, src, len);
-  if (st == LUA_OK) st = kl_sandbox_call(&sb, 0, 1);
-  if (st != LUA_OK) {
-    rc = chunk_error(&sb, chunkname, st, err);
-  } else {
-    rc = collect(sb.L, chunkname, &scan, out, err);
-  }
+  if (kl_sandbox_open(&sb, KL_SANDBOX_SPEC, lim) != 0)
+    return kl_fail(err, KL_ENOMEM, "cannot create a Lua state");
+  int rc;
+  if (kl_srcscan_run(&scan, src, len) != 0) rc = kl_fail(err, KL_ENOMEM, "out of memory");
+  else rc = run_spec(&sb, chunkname, src, len, &scan, out, err);
   kl_srcscan_free(&scan);
   kl_sandbox_close(&sb);
   if (rc) kl_spec_list_free(out);
   return rc;
 }
 
-int kl_spec_load_file(const char *path, kl_spec_list *out, kl_err *err) {
+int kl_spec_load_file(const char *path, const kl_limits *lim, kl_spec_list *out, kl_err *err) {
   if (!path || !out || !err) {
     if (err) kl_fail(err, KL_EARG, "kl_spec_load_file: NULL argument");
     return KL_EARG;
   }
+  memset(out, 0, sizeof *out);
   char *src;
   size_t len;
-  int rc = kl_read_file(path, &src, &len, SPEC_FILE_MAX, err);
+  int rc = kl_read_file(path, &src, &len, KL_SPEC_FILE_MAX, err);
   if (rc) return rc;
-  rc = kl_spec_load_string(path, src, len, out, err);
+  rc = kl_spec_load_string(path, src, len, lim, out, err);
   free(src);
   return rc;
 }

@@ -1,6 +1,8 @@
 /* Error formatting shared by every module of libklgen. */
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "klgen.h"
 
@@ -28,4 +30,25 @@ int kl_spec_fail(kl_err *err, const kl_spec *s, kl_field f, const char *fmt, ...
   vsnprintf(err->msg + n, sizeof err->msg - (size_t)n, fmt, ap);
   va_end(ap);
   return KL_ESPEC;
+}
+
+int kl_name_equal_nocase(const char *a, const char *b) {
+  for (; *a && *b; a++, b++)
+    if (tolower((unsigned char)*a) != tolower((unsigned char)*b)) return 0;
+  return *a == *b;
+}
+
+/* The file's base name with anything but [A-Za-z0-9._-] turned into '_':
+ * what generated files may say about where they came from. A path is the
+ * caller's business (and could carry a newline or a comment terminator). */
+void kl_file_label(const char *path, char *buf, size_t n) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  size_t k = 0;
+  for (; base[k] && k + 1 < n; k++) {
+    unsigned char ch = (unsigned char)base[k];
+    buf[k] = (isalnum(ch) && ch < 0x80) || ch == '.' || ch == '_' || ch == '-' ? (char)ch : '_';
+  }
+  buf[k] = 0;
+  if (k == 0) snprintf(buf, n, "spec");
 }

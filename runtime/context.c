@@ -279,7 +279,7 @@ kl_result kl_ctx_create_file(kl_ctx **ctx, const char *path, const char *name,
   if (!path) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_file: spec_path is NULL");
   kl_spec_list l;
   kl_err err;
-  return create_loaded(ctx, kl_spec_load_file(path, &l, &err), &err, &l, name, cfg);
+  return create_loaded(ctx, kl_spec_load_file(path, NULL, &l, &err), &err, &l, name, cfg);
 }
 
 kl_result kl_ctx_create_string(kl_ctx **ctx, const char *src, const char *name,
@@ -288,7 +288,7 @@ kl_result kl_ctx_create_string(kl_ctx **ctx, const char *src, const char *name,
   if (!src) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_string: spec_source is NULL");
   kl_spec_list l;
   kl_err err;
-  int rc = kl_spec_load_string("<spec string>", src, strlen(src), &l, &err);
+  int rc = kl_spec_load_string("<spec string>", src, strlen(src), NULL, &l, &err);
   return create_loaded(ctx, rc, &err, &l, name, cfg);
 }
 
@@ -356,7 +356,7 @@ kl_result kl_spec_info_file(const char *path, const char *name, kl_info *info) {
   kl_err err;
   kl_spec s;
   kl_layout lay;
-  if (kl_spec_load_file(path, &l, &err) != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
+  if (kl_spec_load_file(path, NULL, &l, &err) != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
   kl_result res = pick_spec(&l, name, &s);
   kl_spec_list_free(&l);
   if (res) return res;

@@ -327,7 +327,7 @@ int main(int argc, char **argv) {
   const kl_cu *cu = gpu_require(1);
   kl_spec_list list;
   kl_err err;
-  if (kl_spec_load_file(argv[1], &list, &err)) {
+  if (kl_spec_load_file(argv[1], NULL, &list, &err)) {
     fprintf(stderr, "%s\n", err.msg);
     return 1;
   }

@@ -335,7 +335,7 @@ static int run_rank(int rank, int fd_id[2], const char *file, const char *name) 
   if (ncclCommInitRank(&e.comm, 2, id, rank) != ncclSuccess) return 1;
   kl_spec_list l;
   kl_err err;
-  if (kl_spec_load_file(file, &l, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+  if (kl_spec_load_file(file, NULL, &l, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
   for (int i = 0; i < l.n; i++)
     if (!strcmp(l.v[i].name, name)) e.spec = l.v[i];
   kl_spec_list_free(&l);

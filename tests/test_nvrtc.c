@@ -45,7 +45,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     kl_spec_list l;
     kl_err e;
-    int rc = kl_spec_load_file(argv[i], &l, &e);
+    int rc = kl_spec_load_file(argv[i], NULL, &l, &e);
     CHECK(rc == 0, "%s", e.msg);
     for (int k = 0; rc == 0 && k < l.n; k++) compile_spec(&l.v[k]);
     kl_spec_list_free(&l);

@@ -1,11 +1,13 @@
-/* Spec loading and validation: every malformed spec gets its precise error. */
+/* Spec loading and validation: every malformed spec gets its precise error,
+ * and no spec can crash, hang or outlast its limits. */
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "klgen.h"
 
 static int load(const char *src, kl_spec_list *l, kl_err *e) {
-  return kl_spec_load_string("t.lua", src, strlen(src), l, e);
+  return kl_spec_load_string("t.lua", src, strlen(src), NULL, l, e);
 }
 
 /* src must fail with a message that starts with `prefix` and contains `part`. */
@@ -62,7 +64,7 @@ static void sandbox(void) {
   bad("\n\nerror('boom')", "t.lua:3:", "boom");
   bad("error({})", "t.lua:1:", "error object");
   bad("local x = nil + 1", "t.lua:1:", "arithmetic");
-  bad("while true do end", "t.lua:1:", "instruction budget");
+  bad("while true do end", "t.lua:1:", "ran past its time limit (2000 ms)");
   bad("local t = {} for i = 1, 1e9 do t[i] = i end", "t.lua:1:", "memory limit");
   bad("local s = 'x' while true do s = s .. s end", "t.lua:1:", "memory limit");
   bad("return string.rep('x', 1 << 30)", "t.lua:1:", "memory limit");
@@ -82,6 +84,122 @@ static void sandbox(void) {
   bad("\x1bLua\x54\x00\x19\x93\r\n\x1a\n", "t.lua:1:", "binary");
 }
 
+static double seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Under a 300 ms limit: src must fail with `part` in the message, within a
+ * bound that a hang (or the old instruction budget) would not meet. */
+static void hostile(const char *src, const char *part) {
+  kl_limits lim = {300, 0};
+  kl_spec_list l;
+  kl_err e = {{0}};
+  double t0 = seconds();
+  int rc = kl_spec_load_string("t.lua", src, strlen(src), &lim, &l, &e);
+  double dt = seconds() - t0;
+  CHECK(rc == KL_ESPEC, "accepted (rc %d): %s", rc, src);
+  if (rc != KL_ESPEC) kl_spec_list_free(&l);
+  CHECK(strncmp(e.msg, "t.lua:", 6) == 0, "message '%s' has no location", e.msg);
+  CHECK(strstr(e.msg, part) != NULL, "message '%s' lacks '%s' (%s)", e.msg, part, src);
+  CHECK(dt < 3.0, "took %.2f s under a 0.3 s limit: %s", dt, src);
+}
+
+#define GOOD "{ name = 'm', " OK_FIELDS " }"
+#define LOOP "function() while true do end end"
+
+/* The audit's cases (issue 9): each aborted the process, hung it, or ran for
+ * many seconds before this sandbox. */
+static void hostile_specs(void) {
+  /* metamethods reached while the result is read */
+  hostile("return setmetatable(" GOOD ", { __index = " LOOP " })", "has a metatable");
+  hostile("return setmetatable({}, { __index = function() error('x') end })", "has a metatable");
+  hostile("return setmetatable({ " GOOD " }, { __len = " LOOP " })", "has a metatable");
+  hostile("return { setmetatable(" GOOD ", { __index = " LOOP " }) }", "has a metatable");
+  hostile("return { name = 'm', " OK_FIELDS ", [setmetatable({}, { __tostring = " LOOP
+          " })] = 1 }", "non-string key [a table]");
+  hostile("return { name = 'm', " OK_FIELDS ", [setmetatable({}, { __tostring = function() "
+          "error('boom') end })] = 1 }", "non-string key [a table]");
+  /* the time limit cannot be caught */
+  hostile("while true do end", "ran past its time limit (300 ms)");
+  hostile("while true do pcall(" LOOP ") end", "time limit");
+  hostile("local function f() while true do pcall(f) end end f()", "time limit");
+  hostile("pcall(function() while true do pcall(" LOOP ") end end) return " GOOD, "time limit");
+  hostile("while true do xpcall(" LOOP ", " LOOP ") end", "global 'xpcall'");
+  hostile("local t = {} for i = 1, 1e12 do t[i % 10] = i end", "time limit");
+  /* finalizers and to-be-closed variables */
+  hostile("setmetatable({}, { __gc = " LOOP " }) return " GOOD, "__gc finalizers are not allowed");
+  hostile("local mt = {} local t = setmetatable({}, mt) mt.__gc = " LOOP
+          " t = nil return setmetatable(" GOOD ", mt)", "__gc finalizers are not allowed");
+  /* __gc added after setmetatable: Lua never marks the table for finalizing */
+  const char *late = "local mt = {} local t = setmetatable({}, mt) mt.__gc = " LOOP
+                     " t = nil return " GOOD;
+  kl_limits lim = {300, 0};
+  kl_spec_list ok;
+  kl_err e;
+  double t0 = seconds();
+  CHECK(kl_spec_load_string("t.lua", late, strlen(late), &lim, &ok, &e) == 0, "late __gc: %s", e.msg);
+  CHECK(seconds() - t0 < 3.0, "late __gc ran");
+  kl_spec_list_free(&ok);
+  hostile("local x <close> = setmetatable({}, { __close = " LOOP " }) return " GOOD,
+          "time limit");
+  hostile("local x <close> = setmetatable({}, { __close = " LOOP " }) error('first')",
+          "time limit");
+  /* C functions that loop without running VM instructions */
+  hostile("return string.rep('x', 1 << 40)", "memory limit");
+  hostile("return ('x'):rep(1e15, '')", "memory limit");
+  hostile("assert(string.rep('', 1e15) == '') error('done')", "done");
+  hostile("assert(string.rep('', 1e15, '') == '') error('done')", "done");
+  hostile("return string.find(string.rep('a', 40), '(a*)*b')", "field 'find'");
+  hostile("return ('aaaa'):match('(a*)*b')", "method 'match'");
+  hostile("return string.gsub(string.rep('x', 1e7), 'x', 'yy')", "field 'gsub'");
+  hostile("for w in ('a b'):gmatch('%a') do end", "method 'gmatch'");
+  hostile("return table.move({}, 1, 1e15, 2)", "field 'move'");
+  hostile("return string.pack('i4', 1)", "field 'pack'");
+  const char *lens[] = {"table.insert(t, 1, 'x')", "table.remove(t, 1)", "table.concat(t)",
+                        "table.unpack(t)", "table.sort(t)"};
+  for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+    char src[256];
+    snprintf(src, sizeof src,
+             "local t = setmetatable({}, { __len = function() return 1 << 62 end }) %s", lens[i]);
+    hostile(src, "a table with a metatable is not allowed");
+  }
+  /* what else a spec cannot reach */
+  hostile("return getmetatable('').__index.find", "attempt to index");
+  hostile("return rawget(_G, 'load')('return 1')", "attempt to call a nil value");
+  hostile("return warn('@on')", "global 'warn'");
+  hostile("return coroutine.wrap(" LOOP ")()", "global 'coroutine'");
+  /* the memory cap also holds when the spec catches the error */
+  hostile("local t = {} while true do pcall(function() t[#t + 1] = ('x'):rep(1e6) end) end",
+          "time limit");
+  /* the limits are the caller's to set */
+  kl_limits tiny = {50, 1 << 20};
+  kl_spec_list l;
+  const char *big = "local t = {} for i = 1, 1e6 do t[i] = i end return {}";
+  CHECK(kl_spec_load_string("t.lua", big, strlen(big), &tiny, &l, &e) == KL_ESPEC &&
+            strstr(e.msg, "memory limit (1 MiB)"),
+        "1 MiB cap: %s", e.msg);
+}
+
+static void locations(void) {
+  /* Lua cuts chunk names to 60 characters: the message must still name the
+   * whole path and the right line. */
+  char path[400], want[460];
+  memset(path, 'd', sizeof path);
+  memcpy(path + sizeof path - 7, "/x.lua", 7);
+  kl_spec_list l;
+  kl_err e;
+  const char *src = "\n\nerror('here')";
+  CHECK(kl_spec_load_string(path, src, strlen(src), NULL, &l, &e) == KL_ESPEC, "accepted");
+  snprintf(want, sizeof want, "%s:3: here", path);
+  CHECK(strcmp(e.msg, want) == 0, "long path: '%s'", e.msg);
+  src = "return {\n name = 'm', vocab_size = 8, tp = 3, dtype = 'bf16', max_tokens = 1 }";
+  CHECK(kl_spec_load_string(path, src, strlen(src), NULL, &l, &e) == KL_ESPEC, "accepted");
+  snprintf(want, sizeof want, "%s:2: tp:", path);
+  CHECK(strncmp(e.msg, want, strlen(want)) == 0, "long path, field: '%s'", e.msg);
+}
+
 static void shape(void) {
   bad("return 42", "t.lua:1:", "must return a table");
   bad("\nreturn 'x'", "t.lua:2:", "must return a table");
@@ -89,6 +207,8 @@ static void shape(void) {
   bad("return { { name = 'a', " OK_FIELDS " }, { name = 'a', " OK_FIELDS " } }", "t.lua:1: name:",
       "used by two specs");
   bad("return {}", "t.lua:1: name:", "missing");
+  bad("return { { name = 'Ab', " OK_FIELDS " }, { name = 'aB', " OK_FIELDS " } }",
+      "t.lua:1: name:", "only in case");
 }
 
 static void fields(void) {
@@ -172,6 +292,8 @@ static void ranges(void) {
 int main(void) {
   good_specs();
   sandbox();
+  hostile_specs();
+  locations();
   shape();
   fields();
   names();
