@@ -10,37 +10,40 @@
 
 #include "klgen.h"
 
-int kl_read_file(const char *path, char **data, size_t *size, size_t limit, kl_err *err) {
-  *data = NULL;
-  *size = 0;
-  FILE *f = fopen(path, "rb");
-  if (!f) return kl_fail(err, KL_EIO, "%s: cannot open: %s", path, strerror(errno));
+/* Reads an open descriptor of a regular file, at most limit bytes. */
+static int read_fd(int fd, const char *path, char **data, size_t *size, size_t limit,
+                   kl_err *err) {
   struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-    fclose(f);
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     return kl_fail(err, KL_EIO, "%s: not a regular file", path);
-  }
-  if ((size_t)st.st_size > limit) {
-    fclose(f);
+  if ((size_t)st.st_size > limit)
     return kl_fail(err, KL_EIO, "%s: %lld bytes, larger than the %zu-byte limit", path,
                    (long long)st.st_size, limit);
-  }
   char *buf = malloc((size_t)st.st_size + 1);
-  if (!buf) {
-    fclose(f);
-    return kl_fail(err, KL_ENOMEM, "out of memory");
-  }
-  size_t n = fread(buf, 1, (size_t)st.st_size, f);
-  int bad = ferror(f);
-  fclose(f);
-  if (bad) {
-    free(buf);
-    return kl_fail(err, KL_EIO, "%s: read error", path);
+  if (!buf) return kl_fail(err, KL_ENOMEM, "out of memory");
+  size_t n = 0;
+  while (n < (size_t)st.st_size) {
+    ssize_t r = read(fd, buf + n, (size_t)st.st_size - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break; /* shrank while read: what was there */
+    n += (size_t)r;
   }
   buf[n] = 0;
   *data = buf;
   *size = n;
   return 0;
+}
+
+int kl_read_file(const char *path, char **data, size_t *size, size_t limit, kl_err *err) {
+  *data = NULL;
+  *size = 0;
+  /* O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever;
+   * anything but a regular file is then refused. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) return kl_fail(err, KL_EIO, "%s: cannot open: %s", path, strerror(errno));
+  int rc = read_fd(fd, path, data, size, limit, err);
+  close(fd);
+  return rc;
 }
 
 static int write_all(int fd, const void *data, size_t size) {
@@ -80,11 +83,53 @@ static int write_temp(const kl_file_out *f, char *tmp, kl_err *err) {
   return 0;
 }
 
+enum { ABSENT = 0, SAME = 1, DIFFERS = 2 };
+/* SAME if path holds exactly data (then it is not rewritten), DIFFERS,
+ * ABSENT, or -1 (with err) if it is something a rename must not replace. */
+static int same_content(const kl_file_out *f, kl_err *err) {
+  struct stat st;
+  if (lstat(f->path, &st) != 0) {
+    if (errno == ENOENT) return ABSENT;
+    return kl_fail(err, KL_EIO, "%s: %s", f->path, strerror(errno)), -1;
+  }
+  if (!S_ISREG(st.st_mode))
+    return kl_fail(err, KL_EIO, "%s: exists and is not a regular file; not replaced", f->path), -1;
+  if ((size_t)st.st_size != f->size) return DIFFERS;
+  char *old;
+  size_t n;
+  kl_err ignore;
+  if (kl_read_file(f->path, &old, &n, f->size, &ignore) != 0) return DIFFERS;
+  int same = n == f->size && memcmp(old, f->data, n) == 0;
+  free(old);
+  return same ? SAME : DIFFERS;
+}
+
+/* A hard link to the current file, to put back if a later rename fails. */
+static char *backup(const char *path) {
+  char *b = temp_beside(path);
+  if (!b) return NULL;
+  int fd = mkstemp(b);
+  if (fd < 0) return free(b), NULL;
+  close(fd);
+  unlink(b);
+  if (link(path, b) != 0) return free(b), NULL;
+  return b;
+}
+
 int kl_write_files_atomic(const kl_file_out *files, int n, kl_err *err) {
-  char **tmp = calloc((size_t)(n > 0 ? n : 1), sizeof *tmp);
+  char **tmp = calloc((size_t)(n > 0 ? n : 1) * 2, sizeof *tmp);
   if (!tmp) return kl_fail(err, KL_ENOMEM, "out of memory");
-  int rc = 0, i;
+  char **bak = tmp + (n > 0 ? n : 1);
+  int rc = 0, i, *skip = calloc((size_t)(n > 0 ? n : 1), sizeof *skip);
+  if (!skip) rc = kl_fail(err, KL_ENOMEM, "out of memory");
+  /* Every target checked before anything is written. */
   for (i = 0; i < n && rc == 0; i++) {
+    int s = same_content(&files[i], err);
+    if (s < 0) rc = KL_EIO;
+    else skip[i] = s;
+  }
+  for (i = 0; i < n && rc == 0; i++) {
+    if (skip[i] == SAME) continue;
     tmp[i] = temp_beside(files[i].path);
     if (!tmp[i]) rc = kl_fail(err, KL_ENOMEM, "out of memory");
     else if ((rc = write_temp(&files[i], tmp[i], err)) != 0) {
@@ -92,18 +137,28 @@ int kl_write_files_atomic(const kl_file_out *files, int n, kl_err *err) {
       tmp[i] = NULL;
     }
   }
-  /* All written: now the renames, which cannot fail for lack of space. */
-  for (i = 0; i < n && rc == 0; i++)
-    if (rename(tmp[i], files[i].path) != 0)
+  /* All written: now the renames; a failure puts back what was replaced. */
+  for (i = 0; i < n && rc == 0; i++) {
+    if (skip[i] == SAME) continue;
+    bak[i] = skip[i] == DIFFERS ? backup(files[i].path) : NULL;
+    if (rename(tmp[i], files[i].path) != 0) {
       rc = kl_fail(err, KL_EIO, "%s: cannot rename into place: %s", files[i].path, strerror(errno));
-    else {
+      for (int k = 0; k < i; k++) {
+        if (bak[k]) rename(bak[k], files[k].path);
+        else if (skip[k] == ABSENT) unlink(files[k].path);
+      }
+    } else {
       free(tmp[i]);
       tmp[i] = NULL;
     }
+  }
   for (i = 0; i < n; i++) {
     if (tmp[i]) unlink(tmp[i]);
+    if (bak[i]) unlink(bak[i]);
     free(tmp[i]);
+    free(bak[i]);
   }
   free(tmp);
+  free(skip);
   return rc;
 }

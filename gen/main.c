@@ -13,6 +13,7 @@ typedef struct opts {
   const char *out_dir, *templates;
   const char *arch[MAX_ARCH];
   int n_arch, check, cubin, quiet;
+  kl_limits lim;
   char **specs;
   int n_specs;
 } opts;
@@ -34,6 +35,7 @@ static void usage(FILE *f) {
         "                   default sm_90)\n"
         "  --cubin          also write DIR/<name>.<arch>.cubin\n"
         "  --templates DIR  read templates from DIR instead of the built-in ones\n"
+        "  --time-limit MS  wall-clock limit for each spec file's code (default 2000)\n"
         "  -q, --quiet      no summary lines\n"
         "  -h, --help       this text\n"
         "  --version        print the version\n\n"
@@ -62,10 +64,17 @@ static int parse(int argc, char **argv, opts *o) {
     if (!strcmp(a, "--check")) o->check = 1;
     else if (!strcmp(a, "--cubin")) o->cubin = 1;
     else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
-    else if (!strcmp(a, "-o") || !strcmp(a, "--templates") || !strcmp(a, "--arch")) {
+    else if (!strcmp(a, "-o") || !strcmp(a, "--templates") || !strcmp(a, "--arch") ||
+             !strcmp(a, "--time-limit")) {
       if (!more) return usage_error("option %s needs an argument", a);
       const char *v = argv[++i];
-      if (!strcmp(a, "-o")) o->out_dir = v;
+      char *end;
+      if (!strcmp(a, "--time-limit")) {
+        long long ms = strtoll(v, &end, 10);
+        if (end == v || *end || ms < 1 || ms > 3600000)
+          return usage_error("--time-limit %s: expected milliseconds, 1..3600000", v);
+        o->lim.time_ms = ms;
+      } else if (!strcmp(a, "-o")) o->out_dir = v;
       else if (!strcmp(a, "--templates")) o->templates = v;
       else if (o->n_arch == MAX_ARCH) return usage_error("too many --arch (at most 8): %s", v);
       else o->arch[o->n_arch++] = v;
@@ -101,16 +110,22 @@ static int load_all(const opts *o, job **jobs, int *n, kl_err *err) {
   *jobs = NULL, *n = 0;
   for (int f = 0; f < o->n_specs; f++) {
     kl_spec_list l;
-    int rc = kl_spec_load_file(o->specs[f], NULL, &l, err);
+    int rc = kl_spec_load_file(o->specs[f], &o->lim, &l, err);
     if (rc) return rc;
     job *grown = realloc(*jobs, (size_t)(*n + l.n) * sizeof **jobs);
     if (!grown) return kl_spec_list_free(&l), kl_fail(err, KL_ENOMEM, "out of memory");
     *jobs = grown;
     for (int i = 0; i < l.n; i++) {
       for (int k = 0; k < *n; k++)
-        if (!strcmp((*jobs)[k].spec.name, l.v[i].name)) {
-          rc = kl_spec_fail(err, &l.v[i], KL_F_NAME, "'%s' is also defined in %s", l.v[i].name,
-                            (*jobs)[k].spec.file);
+        if (kl_name_equal_nocase((*jobs)[k].spec.name, l.v[i].name)) {
+          const kl_spec *prev = &(*jobs)[k].spec;
+          if (strcmp(prev->name, l.v[i].name) == 0)
+            rc = kl_spec_fail(err, &l.v[i], KL_F_NAME, "'%s' is also defined in %s",
+                              l.v[i].name, prev->file);
+          else
+            rc = kl_spec_fail(err, &l.v[i], KL_F_NAME, "'%s' differs only in case from '%s' "
+                              "in %s (files and header guards would collide)", l.v[i].name,
+                              prev->name, prev->file);
           kl_spec_list_free(&l);
           return rc;
         }

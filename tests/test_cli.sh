@@ -64,6 +64,55 @@ touch "$tmp/file"
 expect 1 "$klgen" "$specs/kimi_k3_tp8.lua" -o "$tmp/file"; has "$tmp/err" "not a directory"
 expect 1 "$klgen" "$specs"; has "$tmp/err" "not a regular file"
 
+# a FIFO is refused, not waited on
+mkfifo "$tmp/fifo.lua"
+expect 1 timeout 20 "$klgen" "$tmp/fifo.lua"; has "$tmp/err" "fifo.lua: not a regular file"
+
+# the spec's path never reaches the generated files: same bytes from anywhere,
+# even from a directory whose name holds a newline and a comment terminator
+odd="$tmp/we*/ird
+dir"
+mkdir -p "$odd" && cp "$specs/kimi_k3_tp8.lua" "$odd/"
+expect 0 "$klgen" -q "$odd/kimi_k3_tp8.lua" -o "$tmp/odd"
+cmp -s "$tmp/odd/kimi_k3_tp8.cu" "$tmp/a/kimi_k3_tp8.cu" && cmp -s "$tmp/odd/kimi_k3_tp8.h" "$tmp/a/kimi_k3_tp8.h" \
+  && ok || no "generated files depend on the spec's directory"
+evil="$tmp/evil
+#error x*.lua"
+cp "$specs/kimi_k3_tp8.lua" "$evil"
+expect 0 "$klgen" -q "$evil" -o "$tmp/nl_out"
+has "$tmp/nl_out/kimi_k3_tp8.cu" "from evil__error_x_.lua"
+has "$tmp/nl_out/kimi_k3_tp8.h" "from evil__error_x_.lua"
+cat "$tmp/nl_out/kimi_k3_tp8.cu" "$tmp/nl_out/kimi_k3_tp8.h" | grep -q '^#error' \
+  && no "a file name broke out of a comment" || ok
+
+# unchanged outputs are not rewritten (same inode and time); changed ones are
+before=$(stat -c '%i %Y' "$tmp/a/kimi_k3_tp8.cu" "$tmp/a/kimi_k3_tp8.h")
+sleep 1
+expect 0 "$klgen" -q "$specs/kimi_k3_tp8.lua" -o "$tmp/a"
+[ "$(stat -c '%i %Y' "$tmp/a/kimi_k3_tp8.cu" "$tmp/a/kimi_k3_tp8.h")" = "$before" ] && ok || no "unchanged files rewritten"
+
+# names equal up to case share file names and header guards: refused
+printf 'return { name = "Foo", vocab_size = 8, tp = 1, dtype = "bf16", max_tokens = 1 }' >"$tmp/foo1.lua"
+printf 'return { name = "foo", vocab_size = 8, tp = 1, dtype = "bf16", max_tokens = 1 }' >"$tmp/foo2.lua"
+expect 1 "$klgen" "$tmp/foo1.lua" "$tmp/foo2.lua" -o "$tmp/case"; has "$tmp/err" "differs only in case from 'Foo'"
+[ ! -e "$tmp/case" ] && ok || no "output written for a case clash"
+
+# a target that cannot be replaced is found before anything is written
+mkdir -p "$tmp/h/kimi_k3_tp8.h" && echo old >"$tmp/h/kimi_k3_tp8.cu"
+expect 1 "$klgen" "$specs/kimi_k3_tp8.lua" -o "$tmp/h"; has "$tmp/err" "kimi_k3_tp8.h: exists and is not a regular file"
+[ "$(cat "$tmp/h/kimi_k3_tp8.cu")" = old ] && ok || no ".cu replaced although the .h could not be"
+[ "$(ls -A "$tmp/h" | sort | tr '\n' ' ')" = "kimi_k3_tp8.cu kimi_k3_tp8.h " ] && ok || no "leftovers: $(ls -A "$tmp/h")"
+
+# errors name the whole path and the right line, however long the path
+long="$tmp/$(printf 'd%.0s' $(seq 1 120))"
+mkdir -p "$long" && printf 'return {\n  name = "x", vocab_size = 8, tp = 3,\n' >"$long/s.lua"
+expect 1 "$klgen" "$long/s.lua"; has "$tmp/err" "klgen: $long/s.lua:3: unexpected symbol near <eof>"
+
+# a spec that never ends is stopped at the time limit
+echo 'while true do pcall(function() while true do end end) end' >"$tmp/loop.lua"
+expect 1 timeout 20 "$klgen" --time-limit 200 "$tmp/loop.lua"; has "$tmp/err" "loop.lua:1: ran past its time limit (200 ms)"
+expect 2 "$klgen" --time-limit 0 "$tmp/loop.lua"; has "$tmp/err" "expected milliseconds"
+
 # --templates: a broken template is reported at its line, nothing written
 cp -r "$templates" "$tmp/tpl"
 sed -i '3s/.*/<%= NO_SUCH %>/' "$tmp/tpl/oneshot.cu.tmpl"
