@@ -37,6 +37,19 @@ static char *get_log(nvrtcProgram prog) {
   return log;
 }
 
+/* Every option besides the arch: the JIT cache's key covers them
+ * (kl_nvrtc_options), so a change here never reuses an old cubin.
+ * -std=c++17 for static_assert/constexpr; no fast-math: the kernels move bits. */
+static const char *const fixed_opts[] = {"-std=c++17", "-lineinfo"};
+#define N_FIXED (int)(sizeof fixed_opts / sizeof *fixed_opts)
+
+void kl_nvrtc_options(char *buf, size_t n) {
+  size_t used = 0;
+  buf[0] = 0;
+  for (int i = 0; i < N_FIXED && used < n; i++)
+    used += (size_t)snprintf(buf + used, n - used, "%s%s", i ? " " : "", fixed_opts[i]);
+}
+
 static _Atomic unsigned long compiles;
 
 unsigned long kl_nvrtc_compiles(void) { return compiles; }
@@ -49,8 +62,8 @@ int kl_nvrtc_compile(const char *source, const char *name, const char *arch, kl_
     return kl_fail(err, KL_EARG, "'%s' is not a GPU architecture (expected sm_XY, e.g. sm_90)", arch);
   char arch_opt[32];
   snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
-  /* -std=c++17 for static_assert/constexpr; no fast-math: the kernels move bits. */
-  const char *opts[] = {arch_opt, "-std=c++17", "-lineinfo"};
+  const char *opts[1 + N_FIXED] = {arch_opt};
+  for (int i = 0; i < N_FIXED; i++) opts[1 + i] = fixed_opts[i];
   nvrtcProgram prog = NULL;
   int rc = 0;
   char file[128];

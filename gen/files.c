@@ -34,11 +34,22 @@ static int read_fd(int fd, const char *path, char **data, size_t *size, size_t l
   return 0;
 }
 
+int kl_open_regular(const char *path, int nofollow) {
+  /* O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
+  if (fd < 0) return -1;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    errno = EINVAL;
+    return -1;
+  }
+  return fd;
+}
+
 int kl_read_file(const char *path, char **data, size_t *size, size_t limit, kl_err *err) {
   *data = NULL;
   *size = 0;
-  /* O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever;
-   * anything but a regular file is then refused. */
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) return kl_fail(err, KL_EIO, "%s: cannot open: %s", path, strerror(errno));
   int rc = read_fd(fd, path, data, size, limit, err);

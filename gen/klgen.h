@@ -135,6 +135,11 @@ int kl_nvrtc_compile(const char *source, const char *name, const char *arch,
                      kl_binary *out, kl_err *err);
 void kl_binary_free(kl_binary *b);
 int kl_nvrtc_version(int *major, int *minor);
+/* The options every compile passes besides --gpu-architecture, space-separated. */
+void kl_nvrtc_options(char *buf, size_t n);
+/* A hash of the embedded templates and template engine: what, besides the
+ * spec, decides the kernels' source (and so the JIT cache's key). */
+uint64_t kl_template_set_hash(void);
 /* NVRTC compilations this process has run (a JIT cache hit runs none). */
 unsigned long kl_nvrtc_compiles(void);
 
@@ -149,6 +154,10 @@ typedef struct kl_file_out {
 int kl_write_files_atomic(const kl_file_out *files, int n, kl_err *err);
 int kl_read_file(const char *path, char **data, size_t *size, size_t limit,
                  kl_err *err);
+/* Opens path read-only as a regular file: never blocks (FIFOs), never follows
+ * a final symbolic link when nofollow is set. Returns the descriptor, or -1
+ * with errno (EINVAL: not a regular file). */
+int kl_open_regular(const char *path, int nofollow);
 
 /* Names equal up to ASCII case (they would share files and header guards). */
 int kl_name_equal_nocase(const char *a, const char *b);

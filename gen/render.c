@@ -18,6 +18,17 @@ static const char *const source_parts[] = {"prelude.cuh.tmpl", "common.cuh.tmpl"
                                            "oneshot.cu.tmpl", "relayout.cu.tmpl", NULL};
 static const char *const header_part = "header.h.tmpl";
 
+uint64_t kl_template_set_hash(void) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (int part = 0; part < 2; part++)
+    for (const kl_embedded_file *f = part ? kl_engine : kl_templates; f->name; f++) {
+      const unsigned char *p = (const unsigned char *)f->data;
+      for (size_t i = 0; i < f->size; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+      h = (h ^ 0xff) * 0x100000001b3ULL; /* a boundary between files */
+    }
+  return h;
+}
+
 void kl_entry_name(const kl_spec *s, const char *kind, char *buf, size_t n) {
   snprintf(buf, n, "kl_%s_%s", s->name, kind);
 }

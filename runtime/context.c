@@ -104,8 +104,7 @@ static kl_result bind_device(kl_ctx *c, int device, int no_pdl) {
   cu->cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev);
   cu->cuDeviceGetAttribute(&c->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c->dev);
   snprintf(c->arch, sizeof c->arch, "sm_%d%d", maj, min);
-  const char *pdl = getenv("KLGEN_PDL");
-  c->pdl = maj >= 9 && !(pdl && strcmp(pdl, "0") == 0) && !no_pdl;
+  c->pdl = maj >= 9 && kl_param_int(KL_P_PDL, NULL) && !no_pdl;
   snprintf(c->stats.arch, sizeof c->stats.arch, "%s", c->arch);
   return KLRT_OK;
 }
@@ -113,12 +112,15 @@ static kl_result bind_device(kl_ctx *c, int device, int no_pdl) {
 /* Render, compile (or hit the cache) and load. A failure here is not fatal:
  * it makes this rank's one-shot path unusable, which the group then agrees on. */
 static int build_kernels(kl_ctx *c, const char *source, char *why) {
+#ifdef KL_TESTING
   /* Fault injection for the tests of the readiness agreement: one rank's JIT
-   * fails, every rank must fall back to NCCL alike. */
+   * fails, every rank must fall back to NCCL alike. Only in the library the
+   * tests link (KL_TESTING), never in the one that is installed. */
   if (getenv("KLGEN_FAULT_JIT")) {
     snprintf(why, KL_WHY_MAX, "rank %d: JIT failed (injected by KLGEN_FAULT_JIT)", c->rank);
     return -1;
   }
+#endif
   const char *dir = c->cache_dir[0] ? c->cache_dir : NULL;
   kl_err err = {{0}};
   char *rendered = NULL;
@@ -185,6 +187,7 @@ static kl_result alloc_scratch(kl_ctx *c) {
 static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
                         const kl_config *cfg) {
   kl_result res = check_config(cfg, spec);
+  if (!res) res = kl_params_check();
   if (res) return res;
   const char *why_no = NULL;
   const kl_cu *cu = kl_cu_get(&why_no);
@@ -256,6 +259,12 @@ static kl_result pick_spec(const kl_spec_list *l, const char *name, kl_spec *out
   return kl_rt_fail(KLRT_EINVAL, "no spec named '%s' in it", name);
 }
 
+/* A spec's bounds: KLGEN_SPEC_TIME_MS, else the default. */
+static kl_limits spec_limits(void) {
+  kl_limits lim = {kl_param_int(KL_P_SPEC_TIME_MS, NULL), 0};
+  return lim;
+}
+
 /* After kl_spec_load_*: the named spec of the list, then the context. */
 static kl_result create_loaded(kl_ctx **ctx, int load_rc, const kl_err *err, kl_spec_list *l,
                                const char *name, const kl_config *cfg) {
@@ -271,24 +280,28 @@ static kl_result create_loaded(kl_ctx **ctx, int load_rc, const kl_err *err, kl_
     if (!(ctx)) return kl_rt_fail(KLRT_EINVAL, "%s: ctx is NULL", __func__);            \
     *(ctx) = NULL;                                                                      \
     if (!(cfg)) return kl_rt_fail(KLRT_EINVAL, "%s: cfg is NULL", __func__);            \
+    kl_result env_ = kl_params_check();                                                 \
+    if (env_) return env_;                                                              \
   } while (0)
 
 kl_result kl_ctx_create_file(kl_ctx **ctx, const char *path, const char *name,
                              const kl_config *cfg) {
   CHECK_OUT_CFG(ctx, cfg);
   if (!path) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_file: spec_path is NULL");
+  kl_limits lim = spec_limits();
   kl_spec_list l;
   kl_err err;
-  return create_loaded(ctx, kl_spec_load_file(path, NULL, &l, &err), &err, &l, name, cfg);
+  return create_loaded(ctx, kl_spec_load_file(path, &lim, &l, &err), &err, &l, name, cfg);
 }
 
 kl_result kl_ctx_create_string(kl_ctx **ctx, const char *src, const char *name,
                                const kl_config *cfg) {
   CHECK_OUT_CFG(ctx, cfg);
   if (!src) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_string: spec_source is NULL");
+  kl_limits lim = spec_limits();
   kl_spec_list l;
   kl_err err;
-  int rc = kl_spec_load_string("<spec string>", src, strlen(src), NULL, &l, &err);
+  int rc = kl_spec_load_string("<spec string>", src, strlen(src), &lim, &l, &err);
   return create_loaded(ctx, rc, &err, &l, name, cfg);
 }
 
@@ -352,11 +365,14 @@ static void fill_info(const kl_spec *s, const kl_layout *l, kl_info *info) {
 
 kl_result kl_spec_info_file(const char *path, const char *name, kl_info *info) {
   if (!path || !info) return kl_rt_fail(KLRT_EINVAL, "kl_spec_info_file: NULL argument");
+  kl_result env = kl_params_check();
+  if (env) return env;
   kl_spec_list l;
   kl_err err;
   kl_spec s;
   kl_layout lay;
-  if (kl_spec_load_file(path, NULL, &l, &err) != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
+  kl_limits lim = spec_limits();
+  if (kl_spec_load_file(path, &lim, &l, &err) != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
   kl_result res = pick_spec(&l, name, &s);
   kl_spec_list_free(&l);
   if (res) return res;

@@ -33,15 +33,10 @@ const char *kl_decline_name(kl_decline d) {
   return (unsigned)d < KL_DECLINE_COUNT ? names[d] : "?";
 }
 
-int kl_env_flag(const char *name) {
-  const char *v = getenv(name);
-  return v && *v && strcmp(v, "0") != 0;
-}
-
 /* Read once: the hot path asks on every call. */
 static int log_on = -1;
 int kl_log_enabled(void) {
-  if (log_on < 0) log_on = kl_env_flag("KLGEN_LOG");
+  if (log_on < 0) log_on = (int)kl_param_int(KL_P_LOG, NULL);
   return log_on;
 }
 

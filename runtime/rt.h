@@ -1,5 +1,6 @@
 /* libklrt internals: the context and the modules that share it.
  *   cu.c        driver access (dlopen)
+ *   param.c     environment variables: the table, reading and validation
  *   err.c       kl_last_error, KLGEN_LOG
  *   jit.c       NVRTC + disk cache + module load
  *   exchange.c  host all-gather between ranks: group (threads), callback, NCCL
@@ -17,11 +18,30 @@
 
 #define KL_WHY_MAX 256
 
+/* ---- param.c ---- */
+typedef enum kl_param_id {
+  KL_P_DISABLE, KL_P_LOG, KL_P_CROSSOVER_BYTES, KL_P_TUNE_FILE, KL_P_PDL, KL_P_CACHE_DIR,
+  KL_P_SPEC_TIME_MS, KL_P_MAX_CONNECTIONS, KL_P_COUNT
+} kl_param_id;
+typedef enum { KL_PARAM_BOOL, KL_PARAM_INT, KL_PARAM_STR } kl_param_kind;
+typedef struct kl_param {
+  const char *name;
+  kl_param_kind kind;
+  long long def, lo, hi; /* BOOL and INT */
+  const char *doc;
+} kl_param;
+extern const kl_param kl_params[KL_P_COUNT];
+/* Every variable of the table that is set must parse: KLRT_EINVAL naming the
+ * first that does not. Called at creation. */
+kl_result kl_params_check(void);
+/* A BOOL or INT: its value if set and valid (*given = 1), else the default. */
+long long kl_param_int(kl_param_id id, int *given);
+/* A STR: its value, or NULL when unset or "". */
+const char *kl_param_str(kl_param_id id);
+
 /* ---- err.c ---- */
 kl_result kl_rt_fail(kl_result r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int kl_log_enabled(void);
-/* An environment variable set to anything but "" or "0". */
-int kl_env_flag(const char *name);
 void kl_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- exchange.c ---- */
@@ -44,6 +64,12 @@ int kl_exchange_all(kl_exchange *ex, const void *mine, void *all, size_t bytes, 
 uint64_t kl_fnv1a(uint64_t h, const void *p, size_t n);
 /* Resolves the cache directory (DESIGN §5); 0 if none can be determined. */
 int kl_cache_dir(const char *configured, char *buf, size_t n);
+/* The entries' payload checksum (not a defence against a writer: the
+ * directory's ownership and mode are). */
+void kl_cache_checksum(const void *p, size_t n, uint64_t c[2]);
+/* Creates dir (0700) if missing; 1 if it may hold a cache (a directory of
+ * this user's, not writable by others), else 0 with why. */
+int kl_cache_dir_usable(const char *dir, char *why, size_t n);
 /* Cubin for source on arch, from the cache at dir (NULL: no cache) or NVRTC. */
 int kl_jit_cubin(const char *source, const char *name, const char *arch, const char *dir,
                  kl_binary *out, int *hit, kl_err *err);

@@ -187,11 +187,12 @@ static int ranks_on_device(const kl_ctx *c, const peer_info *all) {
  * then; with 32 never. 32 is the driver's maximum. */
 #define KL_SHARED_GPU_QUEUES 32
 static int queues_ok(const kl_ctx *c, int on_device, char *why) {
-  const char *v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  if (on_device < 2 || (v && atoi(v) >= KL_SHARED_GPU_QUEUES)) return 1;
+  int given;
+  long long v = kl_param_int(KL_P_MAX_CONNECTIONS, &given);
+  if (on_device < 2 || v >= KL_SHARED_GPU_QUEUES) return 1;
   snprintf(why, PEER_WHY, "rank %d: %d ranks share this GPU: set CUDA_DEVICE_MAX_CONNECTIONS=%d "
-           "before CUDA starts (it is %s)", c->rank, on_device, KL_SHARED_GPU_QUEUES,
-           v ? v : "unset: 8");
+           "before CUDA starts (it is %lld%s)", c->rank, on_device, KL_SHARED_GPU_QUEUES, v,
+           given ? "" : ", unset");
   return 0;
 }
 
@@ -285,7 +286,7 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   if ((res = check_group(c, all)) != KLRT_OK) goto out;
   agree_info mine = {0};
   mine.mapped = map_all(c, all, mine.why) == 0;
-  mine.disabled = kl_env_flag("KLGEN_DISABLE");
+  mine.disabled = (int32_t)kl_param_int(KL_P_DISABLE, NULL);
   mine.has_nccl = c->nccl != NULL || c->nranks == 1;
   mine.crossover = kl_crossover(c->arch, c->nranks, c->layout.shard_bytes, c->crossover_cfg,
                                 c->cache_dir[0] ? c->cache_dir : NULL, &c->crossover_from);

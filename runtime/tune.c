@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "rt.h"
 
@@ -21,14 +23,35 @@ static const struct {
 } defaults[] = {{"sm_90", 16LL << 20}};
 #define FALLBACK (4LL << 20)
 
+#define TABLE_MAX (1 << 20)
+
+/* One line into buf; a line longer than buf is read to its end and returned
+ * as "" (no data line is that long; a long comment must not become data). */
+static int next_line(FILE *f, char *buf, int n) {
+  if (!fgets(buf, n, f)) return 0;
+  size_t len = strlen(buf);
+  if (len > 0 && buf[len - 1] != '\n' && !feof(f)) {
+    int ch;
+    while ((ch = fgetc(f)) != EOF && ch != '\n') {
+    }
+    buf[0] = 0;
+  }
+  return 1;
+}
+
 static long long from_table(const char *path, const char *arch, int nranks, long long shard) {
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
+  /* A regular file only, never through a link: a FIFO or /dev/zero there
+   * must not hang or flood creation. */
+  int fd = kl_open_regular(path, 1);
+  struct stat st;
+  if (fd < 0) return 0;
+  FILE *f = fstat(fd, &st) == 0 && st.st_size <= TABLE_MAX ? fdopen(fd, "r") : NULL;
+  if (!f) return close(fd), 0;
   char line[256], a[32];
   int n;
   long long s, x, best = 0;
   double dist = 1e300;
-  while (fgets(line, sizeof line, f)) {
+  while (next_line(f, line, sizeof line)) {
     if (line[0] == '#' || sscanf(line, "%31s %d %lld %lld", a, &n, &s, &x) != 4) continue;
     if (strcmp(a, arch) != 0 || n != nranks || s <= 0 || x <= 0) continue;
     double d = fabs(log((double)s / (double)shard));
@@ -40,15 +63,12 @@ static long long from_table(const char *path, const char *arch, int nranks, long
 
 long long kl_crossover(const char *arch, int nranks, long long shard_bytes, long long configured,
                        const char *cache_dir, const char **source) {
-  const char *env = getenv("KLGEN_CROSSOVER_BYTES");
-  char *end;
+  int given;
   if (configured > 0) return *source = "kl_config", configured;
-  if (env && *env) {
-    long long v = strtoll(env, &end, 10);
-    if (*end == 0 && v >= 0) return *source = "KLGEN_CROSSOVER_BYTES", v;
-  }
+  long long v = kl_param_int(KL_P_CROSSOVER_BYTES, &given);
+  if (given) return *source = "KLGEN_CROSSOVER_BYTES", v;
   char path[4200];
-  const char *tf = getenv("KLGEN_TUNE_FILE");
+  const char *tf = kl_param_str(KL_P_TUNE_FILE);
   if (tf && *tf) snprintf(path, sizeof path, "%s", tf);
   else if (cache_dir) snprintf(path, sizeof path, "%s/tune.txt", cache_dir);
   else path[0] = 0;

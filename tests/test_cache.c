@@ -1,6 +1,9 @@
-/* The JIT cache: miss, hit (no NVRTC), corrupt entries rebuilt, unwritable
- * directory = no cache, concurrent processes, and the directory's resolution. */
+/* The JIT cache: miss, hit (no NVRTC), corrupt and forged entries rebuilt,
+ * unwritable or untrusted directory = no cache, entries that are not regular
+ * files, concurrent processes, the directory's resolution, and the tune file. */
 #include <dirent.h>
+#include <fcntl.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -33,6 +36,117 @@ static int jit(const char *src, const char *arch, const char *dir, kl_binary *b,
   return rc;
 }
 
+static int hit_of(const char *src, const char *dir) {
+  kl_binary b;
+  int hit = -1;
+  if (jit(src, "sm_90", dir, &b, &hit) != 0) return -1;
+  kl_binary_free(&b);
+  return hit;
+}
+
+/* An entry whose checksum was recomputed over a payload that is no cubin: the
+ * header alone must not make it trusted. */
+static void forged(const char *entry, const kl_binary *good) {
+  FILE *f = fopen(entry, "r+b");
+  unsigned char head[56];
+  CHECK(f && fread(head, 1, 56, f) == 56, "read header");
+  if (!f) return;
+  /* header (56 bytes): magic 8, version 4, reserved 4, key 16, size 8, checksum 16 */
+  uint64_t size;
+  memcpy(&size, head + 32, 8);
+  unsigned char *payload = malloc(size);
+  memset(payload, 0x90, size);
+  uint64_t c[2];
+  kl_cache_checksum(payload, size, c); /* as a forger would: recomputed */
+  fseek(f, 40, SEEK_SET);
+  fwrite(c, 8, 2, f);
+  fseek(f, 56, SEEK_SET);
+  fwrite(payload, 1, size, f);
+  fclose(f);
+  free(payload);
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", entry);
+  *strrchr(dir, '/') = 0;
+  CHECK(hit_of(src_a, dir) == 0, "forged payload: not rebuilt");
+  kl_binary b;
+  int hit;
+  CHECK(jit(src_a, "sm_90", dir, &b, &hit) == 0 && hit == 1 && b.size == good->size &&
+            !memcmp(b.data, good->data, b.size), "forged payload: rebuilt entry wrong");
+  kl_binary_free(&b);
+}
+
+/* A FIFO, a link, a directory where the entry belongs: never followed, never
+ * waited on; compiled instead. */
+static void not_regular(const char *entry, const kl_binary *good) {
+  char dir[1024], elsewhere[1100];
+  snprintf(dir, sizeof dir, "%s", entry);
+  *strrchr(dir, '/') = 0;
+  snprintf(elsewhere, sizeof elsewhere, "%s.copy", dir);
+  rename(entry, elsewhere);
+  CHECK(symlink(elsewhere, entry) == 0, "symlink");
+  CHECK(hit_of(src_a, dir) == 0, "a link to a valid entry was followed");
+  unlink(entry);
+  unlink(elsewhere);
+  CHECK(mkfifo(entry, 0600) == 0, "mkfifo");
+  time_t t0 = time(NULL);
+  CHECK(hit_of(src_a, dir) == 0, "FIFO entry: not compiled");
+  CHECK(time(NULL) - t0 < 20, "FIFO entry: waited");
+  struct stat st;
+  CHECK(lstat(entry, &st) == 0 && S_ISREG(st.st_mode), "FIFO not replaced by an entry");
+  (void)good;
+}
+
+/* Directories the cache must not trust: writable by others, or someone
+ * else's. Used, they would let another user choose the code we load. */
+static void untrusted(const char *root) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/shared", root);
+  mkdir(dir, 0700);
+  chmod(dir, 0777);
+  CHECK(hit_of(src_a, dir) == 0 && hit_of(src_a, dir) == 0, "world-writable dir used as a cache");
+  char why[600];
+  CHECK(!kl_cache_dir_usable(dir, why, sizeof why) && strstr(why, "writable by others"), "%s", why);
+  chmod(dir, 0700);
+  CHECK(kl_cache_dir_usable(dir, why, sizeof why), "own 0700 dir refused: %s", why);
+  if (geteuid() == 0 && chown(dir, 65534, 65534) == 0) {
+    CHECK(hit_of(src_a, dir) == 0 && hit_of(src_a, dir) == 0, "another user's dir used");
+    CHECK(!kl_cache_dir_usable(dir, why, sizeof why) && strstr(why, "belongs to uid 65534"), "%s",
+          why);
+  }
+}
+
+/* The tune file: a link to /dev/zero, a FIFO, a comment longer than a line
+ * buffer that holds data-looking text; none may hang or be read as data. */
+static void tune_file(const char *root) {
+  const char *src;
+  char path[512], fifo[512];
+  snprintf(path, sizeof path, "%s/tune-zero", root);
+  CHECK(symlink("/dev/zero", path) == 0, "symlink");
+  setenv("KLGEN_TUNE_FILE", path, 1);
+  time_t t0 = time(NULL);
+  long long x = kl_crossover("sm_80", 2, 4096, 0, NULL, &src);
+  CHECK(time(NULL) - t0 < 10 && !strcmp(src, "fallback default"), "/dev/zero: %lld from %s", x, src);
+  setenv("KLGEN_TUNE_FILE", "/dev/zero", 1);
+  x = kl_crossover("sm_80", 2, 4096, 0, NULL, &src);
+  CHECK(!strcmp(src, "fallback default"), "/dev/zero itself: %lld from %s", x, src);
+  snprintf(fifo, sizeof fifo, "%s/tune-fifo", root);
+  mkfifo(fifo, 0600);
+  setenv("KLGEN_TUNE_FILE", fifo, 1);
+  x = kl_crossover("sm_80", 2, 4096, 0, NULL, &src);
+  CHECK(time(NULL) - t0 < 10 && !strcmp(src, "fallback default"), "FIFO: %lld from %s", x, src);
+  snprintf(path, sizeof path, "%s/tune.txt", root);
+  FILE *f = fopen(path, "w");
+  fprintf(f, "#");
+  for (int i = 0; i < 300; i++) fputc(i < 255 ? '-' : ' ', f);
+  fprintf(f, "sm_80 2 4096 777\nsm_80 2 4096 12345\n");
+  fclose(f);
+  setenv("KLGEN_TUNE_FILE", path, 1);
+  x = kl_crossover("sm_80", 2, 4096, 0, NULL, &src);
+  CHECK(x == 12345 && !strcmp(src, "tuned table"), "long comment read as data: %lld from %s", x,
+        src);
+  unsetenv("KLGEN_TUNE_FILE");
+}
+
 static void hit_miss_corrupt(const char *root) {
   char dir[512], entry[1024];
   snprintf(dir, sizeof dir, "%s/c1/nested", root); /* created on demand */
@@ -42,6 +156,12 @@ static void hit_miss_corrupt(const char *root) {
   CHECK(jit(src_a, "sm_90", dir, &b1, &hit) == 0 && hit == 0, "first call is a miss");
   CHECK(kl_nvrtc_compiles() == before + 1, "a miss compiles");
   CHECK(only_entry(dir, entry, sizeof entry) == 0, "one entry, no temp files");
+  const char *base = strrchr(entry, '/') + 1;
+  CHECK(strncmp(base, "k.sm_90.", 8) == 0 && strlen(base) == 8 + 32 + 6 &&
+            !strcmp(base + 40, ".cubin"), "entry named <name>.<arch>.<key>.cubin: %s", base);
+  struct stat ds;
+  CHECK(stat(dir, &ds) == 0 && (ds.st_mode & 0777) == 0700, "directory made 0700: %o",
+        (unsigned)(ds.st_mode & 0777));
   CHECK(jit(src_a, "sm_90", dir, &b2, &hit) == 0 && hit == 1, "second call is a hit");
   CHECK(kl_nvrtc_compiles() == before + 1, "a hit skips NVRTC");
   CHECK(b1.size == b2.size && !memcmp(b1.data, b2.data, b1.size), "hit returns the same cubin");
@@ -77,6 +197,8 @@ static void hit_miss_corrupt(const char *root) {
           how[k]);
     kl_binary_free(&b2);
   }
+  forged(entry, &b1);
+  not_regular(entry, &b1);
   kl_binary_free(&b1);
 }
 
@@ -135,6 +257,8 @@ int main(void) {
   hit_miss_corrupt(root);
   unwritable();
   concurrent(root);
+  untrusted(root);
+  tune_file(root);
   resolution();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);

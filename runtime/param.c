@@ -1,0 +1,84 @@
+/* Environment variables: the one table of what libklrt reads (NCCL's model),
+ * and the one place that reads and validates them. README's table of
+ * variables is checked against this one (test_api). A bad value is an error
+ * at context creation that names the variable: a typo in a setting that
+ * changes the path or the limits must not pass silently. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "rt.h"
+
+const kl_param kl_params[KL_P_COUNT] = {
+    [KL_P_DISABLE] = {"KLGEN_DISABLE", KL_PARAM_BOOL, 0, 0, 1,
+                      "force the NCCL path (on any rank: all ranks agree at creation)"},
+    [KL_P_LOG] = {"KLGEN_LOG", KL_PARAM_BOOL, 0, 0, 1,
+                  "log creation and every change of path, with the decline reason, to stderr"},
+    [KL_P_CROSSOVER_BYTES] = {"KLGEN_CROSSOVER_BYTES", KL_PARAM_INT, 0, 0, 1LL << 40,
+                              "per-rank bytes per step above which NCCL serves"},
+    [KL_P_TUNE_FILE] = {"KLGEN_TUNE_FILE", KL_PARAM_STR, 0, 0, 0,
+                        "crossover table written by klbench --tune"},
+    [KL_P_PDL] = {"KLGEN_PDL", KL_PARAM_BOOL, 1, 0, 1,
+                  "0: launch the one-shot kernel without programmatic dependent launch"},
+    [KL_P_CACHE_DIR] = {"KLGEN_CACHE_DIR", KL_PARAM_STR, 0, 0, 0, "JIT cache directory"},
+    [KL_P_SPEC_TIME_MS] = {"KLGEN_SPEC_TIME_MS", KL_PARAM_INT, KL_SPEC_TIME_MS, 1, 3600000,
+                           "wall-clock limit for a spec's code, in ms"},
+    [KL_P_MAX_CONNECTIONS] = {"CUDA_DEVICE_MAX_CONNECTIONS", KL_PARAM_INT, 8, 1, 1 << 20,
+                              "CUDA's; must be 32 when ranks share a GPU"},
+};
+
+static const char *const truths[] = {"1", "true", "yes", "on", NULL};
+static const char *const lies[] = {"0", "false", "no", "off", NULL};
+
+static int in_list(const char *v, const char *const *list) {
+  for (; *list; list++)
+    if (strcasecmp(v, *list) == 0) return 1;
+  return 0;
+}
+
+/* 0 and *out, or -1 with why: the value of a set variable. */
+static int parse(const kl_param *p, const char *v, long long *out, char *why, size_t n) {
+  if (p->kind == KL_PARAM_STR) return *out = 0, 0;
+  if (p->kind == KL_PARAM_BOOL) {
+    if (in_list(v, truths)) return *out = 1, 0;
+    if (in_list(v, lies)) return *out = 0, 0;
+    snprintf(why, n, "%s='%.64s': expected 1/true/yes/on or 0/false/no/off", p->name, v);
+    return -1;
+  }
+  char *end;
+  long long x = strtoll(v, &end, 10);
+  if (end == v || *end || x < p->lo || x > p->hi) {
+    snprintf(why, n, "%s='%.64s': expected an integer in %lld..%lld", p->name, v, p->lo, p->hi);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+static const char *value_of(kl_param_id id) {
+  const char *v = getenv(kl_params[id].name);
+  return v && *v ? v : NULL; /* set to "": as if unset */
+}
+
+kl_result kl_params_check(void) {
+  char why[200];
+  for (int i = 0; i < KL_P_COUNT; i++) {
+    const char *v = value_of((kl_param_id)i);
+    long long x;
+    if (v && parse(&kl_params[i], v, &x, why, sizeof why) != 0)
+      return kl_rt_fail(KLRT_EINVAL, "environment: %s", why);
+  }
+  return KLRT_OK;
+}
+
+long long kl_param_int(kl_param_id id, int *given) {
+  const char *v = value_of(id);
+  long long x;
+  char why[200];
+  int ok = v && parse(&kl_params[id], v, &x, why, sizeof why) == 0;
+  if (given) *given = ok;
+  return ok ? x : kl_params[id].def;
+}
+
+const char *kl_param_str(kl_param_id id) { return value_of(id); }
