@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "embedded.h"
+#include "kl_abi.h"
 #include "klgen.h"
 #include "lauxlib.h"
 #include "sandbox.h"
@@ -14,7 +15,7 @@
 
 /* The kernel source is these templates, rendered and concatenated in order:
  * a tiny prelude of constants, then readable kernel logic (FlashInfer's split). */
-static const char *const source_parts[] = {"prelude.cuh.tmpl", "common.cuh.tmpl",
+static const char *const source_parts[] = {"prelude.cuh.tmpl", "kl_abi.h", "common.cuh.tmpl",
                                            "oneshot.cu.tmpl", "relayout.cu.tmpl", NULL};
 static const char *const header_part = "header.h.tmpl";
 
@@ -90,6 +91,7 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_int(L, "TIMEOUT_MS", l->timeout_ns / 1000000);
   set_int(L, "PAD_TO", s->pad_to);
   set_int(L, "DTYPE_ID", (long long)s->dtype);
+  set_int(L, "ABI_VERSION", KL_ABI_VERSION);
   snprintf(buf, sizeof buf, "0x%08xu", (unsigned)l->sentinel32);
   set_str(L, "SENTINEL32", buf);
   kl_entry_name(s, "oneshot", buf, sizeof buf);

@@ -399,17 +399,18 @@ kl_result kl_ctx_status(kl_ctx *c) {
   if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_status: ctx is NULL");
   if (!live_take(c, 0)) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_status: ctx was destroyed");
   if (!c->state) return KLRT_OK; /* one-shot never ran here */
-  uint32_t st[6];
+  kl_state st;
   int pushed;
   kl_result res = kl_ctx_enter(c, &pushed);
   if (res) return res;
-  CUresult r = c->cu->cuMemcpyDtoHAsync(st, c->state, sizeof st, c->stream);
+  CUresult r = c->cu->cuMemcpyDtoHAsync(&st, c->state, sizeof st, c->stream);
   if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
   kl_ctx_leave(c, pushed);
   if (r != CUDA_SUCCESS) return kl_rt_fail(KLRT_ECUDA, "reading the device state: %s", kl_cu_errstr(r));
-  if (st[0] != 0) /* kl_state: error, err_peer, err_step */
+  if (st.error != 0)
     return kl_rt_fail(KLRT_EDEVICE, "rank %d: one-shot step %u timed out waiting for rank %u "
-                      "(after %lld ms); the context must be destroyed", c->rank, st[2], st[1],
+                      "(after %lld ms); the context must be destroyed", c->rank, st.err_step,
+                      st.err_peer,
                       (long long)(c->layout.timeout_ns / 1000000));
   return KLRT_OK;
 }

@@ -90,8 +90,15 @@ static kl_result copy(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUs
 
 CUresult kl_launch_oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, int grid,
                            CUstream s) {
-  int rank = c->rank;
-  void *args[] = {&in, &out, &tokens, &rank, &c->nslots, &c->state, c->peers};
+  /* kl_oneshot_args, then peers[tp] (kl_abi.h): the kernel reads as many
+   * bytes of this as its parameter has. */
+  struct {
+    kl_oneshot_args a;
+    CUdeviceptr peers[KL_TP_MAX];
+  } prm = {{(const void *)in, (void *)out, (kl_state *)c->state, tokens, c->rank, c->nslots, 0},
+           {0}};
+  memcpy(prm.peers, c->peers, sizeof(CUdeviceptr) * (size_t)c->nranks);
+  void *args[] = {&prm};
   /* PDL: this launch may begin while the previous kernel (the LM head, or
    * the last step's gather) drains; the kernel waits for it before reading. */
   CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
@@ -179,7 +186,8 @@ static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
   c->stats.staged += kout != out;
   unsigned grid = (unsigned)kl_layout_relayout_grid(&c->layout, (int64_t)out_bytes,
                                                      KL_RELAYOUT_CTAS_PER_SM * c->sm_count);
-  void *args[] = {&c->scratch, &kout, &tokens};
+  kl_relayout_args a = {(const void *)c->scratch, (void *)kout, tokens, 0};
+  void *args[] = {&a};
   KL_CU_TRY(c, cuLaunchKernel(c->relayout, grid, 1, 1, (unsigned)c->layout.relayout_block, 1, 1,
                               0, s, args, NULL));
   if (kout != out) return copy(c, out, kout, out_bytes, s);

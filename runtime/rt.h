@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "cu.h"
+#include "kl_abi.h"
 #include "klgen.h"
 #include "klrt/klrt.h"
 

@@ -56,16 +56,16 @@ static uint64_t host_id(void) {
 static int alloc_buffers(kl_ctx *c, char *why) {
   const kl_cu *cu = c->cu;
   CUresult r;
-  /* kl_state: a 64-byte header (timeout_ns at byte 16), then one 8-byte step
-   * slot per CTA the kernel may be launched with, all zero. */
-  uint64_t header[8] = {0};
-  header[2] = (uint64_t)c->layout.timeout_ns;
+  /* kl_state, then one 8-byte step slot per CTA the kernel may be launched
+   * with, all zero (kl_abi.h). */
+  kl_state header = {0};
+  header.timeout_ns = (unsigned long long)c->layout.timeout_ns;
   size_t state_bytes = sizeof header + 8 * (size_t)c->layout.max_ctas;
   if ((r = cu->cuMemAlloc(&c->recv, (size_t)c->layout.total_bytes)) != CUDA_SUCCESS ||
       (r = cu->cuMemAlloc(&c->state, state_bytes)) != CUDA_SUCCESS ||
       (r = cu->cuMemsetD32(c->recv, c->layout.sentinel32, (size_t)c->layout.total_bytes / 4)) != CUDA_SUCCESS ||
       (r = cu->cuMemsetD32(c->state, 0, state_bytes / 4)) != CUDA_SUCCESS ||
-      (r = cu->cuMemcpyHtoD(c->state, header, sizeof header)) != CUDA_SUCCESS ||
+      (r = cu->cuMemcpyHtoD(c->state, &header, sizeof header)) != CUDA_SUCCESS ||
       (r = cu->cuCtxSynchronize()) != CUDA_SUCCESS) {
     snprintf(why, PEER_WHY, "rank %d: receive buffers (%lld bytes): %s", c->rank,
              (long long)c->layout.total_bytes, kl_cu_errstr(r));
@@ -231,10 +231,9 @@ static void free_buffers(kl_ctx *c) {
  * late and its peers' grids spin. tokens = 0 moves nothing; it advances the
  * step slots once, on every rank alike. */
 static int warm_up(kl_ctx *c, char *why) {
-  int zero = 0;
-  CUdeviceptr none = 0;
-  void *rl[] = {&none, &none, &zero};
-  CUresult r = kl_launch_oneshot(c, none, none, 0, 1, c->stream);
+  kl_relayout_args none = {NULL, NULL, 0, 0};
+  void *rl[] = {&none};
+  CUresult r = kl_launch_oneshot(c, 0, 0, 0, 1, c->stream);
   if (r == CUDA_SUCCESS)
     r = c->cu->cuLaunchKernel(c->relayout, 1, 1, 1, (unsigned)c->layout.relayout_block, 1, 1, 0,
                               c->stream, rl, NULL);
