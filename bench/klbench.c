@@ -165,7 +165,7 @@ static void derive_spec(bench *b, int gpus) {
 
 static void make_contexts(rank *R) {
   bench *b = R->b;
-  kl_config base = {.rank = R->r, .nranks = b->n, .device = R->r, .nccl = b->comms[R->r],
+  kl_config base = {.size = sizeof(kl_config), .rank = R->r, .nranks = b->n, .device = R->r, .nccl = b->comms[R->r],
                     .group = b->group};
   kl_config os = base, np = base;
   os.crossover_bytes = np.crossover_bytes = 1LL << 40; /* always one-shot */
@@ -409,7 +409,7 @@ static void *rank_main(void *arg) {
   for (int i = 0; i < b->ntok; i++) {
     int T = b->tokens[i];
     if (R->r == 0) progress(b, i, "checking that all paths agree");
-    kl_stats before, after; /* which path the dispatch took for this size */
+    kl_stats before = KL_STATS_INIT, after = KL_STATS_INIT; /* which path the dispatch took for this size */
     kl_ctx_stats(R->ctx[2], &before);
     b->bad[i][R->r] = check_paths(R, T);
     kl_ctx_stats(R->ctx[2], &after);

@@ -142,7 +142,7 @@ static void setup(rank *R, ncclUniqueId id) {
   ncclComm_t comm;
   TRY(cudaSetDevice(R->r));
   TRY(ncclCommInitRank(&comm, R->n, id, R->r));
-  kl_config cfg = {.rank = R->r, .nranks = R->n, .device = R->r, .nccl = comm};
+  kl_config cfg = {.size = sizeof(kl_config), .rank = R->r, .nranks = R->n, .device = R->r, .nccl = comm};
   TRY_KL(kl_ctx_create_file(&R->ctx, R->o.spec, R->o.name, &cfg));
   TRY(cudaStreamCreateWithFlags(&R->s, cudaStreamNonBlocking));
   TRY(cublasCreate(&R->blas));
@@ -182,7 +182,7 @@ static int run_rank(rank *R, ncclUniqueId id) {
   check(R, (int)R->max_tokens + 1);
   TRY(cudaStreamSynchronize(R->s));
   TRY_KL(kl_ctx_status(R->ctx));
-  kl_stats st;
+  kl_stats st = KL_STATS_INIT;
   TRY_KL(kl_ctx_stats(R->ctx, &st));
   printf("rank %d (GPU %d, %s): %d steps of %d tokens (%d eager, %d graph replays) + 1 of %lld; "
          "kl_gather calls: one-shot %llu, NCCL %llu (declined: tokens %llu, size %llu, "
@@ -230,7 +230,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: tp_decode SPEC_FILE [NAME] [--steps N] [--tokens T]\n");
     return 2;
   }
-  kl_info info; /* reading a spec needs no GPU */
+  kl_info info = KL_INFO_INIT; /* reading a spec needs no GPU */
   if (kl_spec_info_file(o.spec, o.name, &info) != KLRT_OK) {
     fprintf(stderr, "tp_decode: %s\n", kl_last_error());
     return 1;

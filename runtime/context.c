@@ -2,6 +2,8 @@
  * stats, device status, destroy. */
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,14 +28,34 @@ static int live_add(kl_ctx *c) {
   return ok;
 }
 
-static int live_take(kl_ctx *c, int remove) {
+static int live_find(const kl_ctx *c) {
+  for (int i = 0; i < live_hi; i++)
+    if (live[i] == c) return i;
+  return -1;
+}
+
+/* A call on c begins: c must be live, and no other thread inside a call on
+ * it (KLRT_EBUSY: waiting could deadlock a collective, and two calls at once
+ * would race on the context's buffers). remove: destroy takes it out. */
+static kl_result ctx_acquire(kl_ctx *c, int remove, const char *fn) {
   pthread_mutex_lock(&live_m);
-  int found = 0;
-  for (int i = 0; i < live_hi && !found; i++)
-    if (live[i] == c) {
-      found = 1;
-      if (remove) live[i] = NULL;
-    }
+  int i = live_find(c);
+  kl_result res = KLRT_OK;
+  if (i < 0) res = kl_rt_fail(KLRT_ESTATE, "%s: ctx was %sdestroyed", fn,
+                              remove ? "already " : "");
+  else if (atomic_exchange(&c->busy, 1))
+    res = kl_rt_fail(KLRT_EBUSY, "%s: another thread is inside a call on this context", fn);
+  else if (remove)
+    live[i] = NULL;
+  pthread_mutex_unlock(&live_m);
+  return res;
+}
+
+static void ctx_release(kl_ctx *c) { atomic_store(&c->busy, 0); }
+
+static int live_has(const kl_ctx *c) {
+  pthread_mutex_lock(&live_m);
+  int found = live_find(c) >= 0;
   pthread_mutex_unlock(&live_m);
   return found;
 }
@@ -53,6 +75,38 @@ void kl_ctx_leave(kl_ctx *c, int pushed) {
   if (pushed) c->cu->cuCtxPopCurrent(&dummy);
 }
 
+/* The caller's kl_config as this library knows it: a smaller one is from no
+ * version that exists; a larger one (a newer header) is accepted if the
+ * fields this library does not know are zero. */
+static kl_result read_config(const kl_config *in, kl_config *out, const char *fn) {
+  if (in->size < sizeof *out) {
+    if (in->size == 0)
+      return kl_rt_fail(KLRT_EINVAL, "%s: cfg->size is 0: initialize it with KL_CONFIG_INIT "
+                        "(or set it to sizeof(kl_config))", fn);
+    return kl_rt_fail(KLRT_EINVAL, "%s: cfg->size is %zu, less than sizeof(kl_config) %zu", fn,
+                      in->size, sizeof *out);
+  }
+  const unsigned char *extra = (const unsigned char *)in + sizeof *out;
+  for (size_t i = 0; i < in->size - sizeof *out; i++)
+    if (extra[i])
+      return kl_rt_fail(KLRT_EINVAL, "%s: cfg sets fields this libklrt (%s) does not know", fn,
+                        KLRT_VERSION);
+  *out = *in;
+  out->size = sizeof *out;
+  return KLRT_OK;
+}
+
+/* Copies a result struct into the caller's, as much as its size says. */
+static kl_result write_out(void *dst, const void *src, size_t src_size, const char *what) {
+  size_t n = *(const size_t *)dst;
+  if (n < sizeof(size_t))
+    return kl_rt_fail(KLRT_EINVAL, "%s->size is %zu: initialize it with the KL_*_INIT macro", what,
+                      n);
+  if (n > src_size) n = src_size;
+  memcpy((char *)dst + sizeof(size_t), (const char *)src + sizeof(size_t), n - sizeof(size_t));
+  return KLRT_OK;
+}
+
 static kl_result check_config(const kl_config *cfg, const kl_spec *s) {
   if (cfg->nranks != s->tp)
     return kl_rt_fail(KLRT_ESPEC, "spec '%s' is for tp %d, but the group has %d ranks", s->name,
@@ -63,6 +117,10 @@ static kl_result check_config(const kl_config *cfg, const kl_spec *s) {
     return kl_rt_fail(KLRT_EINVAL, "%d ranks need a way to meet: set group (threads), nccl or "
                       "allgather in kl_config", cfg->nranks);
   if (cfg->device < -1) return kl_rt_fail(KLRT_EINVAL, "device %d is not an ordinal", cfg->device);
+  /* A group sized for fewer ranks would be written past its end. */
+  if (cfg->group && kl_group_nranks(cfg->group) != cfg->nranks)
+    return kl_rt_fail(KLRT_EINVAL, "cfg.group was made for %d ranks, but cfg.nranks is %d",
+                      kl_group_nranks(cfg->group), cfg->nranks);
   /* The communicator decides who is who: a mismatch would pair the wrong
    * buffers, so every rank refuses alike (each sees its own mismatch). */
   int n = 0, r = -1;
@@ -104,6 +162,10 @@ static kl_result bind_device(kl_ctx *c, int device, int no_pdl) {
   cu->cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev);
   cu->cuDeviceGetAttribute(&c->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c->dev);
   snprintf(c->arch, sizeof c->arch, "sm_%d%d", maj, min);
+  /* The kernels use L2 cache hints and eviction policies (PTX for sm_80). */
+  if (maj < KL_MIN_SM_MAJOR)
+    return kl_rt_fail(KLRT_EUNAVAILABLE, "GPU %d is %s; libklrt's kernels need sm_%d0 or newer",
+                      device, c->arch, KL_MIN_SM_MAJOR);
   c->pdl = maj >= 9 && kl_param_int(KL_P_PDL, NULL) && !no_pdl;
   snprintf(c->stats.arch, sizeof c->stats.arch, "%s", c->arch);
   return KLRT_OK;
@@ -112,6 +174,10 @@ static kl_result bind_device(kl_ctx *c, int device, int no_pdl) {
 /* Render, compile (or hit the cache) and load. A failure here is not fatal:
  * it makes this rank's one-shot path unusable, which the group then agrees on. */
 static int build_kernels(kl_ctx *c, const char *source, char *why) {
+  if (!source) {
+    snprintf(why, KL_WHY_MAX, "rank %d: render: %.200s", c->rank, c->render_error);
+    return -1;
+  }
 #ifdef KL_TESTING
   /* Fault injection for the tests of the readiness agreement: one rank's JIT
    * fails, every rank must fall back to NCCL alike. Only in the library the
@@ -123,18 +189,9 @@ static int build_kernels(kl_ctx *c, const char *source, char *why) {
 #endif
   const char *dir = c->cache_dir[0] ? c->cache_dir : NULL;
   kl_err err = {{0}};
-  char *rendered = NULL;
-  if (!source) {
-    if (kl_render(&c->spec, &c->layout, NULL, &rendered, &err) != 0) {
-      snprintf(why, KL_WHY_MAX, "rank %d: render: %.200s", c->rank, err.msg);
-      return -1;
-    }
-    source = rendered;
-  }
   kl_binary bin;
   int hit = 0;
   int rc = kl_jit_cubin(source, c->spec.name, c->arch, dir, &bin, &hit, &err);
-  free(rendered);
   if (rc) {
     snprintf(why, KL_WHY_MAX, "rank %d: JIT for %s: %.200s", c->rank, c->arch, err.msg);
     return -1;
@@ -167,6 +224,7 @@ static void release(kl_ctx *c) {
       if (bufs[i]) c->cu->cuMemFree(bufs[i]);
     if (c->mod) c->cu->cuModuleUnload(c->mod);
     if (c->stream) c->cu->cuStreamDestroy(c->stream);
+    if (c->order_event) c->cu->cuEventDestroy(c->order_event);
     if (c->cuctx) kl_ctx_leave(c, pushed);
     if (c->retained) c->cu->cuDevicePrimaryCtxRelease(c->dev);
   }
@@ -213,7 +271,9 @@ static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
     return res;
   }
   CUresult r = cu->cuStreamCreate(&c->stream, CU_STREAM_NON_BLOCKING);
-  if (r != CUDA_SUCCESS) res = kl_rt_fail(KLRT_ECUDA, "cuStreamCreate: %s", kl_cu_errstr(r));
+  if (r == CUDA_SUCCESS) r = cu->cuEventCreate(&c->order_event, CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS) res = kl_rt_fail(KLRT_ECUDA, "creating a stream and an event: %s",
+                                          kl_cu_errstr(r));
   if (!res) res = alloc_scratch(c);
   if (res) {
     kl_ctx_leave(c, pushed);
@@ -223,7 +283,15 @@ static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
   c->ex = (kl_exchange){cfg->group, cfg->nccl, cfg->allgather, cfg->allgather_user,
                         cfg->rank, cfg->nranks, cu, c->stream};
   char why[KL_WHY_MAX] = "";
+  /* The source is rendered here, not in build_kernels: its hash goes into
+   * the fingerprint every rank compares, compiled or not. */
+  char *rendered = NULL;
+  kl_err rerr = {{0}};
+  if (!source && kl_render(&c->spec, &c->layout, NULL, &rendered, &rerr) == 0) source = rendered;
+  else if (!source) snprintf(c->render_error, sizeof c->render_error, "%.200s", rerr.msg);
+  c->source_hash = source ? kl_fnv1a(KL_FNV_BASIS, source, strlen(source)) : 0;
   int compiled = build_kernels(c, source, why) == 0;
+  free(rendered);
   res = kl_transport_setup(c, compiled, why);
   c->stats.oneshot_ready = c->ready;
   c->stats.crossover_bytes = c->crossover;
@@ -275,18 +343,22 @@ static kl_result create_loaded(kl_ctx **ctx, int load_rc, const kl_err *err, kl_
   return res ? res : create(ctx, &s, NULL, cfg);
 }
 
-#define CHECK_OUT_CFG(ctx, cfg)                                                         \
+/* Declares `cfg`, this library's copy of the caller's `cfg_in`. */
+#define CHECK_OUT_CFG(ctx, cfg_in)                                                      \
+  kl_config cfg_copy_;                                                                  \
+  const kl_config *cfg = &cfg_copy_;                                                    \
   do {                                                                                  \
     if (!(ctx)) return kl_rt_fail(KLRT_EINVAL, "%s: ctx is NULL", __func__);            \
     *(ctx) = NULL;                                                                      \
-    if (!(cfg)) return kl_rt_fail(KLRT_EINVAL, "%s: cfg is NULL", __func__);            \
-    kl_result env_ = kl_params_check();                                                 \
-    if (env_) return env_;                                                              \
+    if (!(cfg_in)) return kl_rt_fail(KLRT_EINVAL, "%s: cfg is NULL", __func__);         \
+    kl_result r_ = read_config(cfg_in, &cfg_copy_, __func__);                           \
+    if (!r_) r_ = kl_params_check();                                                    \
+    if (r_) return r_;                                                                  \
   } while (0)
 
 kl_result kl_ctx_create_file(kl_ctx **ctx, const char *path, const char *name,
-                             const kl_config *cfg) {
-  CHECK_OUT_CFG(ctx, cfg);
+                             const kl_config *cfg_in) {
+  CHECK_OUT_CFG(ctx, cfg_in);
   if (!path) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_file: spec_path is NULL");
   kl_limits lim = spec_limits();
   kl_spec_list l;
@@ -295,8 +367,8 @@ kl_result kl_ctx_create_file(kl_ctx **ctx, const char *path, const char *name,
 }
 
 kl_result kl_ctx_create_string(kl_ctx **ctx, const char *src, const char *name,
-                               const kl_config *cfg) {
-  CHECK_OUT_CFG(ctx, cfg);
+                               const kl_config *cfg_in) {
+  CHECK_OUT_CFG(ctx, cfg_in);
   if (!src) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_string: spec_source is NULL");
   kl_limits lim = spec_limits();
   kl_spec_list l;
@@ -307,8 +379,9 @@ kl_result kl_ctx_create_string(kl_ctx **ctx, const char *src, const char *name,
 
 /* A header from klgen: the spec is re-validated and the layout re-derived, and
  * must match what the header was generated with (an older klgen, a hand edit). */
-kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g, const kl_config *cfg) {
-  CHECK_OUT_CFG(ctx, cfg);
+kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
+                                   const kl_config *cfg_in) {
+  CHECK_OUT_CFG(ctx, cfg_in);
   if (!g || !g->name || !g->source)
     return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_generated: gen, its name or source is NULL");
   if (g->abi != 1) return kl_rt_fail(KLRT_ESPEC, "generated header ABI %d is not 1", g->abi);
@@ -338,19 +411,24 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g, const kl_
 
 kl_result kl_gather(kl_ctx *c, const void *in, void *out, int tokens, kl_stream stream) {
   if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_gather: ctx is NULL");
-  if (!live_take(c, 0)) return kl_rt_fail(KLRT_ESTATE, "kl_gather: ctx was destroyed");
-  if (!in || !out) return kl_rt_fail(KLRT_EINVAL, "kl_gather: %s is NULL", in ? "out" : "shard");
-  if (tokens <= 0) return kl_rt_fail(KLRT_EINVAL, "kl_gather: tokens is %d (must be > 0)", tokens);
-  int pushed;
-  kl_result res = kl_ctx_enter(c, &pushed);
+  kl_result res = ctx_acquire(c, 0, "kl_gather");
   if (res) return res;
-  res = kl_gather_impl(c, in, out, tokens, (CUstream)stream);
-  kl_ctx_leave(c, pushed);
+  int pushed;
+  if (!in || !out) res = kl_rt_fail(KLRT_EINVAL, "kl_gather: %s is NULL", in ? "out" : "shard");
+  else if (tokens <= 0)
+    res = kl_rt_fail(KLRT_EINVAL, "kl_gather: tokens is %d (must be > 0)", tokens);
+  else if (!(res = kl_ctx_enter(c, &pushed))) {
+    res = kl_order_streams(c, (CUstream)stream);
+    if (!res) res = kl_gather_impl(c, in, out, tokens, (CUstream)stream);
+    kl_ctx_leave(c, pushed);
+  }
+  ctx_release(c);
   return res;
 }
 
 static void fill_info(const kl_spec *s, const kl_layout *l, kl_info *info) {
   memset(info, 0, sizeof *info);
+  info->size = sizeof *info;
   snprintf(info->name, sizeof info->name, "%s", s->name);
   info->vocab_size = s->vocab_size;
   info->padded_vocab = l->padded_vocab;
@@ -363,49 +441,106 @@ static void fill_info(const kl_spec *s, const kl_layout *l, kl_info *info) {
   info->buffer_bytes = l->total_bytes;
 }
 
-kl_result kl_spec_info_file(const char *path, const char *name, kl_info *info) {
-  if (!path || !info) return kl_rt_fail(KLRT_EINVAL, "kl_spec_info_file: NULL argument");
+/* The named spec of a file or a string, and its layout. */
+static kl_result spec_of(const char *path, const char *src, const char *name, kl_spec *s,
+                         kl_layout *lay) {
   kl_result env = kl_params_check();
   if (env) return env;
   kl_spec_list l;
   kl_err err;
+  kl_limits lim = spec_limits();
+  int rc = path ? kl_spec_load_file(path, &lim, &l, &err)
+                : kl_spec_load_string("<spec string>", src, strlen(src), &lim, &l, &err);
+  if (rc != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
+  kl_result res = pick_spec(&l, name, s);
+  kl_spec_list_free(&l);
+  if (!res && kl_layout_derive(s, lay, &err) != 0) res = kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
+  return res;
+}
+
+static kl_result info_of(const char *path, const char *src, const char *name, kl_info *info) {
   kl_spec s;
   kl_layout lay;
-  kl_limits lim = spec_limits();
-  if (kl_spec_load_file(path, &lim, &l, &err) != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
-  kl_result res = pick_spec(&l, name, &s);
-  kl_spec_list_free(&l);
+  kl_info mine;
+  kl_result res = spec_of(path, src, name, &s, &lay);
   if (res) return res;
-  if (kl_layout_derive(&s, &lay, &err) != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
-  fill_info(&s, &lay, info);
+  fill_info(&s, &lay, &mine);
+  return write_out(info, &mine, sizeof mine, "info");
+}
+
+kl_result kl_spec_info_file(const char *path, const char *name, kl_info *info) {
+  if (!path || !info) return kl_rt_fail(KLRT_EINVAL, "kl_spec_info_file: NULL argument");
+  return info_of(path, NULL, name, info);
+}
+
+kl_result kl_spec_info_string(const char *src, const char *name, kl_info *info) {
+  if (!src || !info) return kl_rt_fail(KLRT_EINVAL, "kl_spec_info_string: NULL argument");
+  return info_of(NULL, src, name, info);
+}
+
+static kl_result names_of(const char *path, const char *src, char (*names)[KL_INFO_NAME],
+                          int cap, int *count) {
+  if (!count || cap < 0 || (cap > 0 && !names))
+    return kl_rt_fail(KLRT_EINVAL, "kl_spec_names: count is NULL, cap < 0, or names NULL with "
+                      "cap %d", cap);
+  kl_result env = kl_params_check();
+  if (env) return env;
+  kl_spec_list l;
+  kl_err err;
+  kl_limits lim = spec_limits();
+  int rc = path ? kl_spec_load_file(path, &lim, &l, &err)
+                : kl_spec_load_string("<spec string>", src, strlen(src), &lim, &l, &err);
+  if (rc != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
+  for (int i = 0; i < l.n && i < cap; i++) snprintf(names[i], KL_INFO_NAME, "%s", l.v[i].name);
+  *count = l.n;
+  kl_spec_list_free(&l);
   return KLRT_OK;
+}
+
+kl_result kl_spec_names_file(const char *path, char (*names)[KL_INFO_NAME], int cap, int *count) {
+  if (!path) return kl_rt_fail(KLRT_EINVAL, "kl_spec_names_file: spec_path is NULL");
+  return names_of(path, NULL, names, cap, count);
+}
+
+kl_result kl_spec_names_string(const char *src, char (*names)[KL_INFO_NAME], int cap,
+                               int *count) {
+  if (!src) return kl_rt_fail(KLRT_EINVAL, "kl_spec_names_string: spec_source is NULL");
+  return names_of(NULL, src, names, cap, count);
 }
 
 kl_result kl_ctx_info(const kl_ctx *c, kl_info *info) {
   if (!c || !info) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_info: NULL argument");
-  if (!live_take((kl_ctx *)c, 0)) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_info: ctx was destroyed");
-  fill_info(&c->spec, &c->layout, info);
-  return KLRT_OK;
+  if (!live_has(c)) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_info: ctx was destroyed");
+  kl_info mine;
+  fill_info(&c->spec, &c->layout, &mine); /* fixed at creation: no race with a call */
+  return write_out(info, &mine, sizeof mine, "info");
 }
 
 kl_result kl_ctx_stats(const kl_ctx *c, kl_stats *stats) {
   if (!c || !stats) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_stats: NULL argument");
-  if (!live_take((kl_ctx *)c, 0)) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_stats: ctx was destroyed");
-  *stats = c->stats;
-  return KLRT_OK;
+  kl_result res = ctx_acquire((kl_ctx *)c, 0, "kl_ctx_stats");
+  if (res) return res;
+  kl_stats mine = c->stats;
+  mine.size = sizeof mine;
+  ctx_release((kl_ctx *)c);
+  return write_out(stats, &mine, sizeof mine, "stats");
 }
 
 kl_result kl_ctx_status(kl_ctx *c) {
   if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_status: ctx is NULL");
-  if (!live_take(c, 0)) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_status: ctx was destroyed");
-  if (!c->state) return KLRT_OK; /* one-shot never ran here */
+  kl_result res = ctx_acquire(c, 0, "kl_ctx_status");
+  if (res) return res;
+  if (!c->state) return ctx_release(c), KLRT_OK; /* one-shot never ran here */
   kl_state st;
   int pushed;
-  kl_result res = kl_ctx_enter(c, &pushed);
+  CUresult r = CUDA_SUCCESS;
+  if (!(res = kl_ctx_enter(c, &pushed))) {
+    r = c->cu->cuMemcpyDtoHAsync(&st, c->state, sizeof st, c->stream);
+    if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
+    kl_ctx_leave(c, pushed);
+  }
+  ctx_release(c);
   if (res) return res;
-  CUresult r = c->cu->cuMemcpyDtoHAsync(&st, c->state, sizeof st, c->stream);
-  if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
-  kl_ctx_leave(c, pushed);
   if (r != CUDA_SUCCESS) return kl_rt_fail(KLRT_ECUDA, "reading the device state: %s", kl_cu_errstr(r));
   if (st.error != 0)
     return kl_rt_fail(KLRT_EDEVICE, "rank %d: one-shot step %u timed out waiting for rank %u "
@@ -416,10 +551,11 @@ kl_result kl_ctx_status(kl_ctx *c) {
 }
 
 kl_result kl_ctx_destroy(kl_ctx *c) {
-  if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_destroy: ctx is NULL");
-  if (!live_take(c, 1)) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_destroy: ctx was already destroyed");
+  if (!c) return KLRT_OK;
+  kl_result res = ctx_acquire(c, 1, "kl_ctx_destroy");
+  if (res) return res;
   int pushed;
-  kl_result res = kl_ctx_enter(c, &pushed);
+  res = kl_ctx_enter(c, &pushed);
   /* Peers may still write into our buffer until they finish their last step:
    * finish ours, then wait for all ranks before freeing anything they map. */
   if (!res) c->cu->cuCtxSynchronize();

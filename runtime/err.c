@@ -24,7 +24,7 @@ const char *kl_result_name(kl_result r) {
   static const char *const names[] = {"KLRT_OK",      "KLRT_EINVAL",       "KLRT_ESPEC",
                                       "KLRT_ENODRIVER", "KLRT_ECUDA",      "KLRT_ENCCL",
                                       "KLRT_EDEVICE", "KLRT_EUNAVAILABLE", "KLRT_ENOMEM",
-                                      "KLRT_ESTATE"};
+                                      "KLRT_ESTATE", "KLRT_EBUSY"};
   return (unsigned)r < sizeof names / sizeof *names ? names[r] : "KLRT_?";
 }
 

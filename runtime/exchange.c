@@ -44,6 +44,8 @@ kl_result kl_group_create(kl_group **out, int nranks) {
   return KLRT_OK;
 }
 
+int kl_group_nranks(const kl_group *g) { return g->n; }
+
 void kl_group_destroy(kl_group *g) {
   if (!g) return;
   pthread_mutex_destroy(&g->m);

@@ -194,6 +194,17 @@ static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
   return KLRT_OK;
 }
 
+kl_result kl_order_streams(kl_ctx *c, CUstream s) {
+  if (capturing(c, s)) return KLRT_OK;
+  if (c->have_last_stream && c->last_stream != s) {
+    KL_CU_TRY(c, cuEventRecord(c->order_event, c->last_stream));
+    KL_CU_TRY(c, cuStreamWaitEvent(s, c->order_event, 0));
+  }
+  c->last_stream = s;
+  c->have_last_stream = 1;
+  return KLRT_OK;
+}
+
 static void log_path(kl_ctx *c, int path, kl_decline why, int tokens) {
   if (path == c->last_path && (path == PATH_ONESHOT || c->stats.declined[why] > 1)) return;
   if (path == PATH_ONESHOT)

@@ -10,6 +10,7 @@
 #ifndef KL_RT_H
 #define KL_RT_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "cu.h"
@@ -18,6 +19,7 @@
 #include "klrt/klrt.h"
 
 #define KL_WHY_MAX 256
+#define KL_MIN_SM_MAJOR 8 /* the kernels' PTX (L2 cache hints, createpolicy) needs sm_80 */
 
 /* ---- param.c ---- */
 typedef enum kl_param_id {
@@ -58,6 +60,7 @@ typedef struct kl_exchange {
 #define KL_EXCHANGE_MAX 1024 /* bytes per rank per exchange */
 /* Every rank's `bytes` from `mine` into `all` (rank order). 0 or -1 with why. */
 int kl_exchange_all(kl_exchange *ex, const void *mine, void *all, size_t bytes, char *why);
+int kl_group_nranks(const kl_group *g);
 
 /* ---- jit.c ---- */
 #define KL_FNV_BASIS 0xcbf29ce484222325ULL
@@ -89,6 +92,8 @@ struct kl_ctx {
   int ordinal;
   CUcontext cuctx;
   int retained; /* we retained the primary context */
+  uint64_t source_hash; /* of the kernel source: ranks must agree on it */
+  char render_error[256];
   char arch[16];
   int sm_count;
   CUstream stream; /* internal: exchange and status reads */
@@ -115,9 +120,38 @@ struct kl_ctx {
   const void *checked_in, *checked_out;
   kl_stats stats;
   int last_path; /* for the log: -1 none, 0 one-shot, 1 NCCL */
+  atomic_int busy; /* a thread is inside a call on this context */
+  /* the stream of the last call, to order a call on another one after it */
+  CUstream last_stream;
+  int have_last_stream;
+  CUevent order_event;
 };
 
 /* ---- transport.c ---- */
+/* What ranks exchange at creation (two rounds): records from other
+ * processes, so every field is checked and every string bounded on arrival. */
+#define KL_INFO_MAGIC 0x4b4c5254u /* "KLRT" */
+#define KL_INFO_VERSION 2u
+#define KL_PEER_WHY 160
+typedef struct peer_info {
+  uint32_t magic, version;
+  int32_t rank, nranks;
+  uint64_t fingerprint, nonce;
+  int32_t usable; /* compiled, loaded, allocated */
+  uint8_t uuid[16];
+  uint64_t ptr;
+  CUipcMemHandle handle;
+  char why[KL_PEER_WHY];
+} peer_info;
+typedef struct agree_info {
+  int32_t mapped, disabled, has_nccl;
+  int64_t crossover;
+  char why[KL_PEER_WHY];
+} agree_info;
+#define INFO_MAGIC KL_INFO_MAGIC
+#define INFO_VERSION KL_INFO_VERSION
+/* Equal on every rank that runs the same kernel with the same limits. */
+uint64_t kl_fingerprint(const kl_spec *s, const kl_layout *l, uint64_t source_hash);
 /* Allocates receive memory, exchanges handles, maps peers, agrees on whether
  * the one-shot path is ready on all ranks. Fatal errors return non-OK on every
  * rank alike. */
@@ -133,6 +167,9 @@ CUresult kl_launch_oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
 /* The dispatch rule (DESIGN §8): PATH_ONESHOT, or PATH_NCCL with *why. */
 int kl_choose_path(const kl_ctx *c, int tokens, kl_decline *why);
 kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstream s);
+/* Makes s wait for the previous call's stream when they differ (not while
+ * capturing: a graph runs later, on a stream of its own). */
+kl_result kl_order_streams(kl_ctx *c, CUstream s);
 
 /* ---- context.c ---- */
 /* Makes c's CUDA context current if it is not; *pushed says to pop it. */

@@ -6,50 +6,53 @@
  * peers. Round 2 carries the mapping result, KLGEN_DISABLE and the crossover
  * limit. Every rank sees the same data, so every rank reaches the same
  * decision: the dispatch can never split (DESIGN §8). */
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rt.h"
 
-#define INFO_MAGIC 0x4b4c5254u /* "KLRT" */
-#define INFO_VERSION 1u
-#define PEER_WHY 160 /* a reason travels with the exchange: bounded */
-
-typedef struct peer_info {
-  uint32_t magic, version;
-  int32_t rank, nranks;
-  uint64_t fingerprint, host, pid;
-  int32_t usable; /* compiled, loaded, allocated */
-  uint8_t uuid[16];
-  uint64_t ptr;
-  CUipcMemHandle handle;
-  char why[PEER_WHY];
-} peer_info;
-
-typedef struct agree_info {
-  int32_t mapped, disabled, has_nccl;
-  int64_t crossover;
-  char why[PEER_WHY];
-} agree_info;
+#define PEER_WHY KL_PEER_WHY
 
 static uint64_t hash_str(const char *s) { return kl_fnv1a(KL_FNV_BASIS, s, strlen(s)); }
 
-/* Ranks must run the very same kernel: same spec, same derived layout. */
-static uint64_t fingerprint(const kl_ctx *c) {
+/* Ranks must run the very same kernel with the same limits, from the same
+ * libklrt: the spec, its derived layout, the kernel source, the poll limit. */
+uint64_t kl_fingerprint(const kl_spec *s, const kl_layout *l, uint64_t source_hash) {
   char buf[512];
-  snprintf(buf, sizeof buf, "%s|%lld|%lld|%d|%d|%lld|%d|%d|%lld", c->spec.name,
-           (long long)c->spec.vocab_size, (long long)c->layout.padded_vocab, c->spec.tp,
-           (int)c->spec.dtype, (long long)c->spec.max_tokens, c->layout.vec_bytes,
-           c->layout.block, (long long)c->layout.total_bytes);
+  snprintf(buf, sizeof buf, "%s|%s|%d|%lld|%lld|%d|%d|%lld|%d|%d|%lld|%lld|%016llx", KLRT_VERSION,
+           s->name, KL_ABI_VERSION, (long long)s->vocab_size, (long long)l->padded_vocab, s->tp,
+           (int)s->dtype, (long long)s->max_tokens, l->vec_bytes, l->block,
+           (long long)l->total_bytes, (long long)l->timeout_ns, (unsigned long long)source_hash);
   return hash_str(buf);
 }
 
-static uint64_t host_id(void) {
-  char h[256] = "";
-  gethostname(h, sizeof h - 1);
-  return hash_str(h);
+/* A random number drawn once per process: it tells ranks in this process
+ * (which share pointers) from ranks in others. Host name and pid do not:
+ * containers on one host share both. */
+static uint64_t nonce;
+static pthread_once_t nonce_once = PTHREAD_ONCE_INIT;
+static void draw_nonce(void) {
+  uint64_t n = 0;
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    if (read(fd, &n, sizeof n) != (ssize_t)sizeof n) n = 0;
+    close(fd);
+  }
+  /* no /dev/urandom: the address of a stack variable, time and pid */
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  uint64_t mix[4] = {n, (uint64_t)(uintptr_t)&t, (uint64_t)t.tv_nsec ^ (uint64_t)t.tv_sec,
+                     (uint64_t)getpid()};
+  nonce = kl_fnv1a(KL_FNV_BASIS, mix, sizeof mix) ^ n;
+}
+static uint64_t process_nonce(void) {
+  pthread_once(&nonce_once, draw_nonce);
+  return nonce;
 }
 
 /* Receive buffers filled with the sentinel, and a zeroed state block. */
@@ -80,9 +83,8 @@ static void fill_info(kl_ctx *c, peer_info *me, int usable, const char *why) {
   me->version = INFO_VERSION;
   me->rank = c->rank;
   me->nranks = c->nranks;
-  me->fingerprint = fingerprint(c);
-  me->host = host_id();
-  me->pid = (uint64_t)getpid();
+  me->fingerprint = kl_fingerprint(&c->spec, &c->layout, c->source_hash);
+  me->nonce = process_nonce();
   CUuuid u;
   if (c->cu->cuDeviceGetUuid(&u, c->dev) == CUDA_SUCCESS) memcpy(me->uuid, u.bytes, 16);
   /* Threads of one process share pointers; other processes need an IPC handle. */
@@ -96,12 +98,16 @@ static void fill_info(kl_ctx *c, peer_info *me, int usable, const char *why) {
   if (!usable) snprintf(me->why, sizeof me->why, "%s", why ? why : "?");
 }
 
-/* Round 1 consistency: a mismatch is a configuration error on every rank. */
-static kl_result check_group(const kl_ctx *c, const peer_info *all) {
+/* Round 1 consistency: a mismatch is a configuration error on every rank.
+ * Nothing a peer sent is trusted: strings are cut at their buffer's end. */
+static kl_result check_group(const kl_ctx *c, peer_info *all) {
   for (int r = 0; r < c->nranks; r++) {
-    const peer_info *p = &all[r];
+    peer_info *p = &all[r];
+    p->why[PEER_WHY - 1] = 0;
     if (p->magic != INFO_MAGIC || p->version != INFO_VERSION)
       return kl_rt_fail(KLRT_ESPEC, "rank %d is not a compatible libklrt", r);
+    if (p->usable != 0 && p->usable != 1)
+      return kl_rt_fail(KLRT_ESPEC, "rank %d sent a malformed exchange record", r);
     if (p->rank != r || p->nranks != c->nranks)
       return kl_rt_fail(KLRT_EINVAL, "slot %d holds rank %d of %d: every rank needs a distinct "
                         "rank in 0..%d and the same nranks", r, p->rank, p->nranks, c->nranks - 1);
@@ -141,7 +147,7 @@ static int map_peer(kl_ctx *c, const peer_info *p, char *why) {
       return -1;
     }
   }
-  int same_process = p->host == host_id() && p->pid == (uint64_t)getpid();
+  int same_process = p->nonce == process_nonce();
   if (same_process) {
     if (pdev != c->dev) {
       CUcontext pctx;
@@ -174,7 +180,7 @@ static int map_peer(kl_ctx *c, const peer_info *p, char *why) {
 static int ranks_on_device(const kl_ctx *c, const peer_info *all) {
   int n = 0;
   for (int r = 0; r < c->nranks; r++)
-    if (all[r].host == all[c->rank].host && memcmp(all[r].uuid, all[c->rank].uuid, 16) == 0) n++;
+    if (memcmp(all[r].uuid, all[c->rank].uuid, 16) == 0) n++; /* UUIDs are unique */
   return n;
 }
 
@@ -266,6 +272,20 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
   return warm_up(c, why);
 }
 
+/* Round 2 consistency: flags are 0 or 1, a crossover is a byte count. */
+static kl_result check_agreement(const kl_ctx *c, agree_info *agree) {
+  for (int r = 0; r < c->nranks; r++) {
+    agree_info *a = &agree[r];
+    a->why[PEER_WHY - 1] = 0;
+    if ((a->mapped | a->disabled | a->has_nccl) & ~1)
+      return kl_rt_fail(KLRT_ESPEC, "rank %d sent a malformed agreement record", r);
+    if (a->crossover < 0)
+      return kl_rt_fail(KLRT_EINVAL, "rank %d reports a crossover of %lld bytes (must be >= 0)",
+                        r, (long long)a->crossover);
+  }
+  return KLRT_OK;
+}
+
 kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   char why[KL_WHY_MAX] = "";
   int usable = compiled && alloc_buffers(c, why) == 0;
@@ -293,6 +313,7 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
     res = kl_rt_fail(KLRT_ENCCL, "rank %d: %s", c->rank, why);
     goto out;
   }
+  if ((res = check_agreement(c, agree)) != KLRT_OK) goto out;
   c->ready = 1;
   c->nccl_everywhere = 1;
   c->crossover = agree[0].crossover;

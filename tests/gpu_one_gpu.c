@@ -178,7 +178,7 @@ static void *run_rank(void *arg) {
   CU_CHECK(cu, cuMemsetD32Async(b.step, 0, 4, b.s));
   CU_CHECK(cu, cuMemsetD32Async(b.bad, 0, 2, b.s));
   CU_CHECK(cu, cuStreamSynchronize(b.s));
-  kl_config cfg = {.rank = r->rank, .nranks = sh->spec.tp, .device = 0, .group = sh->group};
+  kl_config cfg = {.size = sizeof(kl_config), .rank = r->rank, .nranks = sh->spec.tp, .device = 0, .group = sh->group};
   if (sh->xchg) cfg.group = NULL, cfg.allgather = thread_allgather, cfg.allgather_user = r;
   kl_ctx *ctx = NULL;
 #ifdef KL_GENERATED_H
@@ -186,7 +186,7 @@ static void *run_rank(void *arg) {
 #else
   kl_result made = kl_ctx_create_file(&ctx, sh->file, sh->spec.name, &cfg);
 #endif
-  kl_stats st = {0};
+  kl_stats st = KL_STATS_INIT;
   if (made != KLRT_OK) fail(r, "create", kl_last_error()); /* still meets the others below */
   else if (kl_ctx_stats(ctx, &st), !st.oneshot_ready) fail(r, "one-shot not ready", st.not_ready);
   if (!r->failed) eager(r, ctx, &b);
@@ -256,7 +256,7 @@ static void *create_with_few_queues(void *arg) {
                              "max_tokens = 4 }";
   const kl_cu *cu = kl_cu_get(NULL);
   cu->cuCtxSetCurrent(q->cuctx);
-  kl_config cfg = {.rank = q->rank, .nranks = 2, .device = 0, .group = q->group};
+  kl_config cfg = {.size = sizeof(kl_config), .rank = q->rank, .nranks = 2, .device = 0, .group = q->group};
   kl_ctx *ctx = NULL;
   q->res = kl_ctx_create_string(&ctx, spec, "q", &cfg);
   snprintf(q->msg, sizeof q->msg, "%s", q->res == KLRT_OK ? "created" : kl_last_error());

@@ -44,7 +44,7 @@ typedef struct rank_env {
   } while (0)
 
 static kl_ctx *make_ctx(rank_env *e, const char *file, const char *name) {
-  kl_config cfg = {.rank = e->rank, .nranks = 2, .device = e->rank, .nccl = e->comm};
+  kl_config cfg = {.size = sizeof(kl_config), .rank = e->rank, .nranks = 2, .device = e->rank, .nccl = e->comm};
   kl_ctx *c = NULL;
   kl_result r = kl_ctx_create_file(&c, file, name, &cfg);
   EXPECT(e, r == KLRT_OK, "create: %s", kl_last_error());
@@ -102,7 +102,7 @@ static long long step_vs_nccl(rank_env *e, kl_ctx *c, int tokens, size_t in_off,
 
 static void expect_path(rank_env *e, kl_ctx *c, uint64_t oneshot, uint64_t nccl, int decline,
                         const char *what) {
-  kl_stats st;
+  kl_stats st = KL_STATS_INIT;
   kl_ctx_stats(c, &st);
   EXPECT(e, st.oneshot == oneshot && st.nccl == nccl, "%s: %llu one-shot / %llu NCCL calls, "
          "expected %llu / %llu", what, (unsigned long long)st.oneshot, (unsigned long long)st.nccl,
@@ -117,7 +117,7 @@ static void test_oneshot_equals_nccl(rank_env *e, const char *file, const char *
   kl_ctx *c = make_ctx(e, file, name);
   unsetenv("KLGEN_CROSSOVER_BYTES");
   if (!c) return;
-  kl_stats st;
+  kl_stats st = KL_STATS_INIT;
   kl_ctx_stats(c, &st);
   EXPECT(e, st.oneshot_ready, "one-shot not ready: %s", st.not_ready);
   int tokens[] = {1, 3, (int)e->spec.max_tokens};
@@ -169,7 +169,7 @@ static void test_not_ready_anywhere(rank_env *e, const char *file, const char *n
   kl_ctx *c = make_ctx(e, file, name);
   unsetenv("KLGEN_FAULT_JIT");
   if (!c) return;
-  kl_stats st;
+  kl_stats st = KL_STATS_INIT;
   kl_ctx_stats(c, &st);
   EXPECT(e, !st.oneshot_ready && strstr(st.not_ready, "rank 1: JIT failed"),
          "readiness not agreed: ready %d, '%s'", st.oneshot_ready, st.not_ready);
@@ -204,7 +204,7 @@ static void test_foreign_pointer(rank_env *e, const char *file, const char *name
   EXPECT(e, r == KLRT_EINVAL && strstr(kl_last_error(), "tokens is 0"), "tokens 0");
   r = kl_gather(c, NULL, (void *)e->out, 1, e->s);
   EXPECT(e, r == KLRT_EINVAL, "NULL shard");
-  kl_stats st;
+  kl_stats st = KL_STATS_INIT;
   kl_ctx_stats(c, &st);
   EXPECT(e, st.oneshot == 0 && st.nccl == 0, "misuse reached a path");
   /* still usable afterwards */
@@ -238,7 +238,7 @@ static void test_overlap(rank_env *e, const char *file, const char *name) {
   NCCL_CHECK_REF(e, e->shard, shard_bytes);
   launch_bump(cu, &e->k, e->step, e->s);
   long long bad = compare_with_ref(e, e->out, T);
-  kl_stats st;
+  kl_stats st = KL_STATS_INIT;
   kl_ctx_stats(c, &st);
   EXPECT(e, bad == 0, "overlap: %lld mismatches", bad);
   EXPECT(e, st.oneshot == 1 && (e->rank != 0 || st.staged == 1), "overlap: path %llu/%llu staged "
@@ -283,7 +283,7 @@ static void test_nccl_graph(rank_env *e, const char *file, const char *name) {
 
 /* Ranks that disagree with their communicator refuse alike, without hanging. */
 static void test_rank_mismatch(rank_env *e, const char *file, const char *name) {
-  kl_config cfg = {.rank = 1 - e->rank, .nranks = 2, .device = e->rank, .nccl = e->comm};
+  kl_config cfg = {.size = sizeof(kl_config), .rank = 1 - e->rank, .nranks = 2, .device = e->rank, .nccl = e->comm};
   kl_ctx *c = NULL;
   kl_result r = kl_ctx_create_file(&c, file, name, &cfg);
   EXPECT(e, r == KLRT_EINVAL && c == NULL && strstr(kl_last_error(), "NCCL communicator says"),
@@ -299,7 +299,7 @@ static void test_skipped_step(rank_env *e) {
            "return { name = 'skip_test', vocab_size = %lld, tp = 2, dtype = '%s', "
            "max_tokens = 4, timeout_ms = 300 }",
            (long long)e->spec.vocab_size, kl_dtype_name(e->spec.dtype));
-  kl_config cfg = {.rank = e->rank, .nranks = 2, .device = e->rank, .nccl = e->comm};
+  kl_config cfg = {.size = sizeof(kl_config), .rank = e->rank, .nranks = 2, .device = e->rank, .nccl = e->comm};
   kl_ctx *c = NULL;
   if (kl_ctx_create_string(&c, src, NULL, &cfg) != KLRT_OK) {
     EXPECT(e, 0, "create skip ctx: %s", kl_last_error());

@@ -5,7 +5,7 @@
 #include <string.h>
 
 int main(int argc, char **argv) {
-  kl_info i;
+  kl_info i = KL_INFO_INIT;
   if (argc != 2 || kl_spec_info_file(argv[1], NULL, &i) != KLRT_OK) {
     fprintf(stderr, "install_consumer: %s\n", kl_last_error());
     return 1;

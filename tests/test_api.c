@@ -1,6 +1,7 @@
 /* libklrt API misuse and behaviour without a GPU: clear error codes and
  * messages, no crash. Runs everywhere; the no-driver checks only where there
  * is no driver (CI), the rest need none. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -24,7 +25,7 @@ static const char *kimi = "return { name = 'kimi_k3_tp8', vocab_size = 163840, t
 static void misuse(void) {
   kl_ctx *c = (kl_ctx *)0x1;
   kl_group *g;
-  kl_config cfg = {.rank = 0, .nranks = 8, .device = 0};
+  kl_config cfg = {.size = sizeof(kl_config), .rank = 0, .nranks = 8, .device = 0};
   EXPECT_ERR(kl_group_create(NULL, 2), KLRT_EINVAL, "group is NULL");
   EXPECT_ERR(kl_group_create(&g, 0), KLRT_EINVAL, "out of range");
   EXPECT_ERR(kl_ctx_create_string(NULL, kimi, NULL, &cfg), KLRT_EINVAL, "ctx is NULL");
@@ -48,19 +49,31 @@ static void misuse(void) {
   EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &cfg), KLRT_EINVAL, "outside");
   cfg.rank = 0;
   EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &cfg), KLRT_EINVAL, "need a way to meet");
+  kl_group *g8;
+  CHECK(kl_group_create(&g8, 8) == KLRT_OK, "group");
   cfg.device = -2;
-  cfg.group = (kl_group *)&cfg;
+  cfg.group = g8;
   EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &cfg), KLRT_EINVAL, "not an ordinal");
+  /* a group made for fewer ranks would be written past its end */
+  kl_group *g2;
+  CHECK(kl_group_create(&g2, 2) == KLRT_OK, "group");
+  cfg.device = 0;
+  cfg.group = g2;
+  EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &cfg), KLRT_EINVAL,
+             "cfg.group was made for 2 ranks, but cfg.nranks is 8");
+  kl_group_destroy(g2);
+  kl_group_destroy(g8);
   /* Calls on contexts that do not exist (never made, or destroyed). */
   kl_ctx *bogus = (kl_ctx *)&cfg;
-  kl_stats st;
+  kl_stats st = KL_STATS_INIT;
   EXPECT_ERR(kl_gather(NULL, (void *)1, (void *)1, 1, NULL), KLRT_EINVAL, "ctx is NULL");
   EXPECT_ERR(kl_gather(bogus, (void *)1, (void *)1, 1, NULL), KLRT_ESTATE, "destroyed");
   EXPECT_ERR(kl_ctx_stats(NULL, &st), KLRT_EINVAL, "NULL");
   EXPECT_ERR(kl_ctx_stats(bogus, &st), KLRT_ESTATE, "destroyed");
   EXPECT_ERR(kl_ctx_status(NULL), KLRT_EINVAL, "NULL");
   EXPECT_ERR(kl_ctx_status(bogus), KLRT_ESTATE, "destroyed");
-  EXPECT_ERR(kl_ctx_destroy(NULL), KLRT_EINVAL, "NULL");
+  CHECK(kl_ctx_destroy(NULL) == KLRT_OK, "destroy(NULL) is a no-op");
+  kl_group_destroy(NULL);
   EXPECT_ERR(kl_ctx_destroy(bogus), KLRT_ESTATE, "already destroyed");
   CHECK(!strcmp(kl_result_name(KLRT_EDEVICE), "KLRT_EDEVICE"), "result names");
   CHECK(!strcmp(kl_decline_name(KL_DECLINE_TOKENS), "tokens"), "decline names");
@@ -68,7 +81,9 @@ static void misuse(void) {
 
 static void generated(void) {
   kl_ctx *c;
-  kl_config cfg = {.rank = 0, .nranks = 8, .device = 0, .group = (kl_group *)&cfg};
+  kl_group *grp;
+  kl_group_create(&grp, 8);
+  kl_config cfg = {.size = sizeof(kl_config), .rank = 0, .nranks = 8, .device = 0, .group = grp};
   const char *src = "extern \"C\" __global__ void k() {}";
   kl_generated g = {1, "kimi_k3_tp8", 163840, 64, 163840, 8, 0, 64, 1000, 16, 128, src, 0};
   g.source_len = strlen(src);
@@ -85,6 +100,142 @@ static void generated(void) {
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "not divisible by tp 3");
   g.tp = 8, g.name = "bad-name";
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "not a C identifier");
+  kl_group_destroy(grp);
+}
+
+/* Structs that carry their size (kl_config in, kl_stats and kl_info out). */
+static void sizes(void) {
+  kl_ctx *c;
+  struct {
+    kl_config cfg;
+    char newer[16]; /* fields of a newer header */
+  } big;
+  memset(&big, 0, sizeof big);
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.nranks = 8;
+  cfg.size = 0;
+  EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &cfg), KLRT_EINVAL, "KL_CONFIG_INIT");
+  cfg.size = sizeof cfg - 8;
+  EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &cfg), KLRT_EINVAL, "less than sizeof(kl_config)");
+  big.cfg = (kl_config)KL_CONFIG_INIT;
+  big.cfg.size = sizeof big, big.cfg.nranks = 8, big.cfg.rank = 9;
+  big.newer[3] = 1;
+  EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &big.cfg), KLRT_EINVAL, "does not know");
+  big.newer[3] = 0; /* unknown but zero: accepted, so the next check speaks */
+  EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &big.cfg), KLRT_EINVAL, "rank 9 is outside");
+  kl_info i;
+  memset(&i, 0, sizeof i);
+  EXPECT_ERR(kl_spec_info_string(kimi, NULL, &i), KLRT_EINVAL, "info->size is 0");
+  /* an older caller's smaller kl_info: only its bytes are written */
+  struct {
+    kl_info info;
+    char guard[8];
+  } old;
+  memset(&old, 0x5a, sizeof old);
+  old.info.size = offsetof(kl_info, vocab_size);
+  CHECK(kl_spec_info_string(kimi, NULL, &old.info) == KLRT_OK &&
+            !strcmp(old.info.name, "kimi_k3_tp8"), "small info: %s", kl_last_error());
+  CHECK(((unsigned char *)&old.info.vocab_size)[0] == 0x5a && old.guard[0] == 0x5a,
+        "written past the caller's size");
+}
+
+/* Environment variables: one table, validated at creation; README's table of
+ * variables lists exactly the table's. */
+static void environment(void) {
+  kl_ctx *c;
+  kl_group *g;
+  kl_group_create(&g, 8);
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.nranks = 8, cfg.group = g;
+  kl_info i = KL_INFO_INIT;
+  const char *bad[][3] = {{"KLGEN_CROSSOVER_BYTES", "12x", "expected an integer"},
+                          {"KLGEN_CROSSOVER_BYTES", "-1", "expected an integer in 0.."},
+                          {"KLGEN_DISABLE", "maybe", "expected 1/true/yes/on"},
+                          {"KLGEN_PDL", "2", "expected 1/true"},
+                          {"KLGEN_SPEC_TIME_MS", "0", "KLGEN_SPEC_TIME_MS='0'"},
+                          {"KLGEN_LOG", "verbose", "KLGEN_LOG='verbose'"}};
+  for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+    setenv(bad[k][0], bad[k][1], 1);
+    EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &cfg), KLRT_EINVAL, bad[k][2]);
+    EXPECT_ERR(kl_spec_info_string(kimi, NULL, &i), KLRT_EINVAL, bad[k][0]);
+    unsetenv(bad[k][0]);
+  }
+  setenv("KLGEN_DISABLE", "false", 1);
+  CHECK(kl_param_int(KL_P_DISABLE, NULL) == 0, "KLGEN_DISABLE=false disables");
+  setenv("KLGEN_DISABLE", "ON", 1);
+  CHECK(kl_param_int(KL_P_DISABLE, NULL) == 1, "KLGEN_DISABLE=ON does not");
+  setenv("KLGEN_DISABLE", "", 1);
+  CHECK(kl_params_check() == KLRT_OK && kl_param_int(KL_P_DISABLE, NULL) == 0, "empty = unset");
+  unsetenv("KLGEN_DISABLE");
+  /* the spec's time limit comes from the environment */
+  setenv("KLGEN_SPEC_TIME_MS", "100", 1);
+  EXPECT_ERR(kl_spec_info_string("while true do end", NULL, &i), KLRT_ESPEC,
+             "time limit (100 ms)");
+  unsetenv("KLGEN_SPEC_TIME_MS");
+  kl_group_destroy(g);
+  /* README: the rows of its variable table are the parameter table */
+  FILE *f = fopen(SPEC_DIR "/../README.md", "r");
+  CHECK(f != NULL, "README.md");
+  if (!f) return;
+  char line[1024];
+  int seen[KL_P_COUNT] = {0}, rows = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, "| `", 3) != 0) continue;
+    char name[128];
+    if (sscanf(line + 3, "%127[A-Z_]", name) != 1 || strchr(name, '_') == NULL) continue;
+    if (strncmp(name, "KLGEN_", 6) && strncmp(name, "CUDA_", 5)) continue;
+    rows++;
+    int found = 0;
+    for (int p = 0; p < KL_P_COUNT; p++)
+      if (!strcmp(kl_params[p].name, name)) seen[p] = found = 1;
+    CHECK(found, "README documents %s, which libklrt does not read", name);
+  }
+  fclose(f);
+  for (int p = 0; p < KL_P_COUNT; p++)
+    CHECK(seen[p], "README's table lacks %s", kl_params[p].name);
+  CHECK(rows >= KL_P_COUNT, "README rows %d", rows);
+}
+
+/* Ranks compare fingerprints: what must be equal for them to run together. */
+static void fingerprint(void) {
+  kl_spec_list l;
+  kl_err e;
+  CHECK(kl_spec_load_string("t", kimi, strlen(kimi), NULL, &l, &e) == 0, "%s", e.msg);
+  kl_layout lay;
+  kl_layout_derive(&l.v[0], &lay, &e);
+  uint64_t base = kl_fingerprint(&l.v[0], &lay, 42);
+  CHECK(kl_fingerprint(&l.v[0], &lay, 42) == base, "deterministic");
+  CHECK(kl_fingerprint(&l.v[0], &lay, 43) != base, "covers the kernel source");
+  kl_layout other = lay;
+  other.timeout_ns += 1000000;
+  CHECK(kl_fingerprint(&l.v[0], &other, 42) != base, "covers timeout_ms");
+  kl_spec s2 = l.v[0];
+  s2.max_tokens = 32;
+  CHECK(kl_fingerprint(&s2, &lay, 42) != base, "covers max_tokens");
+  kl_spec_list_free(&l);
+}
+
+/* Names of the specs in a file or a string; sizes from a string. */
+static void names(void) {
+  char n[4][KL_INFO_NAME];
+  int count = -1;
+  CHECK(kl_spec_names_file(SPEC_DIR "/deepseek_v3.lua", n, 4, &count) == KLRT_OK && count == 3 &&
+            !strcmp(n[0], "deepseek_v3_tp2") && !strcmp(n[2], "deepseek_v3_tp8"),
+        "names: %d %s", count, kl_last_error());
+  count = -1;
+  CHECK(kl_spec_names_file(SPEC_DIR "/deepseek_v3.lua", NULL, 0, &count) == KLRT_OK && count == 3,
+        "count only");
+  strcpy(n[1], "untouched");
+  CHECK(kl_spec_names_string(kimi, n, 1, &count) == KLRT_OK && count == 1 &&
+            !strcmp(n[0], "kimi_k3_tp8") && !strcmp(n[1], "untouched"), "string names");
+  EXPECT_ERR(kl_spec_names_string(kimi, NULL, 2, &count), KLRT_EINVAL, "names NULL");
+  EXPECT_ERR(kl_spec_names_string(kimi, n, 1, NULL), KLRT_EINVAL, "count is NULL");
+  EXPECT_ERR(kl_spec_names_file("/nonexistent.lua", n, 1, &count), KLRT_ESPEC, "cannot open");
+  EXPECT_ERR(kl_spec_names_string("return {", n, 1, &count), KLRT_ESPEC, "<spec string>:1:");
+  kl_info i = KL_INFO_INIT;
+  CHECK(kl_spec_info_string(kimi, NULL, &i) == KLRT_OK && i.shard == 20480 && i.tp == 8,
+        "info from a string: %s", kl_last_error());
+  EXPECT_ERR(kl_spec_info_string(NULL, NULL, &i), KLRT_EINVAL, "NULL");
 }
 
 /* Without a driver: every entry point returns KLRT_ENODRIVER, nothing crashes. */
@@ -98,7 +249,7 @@ static void no_driver(void) {
   kl_group *g;
   CHECK(kl_group_create(&g, 8) == KLRT_OK, "a group needs no GPU");
   kl_ctx *c = (kl_ctx *)0x1;
-  kl_config cfg = {.rank = 0, .nranks = 8, .device = 0, .group = g};
+  kl_config cfg = {.size = sizeof(kl_config), .rank = 0, .nranks = 8, .device = 0, .group = g};
   EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &cfg), KLRT_ENODRIVER, "libcuda");
   CHECK(c == NULL, "*ctx set without a driver");
   EXPECT_ERR(kl_ctx_create_file(&c, SPEC_DIR "/kimi_k3_tp8.lua", NULL, &cfg), KLRT_ENODRIVER,
@@ -159,7 +310,7 @@ static void crossover(void) {
 
 /* A spec's sizes, without a GPU. */
 static void info(void) {
-  kl_info i;
+  kl_info i = KL_INFO_INIT;
   CHECK(kl_spec_info_file(SPEC_DIR "/gpt2_tp4.lua", NULL, &i) == KLRT_OK && i.vocab_size == 50257 &&
             i.padded_vocab == 50304 && i.shard == 12576 && i.tp == 4 && i.dtype == 1 &&
             i.elem_bytes == 2 && i.vec_bytes == 2 && !strcmp(i.name, "gpt2_tp4"),
@@ -176,6 +327,10 @@ int main(void) {
   info();
   misuse();
   generated();
+  sizes();
+  environment();
+  fingerprint();
+  names();
   no_driver();
   dispatch();
   return check_done();
