@@ -10,8 +10,12 @@
  * "Measuring"). Paths:
  *   one-shot         kl_gather forced onto the one-shot kernel (PDL on)
  *   one-shot no-PDL  the same kernel launched without PDL
- *   NCCL ring        ncclAllGather on plain buffers + relayout to [tokens, vocab]
- *   NCCL symm        the same on ncclMemAlloc'd, NCCL_WIN_COLL_SYMMETRIC windows
+ *   NCCL ring        the runtime's own NCCL fallback: kl_gather with the one-shot
+ *                    path declined (ncclAllGather on plain buffers + the
+ *                    generated relayout), so the bench times what engines get
+ *   NCCL symm        ncclAllGather on ncclMemAlloc'd NCCL_WIN_COLL_SYMMETRIC
+ *                    windows + the same relayout: NCCL's fastest configuration,
+ *                    which the runtime does not use (yet)
  *   auto             kl_gather as the runtime dispatches it
  * All outputs are compared before anything is timed. Then an end-to-end step:
  * the LM-head GEMM (cuBLAS, hidden 7168) followed by the gather.
@@ -70,10 +74,10 @@ typedef struct rank {
   bench *b;
   int r;
   cudaStream_t s;
-  kl_ctx *ctx[3]; /* one-shot, no-PDL, auto */
+  kl_ctx *ctx[4]; /* one-shot, no-PDL, auto, NCCL (one-shot declined) */
   CUfunction relayout;
   CUmodule mod;
-  void *in, *out[NPATHS], *scratch, *symm;
+  void *in, *out[NPATHS], *symm;
   size_t in_bytes, out_bytes, all_bytes;
   ncclWindow_t win;
   cudaEvent_t e0, e1;
@@ -167,9 +171,10 @@ static void make_contexts(rank *R) {
   bench *b = R->b;
   kl_config base = {.size = sizeof(kl_config), .rank = R->r, .nranks = b->n, .device = R->r, .nccl = b->comms[R->r],
                     .group = b->group};
-  kl_config os = base, np = base;
+  kl_config os = base, np = base, nc = base;
   os.crossover_bytes = np.crossover_bytes = 1LL << 40; /* always one-shot */
   np.no_pdl = 1;
+  nc.crossover_bytes = 1; /* every step over the crossover: the NCCL fallback */
   if (b->source) {
     kl_generated g = {.abi = 1, .name = b->spec.name, .vocab_size = b->spec.vocab_size,
                       .pad_to = b->spec.pad_to, .padded_vocab = b->l.padded_vocab,
@@ -180,14 +185,16 @@ static void make_contexts(rank *R) {
     KL(kl_ctx_create_generated(&R->ctx[0], &g, &os));
     KL(kl_ctx_create_generated(&R->ctx[1], &g, &np));
     KL(kl_ctx_create_generated(&R->ctx[2], &g, &base));
+    KL(kl_ctx_create_generated(&R->ctx[3], &g, &nc));
     return;
   }
   KL(kl_ctx_create_string(&R->ctx[0], b->spec_src, NULL, &os));
   KL(kl_ctx_create_string(&R->ctx[1], b->spec_src, NULL, &np));
   KL(kl_ctx_create_string(&R->ctx[2], b->spec_src, NULL, &base));
+  KL(kl_ctx_create_string(&R->ctx[3], b->spec_src, NULL, &nc));
 }
 
-/* The generated relayout kernel, for the NCCL columns (what the runtime's
+/* The generated relayout kernel, for the NCCL symm column (what the runtime's
  * NCCL path runs after ncclAllGather). */
 static void load_relayout(rank *R) {
   bench *b = R->b;
@@ -215,7 +222,6 @@ static void alloc_buffers(rank *R) {
   R->all_bytes = R->in_bytes * (size_t)b->n;
   CUDA(cudaMalloc(&R->in, R->in_bytes));
   for (int p = 0; p < NPATHS; p++) CUDA(cudaMalloc(&R->out[p], R->out_bytes));
-  CUDA(cudaMalloc(&R->scratch, R->all_bytes));
   /* Symmetric windows: [send | recv] in one registered allocation. */
   size_t sym = R->in_bytes + R->all_bytes;
   if (ncclMemAlloc(&R->symm, sym) == ncclSuccess &&
@@ -240,7 +246,9 @@ static void alloc_buffers(rank *R) {
 
 /* ---------- the paths ---------- */
 
-static void nccl_gather(rank *R, const void *in, void *all, void *out, int T) {
+/* NCCL symm: ncclAllGather on the windows, then the relayout launched as the
+ * runtime's NCCL path launches it (gather.c). */
+static void symm_gather(rank *R, const void *in, void *all, void *out, int T) {
   bench *b = R->b;
   size_t bytes = (size_t)T * (size_t)b->l.shard_bytes;
   /* One token and no padding: NCCL's layout is already the output's. */
@@ -249,11 +257,11 @@ static void nccl_gather(rank *R, const void *in, void *all, void *out, int T) {
     return;
   }
   NCCL(ncclAllGather(in, all, bytes, ncclUint8, b->comms[R->r], R->s));
-  /* the runtime's NCCL path launches it the same way (gather.c) */
   int64_t out_bytes = (int64_t)T * b->spec.vocab_size * b->l.elem_bytes;
   unsigned grid = (unsigned)kl_layout_relayout_grid(&b->l, out_bytes,
                                                     KL_RELAYOUT_CTAS_PER_SM * b->sm_count);
-  void *args[] = {&all, &out, &T};
+  kl_relayout_args a = {all, out, T, 0};
+  void *args[] = {&a};
   if (kl_cu_get(NULL)->cuLaunchKernel(R->relayout, grid, 1, 1, (unsigned)b->l.relayout_block, 1,
                                       1, 0, (CUstream)R->s, args, NULL))
     die("relayout", "launch failed");
@@ -264,9 +272,9 @@ static void run_path(rank *R, int p, int T) {
     case P_ONESHOT: KL(kl_gather(R->ctx[0], R->in, R->out[p], T, R->s)); break;
     case P_NOPDL: KL(kl_gather(R->ctx[1], R->in, R->out[p], T, R->s)); break;
     case P_AUTO: KL(kl_gather(R->ctx[2], R->in, R->out[p], T, R->s)); break;
-    case P_RING: nccl_gather(R, R->in, R->scratch, R->out[p], T); break;
+    case P_RING: KL(kl_gather(R->ctx[3], R->in, R->out[p], T, R->s)); break;
     case P_SYMM:
-      nccl_gather(R, R->symm, (char *)R->symm + R->in_bytes, R->out[p], T);
+      symm_gather(R, R->symm, (char *)R->symm + R->in_bytes, R->out[p], T);
       break;
   }
 }
@@ -358,7 +366,7 @@ static void e2e_step(rank *R, int which, int T) {
     die("cublasGemmEx", "failed");
   if (which == E_ONESHOT) KL(kl_gather(R->ctx[0], E->logits, R->out[0], T, R->s));
   if (which == E_NOPDL) KL(kl_gather(R->ctx[1], E->logits, R->out[1], T, R->s));
-  if (which == E_RING) nccl_gather(R, E->logits, R->scratch, R->out[P_RING], T);
+  if (which == E_RING) KL(kl_gather(R->ctx[3], E->logits, R->out[P_RING], T, R->s));
 }
 
 static void run_e2e(rank *R) {
@@ -429,7 +437,10 @@ static void *rank_main(void *arg) {
     run_e2e(R);
   }
   CUDA(cudaStreamSynchronize(R->s));
-  for (int k = 0; k < 3; k++) {
+  kl_stats nc = KL_STATS_INIT;
+  kl_ctx_stats(R->ctx[3], &nc);
+  if (nc.oneshot != 0) die("NCCL ring", "the runtime took the one-shot path");
+  for (int k = 0; k < 4; k++) {
     if (kl_ctx_status(R->ctx[k]) != KLRT_OK) die("device status", kl_last_error());
     kl_ctx_destroy(R->ctx[k]);
   }
