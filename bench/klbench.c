@@ -529,8 +529,8 @@ static void write_tune(const bench *b) {
 int klbench_plot(const char *path, const char *title, const int *tokens, int n,
                  const double *series, const char *const *names, int nseries);
 
-int main(int argc, char **argv) {
-  bench *b = calloc(1, sizeof *b);
+/* -1 to go on, else the exit status (2 for a usage error). */
+static int parse_args(bench *b, int argc, char **argv) {
   b->steps = 200, b->replays = 7, b->gemm = 1;
   b->e2e_tokens[0] = 1, b->e2e_tokens[1] = 8;
   for (int i = 1; i < argc; i++) {
@@ -554,6 +554,14 @@ int main(int argc, char **argv) {
   }
   if (!b->spec_path || b->steps < 1 || b->replays < 1 || b->replays > 64)
     return fprintf(stderr, "usage: klbench SPEC [NAME] [options] (--help in README)\n"), 2;
+  return -1;
+}
+
+int main(int argc, char **argv) {
+  bench *b = calloc(1, sizeof *b);
+  if (!b) die("klbench", "out of memory");
+  int rc = parse_args(b, argc, argv);
+  if (rc >= 0) return free(b), rc;
   setenv("NCCL_NVLS_ENABLE", "0", 0); /* NVLink multicast stays off on shared hosts */
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) die("CUDA", "no GPU");
@@ -608,6 +616,9 @@ int main(int argc, char **argv) {
   }
   for (int r = 0; r < b->n; r++) ncclCommDestroy(b->comms[r]);
   kl_group_destroy(b->group);
+  rc = b->failed ? 1 : 0;
   if (b->failed) fprintf(stderr, "klbench: outputs of the paths differ\n");
-  return b->failed ? 1 : 0;
+  free(b->source);
+  free(b);
+  return rc;
 }

@@ -15,7 +15,10 @@
 #include "srcscan.h"
 
 #define SPECS_MAX 256
-#define CHUNKNAME "=spec" /* Lua then says "spec:LINE:", which names the real file */
+/* Lua calls the chunk CHUNK_LABEL in messages ("spec:LINE:"), which
+ * chunk_error replaces with the real file's name. */
+#define CHUNK_LABEL "spec"
+#define CHUNKNAME "=" CHUNK_LABEL
 
 const char *const kl_field_names[KL_F_COUNT] = {
     "name", "vocab_size", "pad_to", "padded_vocab",
@@ -244,8 +247,8 @@ static int chunk_error(kl_sandbox *sb, const char *file, int status, kl_err *err
   if (status == LUA_ERRMEM && !sb->expired)
     return kl_fail(err, KL_ESPEC, "%s:1: spec exceeded its memory limit (%zu MiB)", file,
                    sb->cap >> 20);
-  const char *p = m + strlen(CHUNKNAME) - 1;
-  if (strncmp(m, CHUNKNAME + 1, strlen(CHUNKNAME) - 1) == 0 && *p == ':' && p[1] >= '0' &&
+  const char *p = m + strlen(CHUNK_LABEL);
+  if (strncmp(m, CHUNK_LABEL, strlen(CHUNK_LABEL)) == 0 && *p == ':' && p[1] >= '0' &&
       p[1] <= '9') {
     char *end;
     long line = strtol(p + 1, &end, 10);

@@ -95,7 +95,7 @@ static void fill_info(kl_ctx *c, peer_info *me, int usable, const char *why) {
   }
   me->usable = usable;
   me->ptr = (uint64_t)c->recv;
-  if (!usable) snprintf(me->why, sizeof me->why, "%s", why ? why : "?");
+  if (!usable) snprintf(me->why, sizeof me->why, "%.*s", (int)sizeof me->why - 1, why ? why : "?");
 }
 
 /* Round 1 consistency: a mismatch is a configuration error on every rank.

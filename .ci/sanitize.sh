@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The CPU test suite built with AddressSanitizer and UndefinedBehaviorSanitizer
+# (leaks included); any report fails the test that made it.
+#   bash .ci/sanitize.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build-asan -DKLGEN_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$(nproc)" >/dev/null
+# test_install compiles a consumer against the installed (instrumented)
+# libraries with a plain cc: it belongs to the plain build, not this one.
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -LE gpu -E '^test_install$'
