@@ -2,7 +2,7 @@
 # Installs what klgen needs on a fresh Debian 12 machine that has the CUDA toolkit,
 # and fetches Lua 5.4's source so that it can be built position-independent:
 # Debian's liblua5.4.a is not -fPIC, and libklrt.so links Lua statically
-# (DESIGN §4: the GPU machine has no Lua). Idempotent; safe to run again.
+# (docs/DESIGN.md §4: the GPU machine has no Lua). Idempotent; safe to run again.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 deps="$root/.deps"

@@ -1,4 +1,4 @@
-# Lua 5.4, linked statically (DESIGN §4). Prefer the source fetched by
+# Lua 5.4, linked statically (docs/DESIGN.md §4). Prefer the source fetched by
 # cmake/deps.sh, built -fPIC so it can go into libklrt.so; else Debian's
 # liblua5.4.a, which is not PIC: then only static libraries are built.
 set(KLGEN_LUA_SRC "${PROJECT_SOURCE_DIR}/.deps/lua-5.4.4/src" CACHE PATH "Lua 5.4 source")

@@ -73,7 +73,7 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   l->row_chunks = (l->shard_bytes + CHUNK - 1) / CHUNK;
   l->slot_bytes = s->max_tokens * l->row_chunks * CHUNK;
   l->buffer_bytes = l->slot_bytes * s->tp;
-  l->total_bytes = 3 * l->buffer_bytes; /* triple buffering, DESIGN §6 */
+  l->total_bytes = 3 * l->buffer_bytes; /* triple buffering, docs/DESIGN.md §6 */
   if (l->total_bytes > KL_BUFFER_CAP) {
     int64_t per_token = 3 * s->tp * l->row_chunks * CHUNK;
     return kl_spec_fail(err, s, KL_F_MAX_TOKENS,

@@ -1,4 +1,4 @@
-/* Dispatch (DESIGN §8): the one-shot kernel when it can serve this call, NCCL
+/* Dispatch (docs/DESIGN.md §8): the one-shot kernel when it can serve this call, NCCL
  * otherwise. The choice depends only on what every rank sees alike (tokens,
  * the spec, state agreed at creation); a condition only this rank can see (a
  * misaligned or overlapping buffer) is repaired here with a staging copy. */

@@ -66,7 +66,7 @@ int kl_group_nranks(const kl_group *g);
 #define KL_FNV_BASIS 0xcbf29ce484222325ULL
 /* FNV-1a over n bytes, continuing from h (start from KL_FNV_BASIS). */
 uint64_t kl_fnv1a(uint64_t h, const void *p, size_t n);
-/* Resolves the cache directory (DESIGN §5); 0 if none can be determined. */
+/* Resolves the cache directory (docs/DESIGN.md §5); 0 if none can be determined. */
 int kl_cache_dir(const char *configured, char *buf, size_t n);
 /* The entries' payload checksum (not a defence against a writer: the
  * directory's ownership and mode are). */
@@ -164,7 +164,7 @@ enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
 /* The one-shot kernel on s, as every step launches it (PDL when c->pdl). */
 CUresult kl_launch_oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, int grid,
                            CUstream s);
-/* The dispatch rule (DESIGN §8): PATH_ONESHOT, or PATH_NCCL with *why. */
+/* The dispatch rule (docs/DESIGN.md §8): PATH_ONESHOT, or PATH_NCCL with *why. */
 int kl_choose_path(const kl_ctx *c, int tokens, kl_decline *why);
 kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstream s);
 /* Makes s wait for the previous call's stream when they differ (not while
