@@ -17,4 +17,14 @@ $cc -std=c11 -Wall -Wextra -Werror "$src/tests/install_consumer.c" $(pkg-config 
   -lpthread -lm -o "$tmp/static"
 "$tmp/static" "$src/specs/kimi_k3_tp8.lua"
 [ -x "$tmp/prefix/bin/klgen" ] && "$tmp/prefix/bin/klgen" --version
-echo "3 passed, 0 failed"
+# Both libraries define exactly the public API (klrt.map) as global symbols:
+# no internal (kl_cu_get, kl_jit_cubin, ...) or Lua (lua_*) symbol leaks out.
+want=$(grep -o 'kl_[a-z_]*' "$src/runtime/klrt.map" | sort -u)
+for lib in "$tmp/prefix/lib/libklrt.a" "$tmp/prefix/lib/libklrt.so"; do
+  got=$(nm -g --defined-only "$lib" 2>/dev/null | awk '$2 ~ /^[A-TV-Z]$/ {print $3}' | sed 's/@.*//' | grep -v '^$' | grep -v '^KLRT_' | sort -u)
+  if [ "$got" != "$want" ]; then
+    echo "FAIL: $lib exports: $(comm -3 <(echo "$want") <(echo "$got") | tr '\n' ' ')" >&2
+    exit 1
+  fi
+done
+echo "4 passed, 0 failed"
