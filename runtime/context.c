@@ -441,18 +441,26 @@ static void fill_info(const kl_spec *s, const kl_layout *l, kl_info *info) {
   info->buffer_bytes = l->total_bytes;
 }
 
+/* Every spec of a file (path) or a string (src), under the environment's
+ * limits; the environment is checked first. */
+static kl_result load_specs(const char *path, const char *src, kl_spec_list *l) {
+  kl_result env = kl_params_check();
+  if (env) return env;
+  kl_err err;
+  kl_limits lim = spec_limits();
+  int rc = path ? kl_spec_load_file(path, &lim, l, &err)
+                : kl_spec_load_string("<spec string>", src, strlen(src), &lim, l, &err);
+  return rc ? kl_rt_fail(KLRT_ESPEC, "%s", err.msg) : KLRT_OK;
+}
+
 /* The named spec of a file or a string, and its layout. */
 static kl_result spec_of(const char *path, const char *src, const char *name, kl_spec *s,
                          kl_layout *lay) {
-  kl_result env = kl_params_check();
-  if (env) return env;
   kl_spec_list l;
   kl_err err;
-  kl_limits lim = spec_limits();
-  int rc = path ? kl_spec_load_file(path, &lim, &l, &err)
-                : kl_spec_load_string("<spec string>", src, strlen(src), &lim, &l, &err);
-  if (rc != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
-  kl_result res = pick_spec(&l, name, s);
+  kl_result res = load_specs(path, src, &l);
+  if (res) return res;
+  res = pick_spec(&l, name, s);
   kl_spec_list_free(&l);
   if (!res && kl_layout_derive(s, lay, &err) != 0) res = kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
   return res;
@@ -483,14 +491,9 @@ static kl_result names_of(const char *path, const char *src, char (*names)[KL_IN
   if (!count || cap < 0 || (cap > 0 && !names))
     return kl_rt_fail(KLRT_EINVAL, "kl_spec_names: count is NULL, cap < 0, or names NULL with "
                       "cap %d", cap);
-  kl_result env = kl_params_check();
-  if (env) return env;
   kl_spec_list l;
-  kl_err err;
-  kl_limits lim = spec_limits();
-  int rc = path ? kl_spec_load_file(path, &lim, &l, &err)
-                : kl_spec_load_string("<spec string>", src, strlen(src), &lim, &l, &err);
-  if (rc != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
+  kl_result res = load_specs(path, src, &l);
+  if (res) return res;
   for (int i = 0; i < l.n && i < cap; i++) snprintf(names[i], KL_INFO_NAME, "%s", l.v[i].name);
   *count = l.n;
   kl_spec_list_free(&l);
