@@ -133,6 +133,14 @@ static kl_result check_config(const kl_config *cfg, const kl_spec *s) {
   return KLRT_OK;
 }
 
+kl_result kl_require_arch(int device, int major, int minor) {
+  /* The kernels use L2 cache hints and eviction policies (PTX for sm_80). */
+  if (major < KL_MIN_SM_MAJOR)
+    return kl_rt_fail(KLRT_EUNAVAILABLE, "GPU %d is sm_%d%d; libklrt's kernels need sm_%d0 or "
+                      "newer", device, major, minor, KL_MIN_SM_MAJOR);
+  return KLRT_OK;
+}
+
 /* The app's current context if it is on the requested device, else the
  * device's primary context (what the CUDA runtime uses). */
 static kl_result bind_device(kl_ctx *c, int device, int no_pdl) {
@@ -162,10 +170,8 @@ static kl_result bind_device(kl_ctx *c, int device, int no_pdl) {
   cu->cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev);
   cu->cuDeviceGetAttribute(&c->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c->dev);
   snprintf(c->arch, sizeof c->arch, "sm_%d%d", maj, min);
-  /* The kernels use L2 cache hints and eviction policies (PTX for sm_80). */
-  if (maj < KL_MIN_SM_MAJOR)
-    return kl_rt_fail(KLRT_EUNAVAILABLE, "GPU %d is %s; libklrt's kernels need sm_%d0 or newer",
-                      device, c->arch, KL_MIN_SM_MAJOR);
+  kl_result res = kl_require_arch(device, maj, min);
+  if (res) return res;
   c->pdl = maj >= 9 && kl_param_int(KL_P_PDL, NULL) && !no_pdl;
   snprintf(c->stats.arch, sizeof c->stats.arch, "%s", c->arch);
   return KLRT_OK;

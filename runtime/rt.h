@@ -172,6 +172,8 @@ kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstr
 kl_result kl_order_streams(kl_ctx *c, CUstream s);
 
 /* ---- context.c ---- */
+/* KLRT_EUNAVAILABLE, naming the minimum, for a GPU the kernels cannot run on. */
+kl_result kl_require_arch(int device, int major, int minor);
 /* Makes c's CUDA context current if it is not; *pushed says to pop it. */
 kl_result kl_ctx_enter(kl_ctx *c, int *pushed);
 void kl_ctx_leave(kl_ctx *c, int pushed);

@@ -215,6 +215,14 @@ static void fingerprint(void) {
   kl_spec_list_free(&l);
 }
 
+/* GPUs the kernels cannot run on are refused at creation, naming the minimum. */
+static void arch(void) {
+  EXPECT_ERR(kl_require_arch(1, 7, 5), KLRT_EUNAVAILABLE,
+             "GPU 1 is sm_75; libklrt's kernels need sm_80 or newer");
+  CHECK(kl_require_arch(0, 8, 0) == KLRT_OK && kl_require_arch(0, 9, 0) == KLRT_OK &&
+            kl_require_arch(0, 10, 0) == KLRT_OK, "sm_80+ accepted");
+}
+
 /* Names of the specs in a file or a string; sizes from a string. */
 static void names(void) {
   char n[4][KL_INFO_NAME];
@@ -331,6 +339,7 @@ int main(void) {
   environment();
   fingerprint();
   names();
+  arch();
   no_driver();
   dispatch();
   return check_done();
