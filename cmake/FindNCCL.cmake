@@ -17,6 +17,11 @@ endif()
 include(FindPackageHandleStandardArgs)
 find_package_handle_standard_args(NCCL REQUIRED_VARS NCCL_LIBRARY NCCL_INCLUDE_DIR
   VERSION_VAR NCCL_VERSION)
+# NCCL::headers: nccl.h only, for libklrt, which loads NCCL at run time.
+if(NCCL_FOUND AND NOT TARGET NCCL::headers)
+  add_library(NCCL::headers INTERFACE IMPORTED)
+  set_target_properties(NCCL::headers PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
+endif()
 if(NCCL_FOUND AND NOT TARGET NCCL::nccl)
   add_library(NCCL::nccl UNKNOWN IMPORTED)
   set_target_properties(NCCL::nccl PROPERTIES IMPORTED_LOCATION "${NCCL_LIBRARY}"

@@ -4,15 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <nvrtc.h>
-
 #include "klgen.h"
+#include "nvrtc_api.h"
 
 #define NVRTC_TRY(call, what)                                                        \
   do {                                                                               \
     nvrtcResult r_ = (call);                                                         \
     if (r_ != NVRTC_SUCCESS) {                                                       \
-      rc = kl_fail(err, KL_ECOMPILE, "%s: %s: %s", name, what, nvrtcGetErrorString(r_)); \
+      rc = kl_fail(err, KL_ECOMPILE, "%s: %s: %s", name, what, api->nvrtcGetErrorString(r_)); \
       goto done;                                                                     \
     }                                                                                \
   } while (0)
@@ -27,11 +26,11 @@ static int valid_arch(const char *arch) {
   return *rest == 0 || ((*rest == 'a' || *rest == 'f') && rest[1] == 0);
 }
 
-static char *get_log(nvrtcProgram prog) {
+static char *get_log(const kl_nvrtc_api *api, nvrtcProgram prog) {
   size_t n = 0;
-  if (nvrtcGetProgramLogSize(prog, &n) != NVRTC_SUCCESS || n == 0) n = 1;
+  if (api->nvrtcGetProgramLogSize(prog, &n) != NVRTC_SUCCESS || n == 0) n = 1;
   char *log = calloc(n + 1, 1);
-  if (log && n > 1) nvrtcGetProgramLog(prog, log);
+  if (log && n > 1) api->nvrtcGetProgramLog(prog, log);
   /* NVRTC's log is "\0" or "\n\0" when there is nothing to say. */
   if (log && log[0] == '\n' && log[1] == 0) log[0] = 0;
   return log;
@@ -60,6 +59,9 @@ int kl_nvrtc_compile(const char *source, const char *name, const char *arch, kl_
   memset(out, 0, sizeof *out);
   if (!valid_arch(arch))
     return kl_fail(err, KL_EARG, "'%s' is not a GPU architecture (expected sm_XY, e.g. sm_90)", arch);
+  char why[1024];
+  const kl_nvrtc_api *api = kl_nvrtc_api_get(why, sizeof why);
+  if (!api) return kl_fail(err, KL_ECOMPILE, "%s: %s", name, why);
   char arch_opt[32];
   snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
   const char *opts[1 + N_FIXED] = {arch_opt};
@@ -68,24 +70,24 @@ int kl_nvrtc_compile(const char *source, const char *name, const char *arch, kl_
   int rc = 0;
   char file[128];
   snprintf(file, sizeof file, "%s.cu", name);
-  NVRTC_TRY(nvrtcCreateProgram(&prog, source, file, 0, NULL, NULL), "create");
+  NVRTC_TRY(api->nvrtcCreateProgram(&prog, source, file, 0, NULL, NULL), "create");
   compiles++;
-  nvrtcResult cr = nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof *opts), opts);
-  out->log = get_log(prog);
+  nvrtcResult cr = api->nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof *opts), opts);
+  out->log = get_log(api, prog);
   if (cr != NVRTC_SUCCESS) {
     rc = kl_fail(err, KL_ECOMPILE, "%s: NVRTC failed for %s:\n%s", name, arch,
                  out->log ? out->log : "(no log)");
     goto done;
   }
-  NVRTC_TRY(nvrtcGetCUBINSize(prog, &out->size), "cubin size");
+  NVRTC_TRY(api->nvrtcGetCUBINSize(prog, &out->size), "cubin size");
   out->data = malloc(out->size ? out->size : 1);
   if (!out->data) {
     rc = kl_fail(err, KL_ENOMEM, "out of memory");
     goto done;
   }
-  NVRTC_TRY(nvrtcGetCUBIN(prog, out->data), "cubin");
+  NVRTC_TRY(api->nvrtcGetCUBIN(prog, out->data), "cubin");
 done:
-  if (prog) nvrtcDestroyProgram(&prog);
+  if (prog) api->nvrtcDestroyProgram(&prog);
   if (rc) kl_binary_free(out);
   return rc;
 }
@@ -98,5 +100,7 @@ void kl_binary_free(kl_binary *b) {
 }
 
 int kl_nvrtc_version(int *major, int *minor) {
-  return nvrtcVersion(major, minor) == NVRTC_SUCCESS ? 0 : KL_ECOMPILE;
+  char why[1024];
+  const kl_nvrtc_api *api = kl_nvrtc_api_get(why, sizeof why);
+  return api && api->nvrtcVersion(major, minor) == NVRTC_SUCCESS ? 0 : KL_ECOMPILE;
 }

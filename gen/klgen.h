@@ -135,6 +135,11 @@ int kl_nvrtc_compile(const char *source, const char *name, const char *arch,
                      kl_binary *out, kl_err *err);
 void kl_binary_free(kl_binary *b);
 int kl_nvrtc_version(int *major, int *minor);
+/* NVRTC is loaded at run time, on first use: a copy already in the process,
+ * else this path (the runtime passes $KLGEN_NVRTC_LIBRARY), else the soname
+ * through the system's search, else the toolkit this was built with. A
+ * compile that finds none fails with KL_ECOMPILE saying what was searched. */
+void kl_nvrtc_set_library(const char *path);
 /* The options every compile passes besides --gpu-architecture, space-separated. */
 void kl_nvrtc_options(char *buf, size_t n);
 /* A hash of the embedded templates and template engine: what, besides the

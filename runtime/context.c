@@ -107,7 +107,17 @@ static kl_result write_out(void *dst, const void *src, size_t src_size, const ch
   return KLRT_OK;
 }
 
-static kl_result check_config(const kl_config *cfg, const kl_spec *s) {
+/* The host's NCCL, for a context given a communicator (NULL otherwise). */
+static kl_result nccl_for(const kl_config *cfg, const kl_nccl_api **api) {
+  *api = NULL;
+  if (!cfg->nccl) return KLRT_OK;
+  char why[1024];
+  *api = kl_nccl_api_get(kl_param_str(KL_P_NCCL_LIBRARY), why, sizeof why);
+  if (!*api) return kl_rt_fail(KLRT_ENCCL, "cfg.nccl is set, but %s", why);
+  return KLRT_OK;
+}
+
+static kl_result check_config(const kl_config *cfg, const kl_spec *s, const kl_nccl_api **api) {
   if (cfg->nranks != s->tp)
     return kl_rt_fail(KLRT_ESPEC, "spec '%s' is for tp %d, but the group has %d ranks", s->name,
                       s->tp, cfg->nranks);
@@ -124,8 +134,10 @@ static kl_result check_config(const kl_config *cfg, const kl_spec *s) {
   /* The communicator decides who is who: a mismatch would pair the wrong
    * buffers, so every rank refuses alike (each sees its own mismatch). */
   int n = 0, r = -1;
-  if (cfg->nccl && (ncclCommCount(cfg->nccl, &n) != ncclSuccess ||
-                    ncclCommUserRank(cfg->nccl, &r) != ncclSuccess))
+  kl_result res = nccl_for(cfg, api);
+  if (res) return res;
+  if (cfg->nccl && ((*api)->ncclCommCount(cfg->nccl, &n) != ncclSuccess ||
+                    (*api)->ncclCommUserRank(cfg->nccl, &r) != ncclSuccess))
     return kl_rt_fail(KLRT_ENCCL, "cfg.nccl is not a usable NCCL communicator");
   if (cfg->nccl && (n != cfg->nranks || r != cfg->rank))
     return kl_rt_fail(KLRT_EINVAL, "cfg says rank %d of %d, but the NCCL communicator says rank "
@@ -250,9 +262,10 @@ static kl_result alloc_scratch(kl_ctx *c) {
 
 static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
                         const kl_config *cfg) {
-  kl_result res = check_config(cfg, spec);
-  if (!res) res = kl_params_check();
+  const kl_nccl_api *nccl_api = NULL;
+  kl_result res = check_config(cfg, spec, &nccl_api);
   if (res) return res;
+  kl_nvrtc_set_library(kl_param_str(KL_P_NVRTC_LIBRARY));
   const char *why_no = NULL;
   const kl_cu *cu = kl_cu_get(&why_no);
   if (!cu) return kl_rt_fail(KLRT_ENODRIVER, "%s", why_no);
@@ -263,6 +276,7 @@ static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
   c->rank = cfg->rank;
   c->nranks = cfg->nranks;
   c->nccl = cfg->nccl;
+  c->nccl_api = nccl_api;
   c->last_path = -1;
   kl_err err;
   if (kl_layout_derive(&c->spec, &c->layout, &err) != 0) {
@@ -286,7 +300,7 @@ static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
     release(c);
     return res;
   }
-  c->ex = (kl_exchange){cfg->group, cfg->nccl, cfg->allgather, cfg->allgather_user,
+  c->ex = (kl_exchange){cfg->group, cfg->nccl, nccl_api, cfg->allgather, cfg->allgather_user,
                         cfg->rank, cfg->nranks, cu, c->stream};
   char why[KL_WHY_MAX] = "";
   /* The source is rendered here, not in build_kernels: its hash goes into

@@ -105,14 +105,14 @@ static int nccl_exchange(kl_exchange *ex, const void *mine, void *all, size_t by
   int rc = -1;
   ncclResult_t nr = ncclSuccess;
   if ((r = cu->cuMemcpyHtoDAsync(d, mine, bytes, ex->stream)) == CUDA_SUCCESS &&
-      (nr = ncclAllGather((const void *)d, (void *)recv, bytes, ncclUint8, ex->nccl,
+      (nr = ex->nccl_api->ncclAllGather((const void *)d, (void *)recv, bytes, ncclUint8, ex->nccl,
                           (cudaStream_t)ex->stream)) == ncclSuccess &&
       (r = cu->cuMemcpyDtoHAsync(all, recv, bytes * (size_t)ex->nranks, ex->stream)) ==
           CUDA_SUCCESS &&
       (r = cu->cuStreamSynchronize(ex->stream)) == CUDA_SUCCESS)
     rc = 0;
   else if (nr != ncclSuccess)
-    snprintf(why, KL_WHY_MAX, "exchange: ncclAllGather: %s", ncclGetErrorString(nr));
+    snprintf(why, KL_WHY_MAX, "exchange: ncclAllGather: %s", ex->nccl_api->ncclGetErrorString(nr));
   else
     snprintf(why, KL_WHY_MAX, "exchange: %s", kl_cu_errstr(r));
   cu->cuMemFree(d);

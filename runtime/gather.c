@@ -175,10 +175,10 @@ static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
   if (c->nranks == 1) {
     if ((res = copy(c, dst, in, shard_bytes, s))) return res;
   } else {
-    ncclResult_t nr = ncclAllGather((const void *)in, (void *)dst, shard_bytes, ncclUint8, c->nccl,
+    ncclResult_t nr = c->nccl_api->ncclAllGather((const void *)in, (void *)dst, shard_bytes, ncclUint8, c->nccl,
                                     (cudaStream_t)s);
     if (nr != ncclSuccess)
-      return kl_rt_fail(KLRT_ENCCL, "ncclAllGather: %s", ncclGetErrorString(nr));
+      return kl_rt_fail(KLRT_ENCCL, "ncclAllGather: %s", c->nccl_api->ncclGetErrorString(nr));
   }
   if (direct) return KLRT_OK;
   if (!c->relayout) return relayout_copies(c, out, tokens, s);

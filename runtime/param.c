@@ -24,6 +24,10 @@ const kl_param kl_params[KL_P_COUNT] = {
     [KL_P_CACHE_DIR] = {"KLGEN_CACHE_DIR", KL_PARAM_STR, 0, 0, 0, "JIT cache directory"},
     [KL_P_SPEC_TIME_MS] = {"KLGEN_SPEC_TIME_MS", KL_PARAM_INT, KL_SPEC_TIME_MS, 1, 3600000,
                            "wall-clock limit for a spec's code, in ms"},
+    [KL_P_NVRTC_LIBRARY] = {"KLGEN_NVRTC_LIBRARY", KL_PARAM_STR, 0, 0, 0,
+                            "NVRTC to load when none is in the process yet"},
+    [KL_P_NCCL_LIBRARY] = {"KLGEN_NCCL_LIBRARY", KL_PARAM_STR, 0, 0, 0,
+                           "NCCL to load when none is in the process yet"},
     [KL_P_MAX_CONNECTIONS] = {"CUDA_DEVICE_MAX_CONNECTIONS", KL_PARAM_INT, 8, 1, 1 << 20,
                               "CUDA's; must be 32 when ranks share a GPU"},
 };

@@ -1,5 +1,6 @@
 /* libklrt internals: the context and the modules that share it.
  *   cu.c        driver access (dlopen)
+ *   nccl_api.c  NCCL access (dlopen: the host's copy)
  *   param.c     environment variables: the table, reading and validation
  *   err.c       kl_last_error, KLGEN_LOG
  *   jit.c       NVRTC + disk cache + module load
@@ -15,6 +16,7 @@
 
 #include "cu.h"
 #include "kl_abi.h"
+#include "nccl_api.h"
 #include "klgen.h"
 #include "klrt/klrt.h"
 
@@ -24,7 +26,7 @@
 /* ---- param.c ---- */
 typedef enum kl_param_id {
   KL_P_DISABLE, KL_P_LOG, KL_P_CROSSOVER_BYTES, KL_P_TUNE_FILE, KL_P_PDL, KL_P_CACHE_DIR,
-  KL_P_SPEC_TIME_MS, KL_P_MAX_CONNECTIONS, KL_P_COUNT
+  KL_P_SPEC_TIME_MS, KL_P_NVRTC_LIBRARY, KL_P_NCCL_LIBRARY, KL_P_MAX_CONNECTIONS, KL_P_COUNT
 } kl_param_id;
 typedef enum { KL_PARAM_BOOL, KL_PARAM_INT, KL_PARAM_STR } kl_param_kind;
 typedef struct kl_param {
@@ -51,6 +53,7 @@ void kl_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 typedef struct kl_exchange {
   kl_group *group;
   ncclComm_t nccl;
+  const kl_nccl_api *nccl_api;
   kl_allgather_fn fn;
   void *user;
   int rank, nranks;
@@ -99,6 +102,7 @@ struct kl_ctx {
   CUstream stream; /* internal: exchange and status reads */
   kl_exchange ex;
   ncclComm_t nccl;
+  const kl_nccl_api *nccl_api; /* the host's NCCL, when nccl is set */
   /* one-shot */
   CUmodule mod;
   CUfunction oneshot, relayout;

@@ -6,7 +6,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <dlfcn.h>
+
 #include "check.h"
+#include "dynlib.h"
 #include "klrt/klrt.h"
 #include "rt.h"
 
@@ -215,6 +218,30 @@ static void fingerprint(void) {
   kl_spec_list_free(&l);
 }
 
+/* Libraries found at run time: the host's copy first, and a miss that says
+ * everything it tried. */
+static void dynlib(void) {
+  char why[1024];
+  static const char *const fb[] = {"/nonexistent/fallback/libx.so", NULL};
+  void *h = kl_dynlib_open("FOO", "libklgen-nonexistent.so.9", "/nonexistent/hint/libfoo.so", fb,
+                           why, sizeof why);
+  CHECK(h == NULL, "found a library that does not exist");
+  CHECK(strstr(why, "FOO not found") && strstr(why, "libklgen-nonexistent.so.9 already in the process") &&
+            strstr(why, "/nonexistent/hint/libfoo.so") && strstr(why, "/nonexistent/fallback/libx.so"),
+        "message does not say what was searched: %s", why);
+  /* A copy already loaded (as torch would have) is the one returned. */
+  void *mine = dlopen(KL_TEST_NCCL, RTLD_NOW | RTLD_LOCAL);
+  if (!mine) {
+    printf("no NCCL at %s: the already-loaded check is skipped\n", KL_TEST_NCCL);
+    return;
+  }
+  h = kl_dynlib_open("NCCL", "libnccl.so.2", "/nonexistent/elsewhere.so", NULL, why, sizeof why);
+  CHECK(h == mine, "did not return the copy already in the process");
+  char nwhy[512];
+  const kl_nccl_api *api = kl_nccl_api_get(NULL, nwhy, sizeof nwhy);
+  CHECK(api && api->ncclGetErrorString && api->ncclAllGather, "NCCL table: %s", nwhy);
+}
+
 /* GPUs the kernels cannot run on are refused at creation, naming the minimum. */
 static void arch(void) {
   EXPECT_ERR(kl_require_arch(1, 7, 5), KLRT_EUNAVAILABLE,
@@ -340,6 +367,7 @@ int main(void) {
   fingerprint();
   names();
   arch();
+  dynlib();
   no_driver();
   dispatch();
   return check_done();

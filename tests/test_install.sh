@@ -18,6 +18,9 @@ $cc -std=c11 -Wall -Wextra -Werror "$src/tests/install_consumer.c" \
   $(pkg-config --cflags --static --libs klrt) -o "$tmp/static"
 "$tmp/static" "$src/specs/kimi_k3_tp8.lua"
 ! ldd "$tmp/static" | grep -q libklrt || { echo "FAIL: klrt linked libklrt.so" >&2; exit 1; }
+# NVRTC and NCCL are loaded at run time (the host's copies): never linked
+! ldd "$tmp/static" "$tmp/shared" "$tmp/prefix/lib/libklrt.so.0" | grep -E -q 'libnccl|libnvrtc|libcuda' ||
+  { echo "FAIL: linked to NCCL, NVRTC or the driver" >&2; exit 1; }
 [ ! -e "$tmp/prefix/lib/libklrt.so" ] || { echo "FAIL: a libklrt.so link name is installed" >&2; exit 1; }
 [ -x "$tmp/prefix/bin/klgen" ] && "$tmp/prefix/bin/klgen" --version
 # Both libraries define exactly the public API (klrt.map) as global symbols:
@@ -30,4 +33,4 @@ for lib in "$tmp/prefix/lib/libklrt.a" "$tmp/prefix/lib/libklrt.so.0"; do
     exit 1
   fi
 done
-echo "6 passed, 0 failed"
+echo "7 passed, 0 failed"
