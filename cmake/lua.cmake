@@ -2,6 +2,13 @@
 # cmake/deps.sh, built -fPIC so it can go into libklrt.so; else Debian's
 # liblua5.4.a, which is not PIC: then only static libraries are built.
 set(KLGEN_LUA_SRC "${PROJECT_SOURCE_DIR}/.deps/lua-5.4.4/src" CACHE PATH "Lua 5.4 source")
+# `pip install .` runs only CMake: fetch the source here if deps.sh never ran.
+if(KLGEN_PYTHON AND NOT EXISTS "${KLGEN_LUA_SRC}/lapi.c")
+  execute_process(COMMAND bash "${PROJECT_SOURCE_DIR}/cmake/deps.sh" RESULT_VARIABLE _deps_rc)
+  if(NOT _deps_rc EQUAL 0)
+    message(FATAL_ERROR "cmake/deps.sh failed: the wheel needs Lua's source")
+  endif()
+endif()
 if(EXISTS "${KLGEN_LUA_SRC}/lapi.c")
   # Only the core and the libraries a spec may use: no io, os, package, debug,
   # coroutine, so the sandbox cannot be reopened from C by accident.

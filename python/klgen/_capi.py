@@ -1,0 +1,93 @@
+"""libklrt through ctypes: the library, its prototypes, and its errors as exceptions.
+
+ctypes rather than an extension module: the wheel then depends on no Python
+version (one wheel, py3-none), and the C API is the contract (klrt/klrt.h).
+"""
+
+import ctypes
+import os
+import re
+
+from ._errors import DeviceError, Error, SpecError
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+LIBRARY = os.path.join(PACKAGE_DIR, "lib", "libklrt.so.0")
+
+# kl_result values (klrt.h), in order.
+OK, EINVAL, ESPEC, ENODRIVER, ECUDA, ENCCL, EDEVICE, EUNAVAILABLE, ENOMEM, ESTATE, EBUSY = range(11)
+
+INFO_NAME = 64  # KL_INFO_NAME
+
+
+class Info(ctypes.Structure):
+    """kl_info."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("name", ctypes.c_char * INFO_NAME),
+        ("vocab_size", ctypes.c_longlong),
+        ("padded_vocab", ctypes.c_longlong),
+        ("shard", ctypes.c_longlong),
+        ("max_tokens", ctypes.c_longlong),
+        ("tp", ctypes.c_int),
+        ("dtype", ctypes.c_int),
+        ("elem_bytes", ctypes.c_int),
+        ("vec_bytes", ctypes.c_int),
+        ("buffer_bytes", ctypes.c_longlong),
+    ]
+
+
+def _load():
+    if not os.path.exists(LIBRARY):
+        raise ImportError(f"klgen: {LIBRARY} is missing: the package is not installed whole")
+    lib = ctypes.CDLL(LIBRARY)
+    proto = {
+        "kl_spec_info_file": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(Info)]),
+        "kl_spec_info_string": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(Info)]),
+        "kl_spec_names_file": (
+            ctypes.c_int,
+            [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)],
+        ),
+        "kl_spec_names_string": (
+            ctypes.c_int,
+            [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)],
+        ),
+        "kl_last_error": (ctypes.c_char_p, []),
+        "kl_result_name": (ctypes.c_char_p, [ctypes.c_int]),
+        "kl_device_count": (ctypes.c_int, []),
+    }
+    for name, (restype, argtypes) in proto.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+lib = _load()
+
+_FIELDS = ("name", "vocab_size", "pad_to", "padded_vocab", "tp", "dtype", "max_tokens", "timeout_ms")
+_LOCATED = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?:(?P<field>%s): )?" % "|".join(_FIELDS))
+
+
+def spec_error(message):
+    """A SpecError from a message of the form 'file:line: field: what is wrong'."""
+    m = _LOCATED.match(message)
+    if not m:
+        return SpecError(message)
+    return SpecError(message, file=m.group("file"), line=int(m.group("line")), field=m.group("field"))
+
+
+def check(result):
+    """Raises the exception for a failed kl_result, with libklrt's message."""
+    if result == OK:
+        return
+    message = (lib.kl_last_error() or b"").decode("utf-8", "replace")
+    if result == ESPEC:
+        raise spec_error(message)
+    if result == EINVAL:
+        raise ValueError(message)
+    if result == ENOMEM:
+        raise MemoryError(message)
+    if result in (ENODRIVER, ECUDA, EDEVICE, EUNAVAILABLE):
+        raise DeviceError(message)
+    name = lib.kl_result_name(result).decode()
+    raise Error(f"{name}: {message}")

@@ -1,0 +1,113 @@
+"""The Python package without a GPU: spec queries, generation, errors, arguments."""
+
+import os
+import subprocess
+
+import pytest
+
+import klgen
+
+KIMI = klgen.spec_path("kimi_k3_tp8")
+GOOD = "return { name = 'm', vocab_size = 50257, tp = 4, dtype = 'fp16', max_tokens = 8 }"
+
+
+def test_version_and_layout():
+    assert klgen.__version__ == "0.1.0"
+    assert os.path.isdir(klgen.SPECS_DIR)
+    assert os.path.exists(os.path.join(klgen.SPECS_DIR, "README.md"))
+
+
+def test_spec_info_from_a_file():
+    info = klgen.spec_info(KIMI)
+    assert info == klgen.SpecInfo("kimi_k3_tp8", 163840, 163840, 20480, 8, "bf16", 64,
+                                  info.buffer_bytes)
+    assert info.buffer_bytes == 3 * 8 * 64 * 20480 * 2
+
+
+def test_spec_info_from_source_and_by_name():
+    info = klgen.spec_info(source=GOOD)
+    assert (info.name, info.padded_vocab, info.shard, info.dtype) == ("m", 50304, 12576, "fp16")
+    ds = klgen.spec_path("deepseek_v3")
+    assert klgen.spec_info(ds, "deepseek_v3_tp4").tp == 4
+    with pytest.raises(ValueError, match="defines 3 specs"):
+        klgen.spec_info(ds)
+    with pytest.raises(ValueError, match="no spec named 'nope'"):
+        klgen.spec_info(ds, name="nope")
+
+
+def test_spec_names():
+    assert klgen.spec_names(klgen.spec_path("deepseek_v3")) == [
+        "deepseek_v3_tp2", "deepseek_v3_tp4", "deepseek_v3_tp8"]
+    assert klgen.spec_names(source=GOOD) == ["m"]
+
+
+def test_spec_error_fields(tmp_path):
+    bad = tmp_path / "bad.lua"
+    bad.write_text("return {\n  name = 'bad',\n  vocab_size = 50257,\n  tp = 5,\n"
+                   "  dtype = 'bf16', max_tokens = 4 }\n")
+    with pytest.raises(klgen.SpecError) as e:
+        klgen.spec_info(bad)
+    assert (e.value.file, e.value.line, e.value.field) == (str(bad), 4, "tp")
+    assert str(e.value).startswith(f"{bad}:4: tp: padded vocab 50304")
+    # the same message as the command line's
+    cli = subprocess.run(["klgen", "--check", str(bad)],
+                         capture_output=True, text=True)
+    assert cli.returncode == 1 and cli.stderr.strip() == f"klgen: {e.value}"
+
+
+def test_spec_error_without_field():
+    with pytest.raises(klgen.SpecError) as e:
+        klgen.spec_info(source="return {")
+    assert e.value.file == "<spec string>" and e.value.line == 1 and e.value.field is None
+    assert isinstance(e.value, ValueError) and isinstance(e.value, klgen.Error)
+
+
+def test_hostile_spec_is_bounded(monkeypatch):
+    monkeypatch.setenv("KLGEN_SPEC_TIME_MS", "200")
+    with pytest.raises(klgen.SpecError, match="ran past its time limit \\(200 ms\\)"):
+        klgen.spec_info(source="while true do pcall(function() while true do end end) end")
+    with pytest.raises(klgen.SpecError, match="has a metatable"):
+        klgen.spec_info(source="return setmetatable({}, { __index = function() return 1 end })")
+    monkeypatch.setenv("KLGEN_SPEC_TIME_MS", "soon")
+    with pytest.raises(ValueError, match="KLGEN_SPEC_TIME_MS='soon'"):
+        klgen.spec_info(source=GOOD)
+
+
+def test_arguments():
+    with pytest.raises(TypeError, match="exactly one"):
+        klgen.spec_info()
+    with pytest.raises(TypeError, match="exactly one"):
+        klgen.spec_info(KIMI, source=GOOD)
+    with pytest.raises(TypeError, match="source must be a str"):
+        klgen.spec_info(source=b"return {}")
+    with pytest.raises(TypeError, match="name must be a str"):
+        klgen.spec_info(KIMI, 3)
+    with pytest.raises(FileNotFoundError):
+        klgen.spec_info("/nonexistent/spec.lua")
+    with pytest.raises(FileNotFoundError, match="shipped: .*kimi_k3_tp8"):
+        klgen.spec_path("no_such_model")
+
+
+def test_generate_matches_the_command_line(tmp_path):
+    written = klgen.generate(KIMI, tmp_path / "py")
+    assert written == [str(tmp_path / "py" / "kimi_k3_tp8.cu"), str(tmp_path / "py" / "kimi_k3_tp8.h")]
+    subprocess.run(["klgen", "-q", "-o", str(tmp_path / "cli"), KIMI], check=True)
+    for name in ("kimi_k3_tp8.cu", "kimi_k3_tp8.h"):
+        assert (tmp_path / "py" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes()
+
+
+def test_generate_errors_replace_nothing(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "bad.cu").write_text("old")
+    bad = tmp_path / "bad.lua"
+    bad.write_text("return { name = 'bad', vocab_size = 8, tp = 3, dtype = 'bf16', max_tokens = 1 }")
+    with pytest.raises(klgen.SpecError) as e:
+        klgen.generate(bad, out)
+    assert e.value.field == "tp" and e.value.line == 1
+    assert (out / "bad.cu").read_text() == "old" and sorted(os.listdir(out)) == ["bad.cu"]
+
+
+def test_console_script():
+    done = subprocess.run(["klgen", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "klgen 0.1.0"
