@@ -21,9 +21,17 @@ from ._errors import DeviceError, Error, SpecError
 
 __version__ = "0.1.0"
 __all__ = [
-    "DeviceError", "Error", "SPECS_DIR", "SpecError", "SpecInfo", "generate", "spec_info",
-    "spec_names", "spec_path",
+    "DeviceError", "Error", "LogitsGather", "SPECS_DIR", "SpecError", "SpecInfo", "generate",
+    "spec_info", "spec_names", "spec_path",
 ]
+
+
+def __getattr__(name):
+    # The PyTorch part loads torch only when asked for: spec queries need no torch.
+    if name == "LogitsGather":
+        from ._torch import LogitsGather
+        return LogitsGather
+    raise AttributeError(f"module 'klgen' has no attribute {name!r}")
 
 SPECS_DIR = os.path.join(_capi.PACKAGE_DIR, "specs")
 _DTYPES = ("bf16", "fp16", "fp32")

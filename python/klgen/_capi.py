@@ -37,6 +37,47 @@ class Info(ctypes.Structure):
     ]
 
 
+DECLINES = ("disabled", "not-ready", "tokens", "size")  # kl_decline, in order
+
+ALLGATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                ctypes.c_void_p)
+
+
+class Config(ctypes.Structure):
+    """kl_config."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("rank", ctypes.c_int),
+        ("nranks", ctypes.c_int),
+        ("device", ctypes.c_int),
+        ("nccl", ctypes.c_void_p),
+        ("allgather", ALLGATHER_FN),
+        ("allgather_user", ctypes.c_void_p),
+        ("group", ctypes.c_void_p),
+        ("cache_dir", ctypes.c_char_p),
+        ("crossover_bytes", ctypes.c_longlong),
+        ("no_pdl", ctypes.c_int),
+    ]
+
+
+class Stats(ctypes.Structure):
+    """kl_stats."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("oneshot", ctypes.c_uint64),
+        ("nccl", ctypes.c_uint64),
+        ("declined", ctypes.c_uint64 * len(DECLINES)),
+        ("staged", ctypes.c_uint64),
+        ("oneshot_ready", ctypes.c_int),
+        ("cache_hit", ctypes.c_int),
+        ("crossover_bytes", ctypes.c_longlong),
+        ("not_ready", ctypes.c_char * 256),
+        ("arch", ctypes.c_char * 16),
+    ]
+
+
 def _load():
     if not os.path.exists(LIBRARY):
         raise ImportError(f"klgen: {LIBRARY} is missing: the package is not installed whole")
@@ -52,6 +93,22 @@ def _load():
             ctypes.c_int,
             [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)],
         ),
+        "kl_ctx_create_file": (
+            ctypes.c_int,
+            [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(Config)],
+        ),
+        "kl_ctx_create_string": (
+            ctypes.c_int,
+            [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(Config)],
+        ),
+        "kl_gather": (
+            ctypes.c_int,
+            [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p],
+        ),
+        "kl_ctx_info": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(Info)]),
+        "kl_ctx_stats": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(Stats)]),
+        "kl_ctx_status": (ctypes.c_int, [ctypes.c_void_p]),
+        "kl_ctx_destroy": (ctypes.c_int, [ctypes.c_void_p]),
         "kl_last_error": (ctypes.c_char_p, []),
         "kl_result_name": (ctypes.c_char_p, [ctypes.c_int]),
         "kl_device_count": (ctypes.c_int, []),

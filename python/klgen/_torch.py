@@ -1,0 +1,301 @@
+"""LogitsGather: libklrt's gather on torch tensors, over a torch.distributed group.
+
+    g = klgen.LogitsGather("specs/kimi_k3_tp8.lua")   # collective, every rank
+    logits = g(shard)                                  # [tokens, vocab_size]
+
+The gather runs on torch's current stream, through the custom op
+klgen::gather (with a fake implementation), so it works eagerly, inside
+torch.cuda.graph capture, and under torch.compile(fullgraph=True).
+"""
+
+import ctypes
+import itertools
+import os
+import threading
+
+import torch
+import torch.distributed as dist
+
+from . import _capi, _libs
+from ._errors import DeviceError, Error
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_BY_NAME = {v: k for k, v in _DTYPES.items()}
+_FIELDS = ("name", "vocab_size", "pad_to", "padded_vocab", "tp", "dtype", "max_tokens",
+           "timeout_ms")
+
+# Live gathers by handle: what the custom op (which takes plain values) calls.
+# The handle is a str: an int argument could be made symbolic by torch.compile.
+_live = {}
+_handles = itertools.count(1)
+_lock = threading.Lock()
+
+
+def _lua(value):
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"spec fields are str or int, got {type(value).__name__} {value!r}")
+    return str(value)
+
+
+def _spec_source(fields):
+    """A spec's Lua source from keyword fields (dtype may be a torch.dtype)."""
+    unknown = sorted(set(fields) - set(_FIELDS))
+    if unknown:
+        raise TypeError(f"unknown spec field(s) {', '.join(unknown)}; fields are {', '.join(_FIELDS)}")
+    fields = dict(fields)
+    if isinstance(fields.get("dtype"), torch.dtype):
+        if fields["dtype"] not in _DTYPES:
+            raise TypeError(f"dtype {fields['dtype']} is not one of torch.bfloat16, float16, float32")
+        fields["dtype"] = _DTYPES[fields["dtype"]]
+    fields.setdefault("name", "logits")
+    body = ", ".join(f"{k} = {_lua(v)}" for k, v in fields.items())
+    return f"return {{ {body} }}"
+
+
+def _cuda_device(device):
+    """torch.device('cuda', i) for None (torch's current device), an int, or a device."""
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if d.type != "cuda":
+        raise ValueError(f"device must be a CUDA device, not {d}")
+    return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
+
+
+class _Exchange:
+    """kl_config.allgather over a torch.distributed group (called during creation
+    and destruction, on the calling thread)."""
+
+    def __init__(self, group, device):
+        self.group, self.device = group, device
+        self.size = dist.get_world_size(group)
+        self.error = None
+        self.fn = _capi.ALLGATHER_FN(self._call)  # kept alive as long as self
+
+    def _call(self, send, recv, nbytes, user):
+        try:
+            mine = torch.empty(nbytes, dtype=torch.uint8)
+            ctypes.memmove(mine.data_ptr(), send, nbytes)
+            on_gpu = dist.get_backend(self.group) == "nccl"
+            if on_gpu:
+                mine = mine.to(self.device)
+            every = torch.empty(self.size * nbytes, dtype=torch.uint8, device=mine.device)
+            dist.all_gather_into_tensor(every, mine, group=self.group)
+            every = every.cpu()
+            ctypes.memmove(recv, every.data_ptr(), self.size * nbytes)
+            return 0
+        except BaseException as e:  # never let an exception unwind through C
+            self.error = e
+            return 1
+
+
+def _nccl_comm(group, rank, size, device):
+    """A communicator for libklrt's NCCL path, from a unique id broadcast over the
+    group (vLLM's PyNccl does the same), on torch's NCCL."""
+    nccl = _libs.nccl()
+    uid = _libs.UniqueId()
+    if rank == 0:
+        r = nccl.ncclGetUniqueId(ctypes.byref(uid))
+        if r != 0:
+            raise Error(f"ncclGetUniqueId: {nccl.ncclGetErrorString(r).decode()}")
+    raw = torch.frombuffer(bytearray(bytes(uid.internal)), dtype=torch.uint8)
+    raw = raw.to(device) if dist.get_backend(group) == "nccl" else raw
+    dist.broadcast(raw, src=dist.get_global_rank(group, 0), group=group)
+    ctypes.memmove(ctypes.addressof(uid), bytes(raw.cpu().tolist()), 128)
+    comm = ctypes.c_void_p()
+    with torch.cuda.device(device):
+        r = nccl.ncclCommInitRank(ctypes.byref(comm), size, uid, rank)
+    if r != 0:
+        raise Error(f"ncclCommInitRank: {nccl.ncclGetErrorString(r).decode()}")
+    return nccl, comm
+
+
+class LogitsGather:
+    """The tensor-parallel logits all-gather of one spec, for this rank.
+
+    LogitsGather(spec=None, *, group=None, device=None, nccl_comm=None, **fields)
+
+    spec: a spec file's path, a spec's Lua source, or None with the fields
+    given as keywords (vocab_size, tp, dtype, pad_to or padded_vocab,
+    max_tokens, timeout_ms, name; dtype may be a torch.dtype, tp defaults to
+    the group's size). group: a torch.distributed process group (default: the
+    world). device: this rank's GPU (default: torch's current device).
+    nccl_comm: an existing ncclComm_t (an int) for the NCCL fallback; without
+    one, a communicator is made from the group. Creation is collective.
+    """
+
+    def __init__(self, spec=None, *, group=None, device=None, nccl_comm=None, name=None,
+                 **fields):
+        if not dist.is_available() or not dist.is_initialized():
+            raise Error("torch.distributed is not initialized: call init_process_group first")
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.nranks = dist.get_world_size(self.group)
+        self.device = _cuda_device(device)
+        self._ctx = ctypes.c_void_p()
+        self._nccl = self._own_comm = None
+        if spec is None:
+            fields.setdefault("tp", self.nranks)
+            source, path = _spec_source(fields), None
+        elif fields:
+            raise TypeError("give a spec or the spec's fields, not both")
+        elif isinstance(spec, os.PathLike) or (isinstance(spec, str) and "return" not in spec):
+            source, path = None, os.fspath(spec)
+            if not os.path.exists(path):
+                raise FileNotFoundError(2, "No such file or directory", path)
+        elif isinstance(spec, str):
+            source, path = spec, None
+        else:
+            raise TypeError(f"spec must be a path, a Lua source string or None, not {type(spec).__name__}")
+        _libs.nvrtc()  # before libklrt looks for it (it takes the copy loaded)
+        if nccl_comm is None:
+            self._nccl, self._own_comm = _nccl_comm(self.group, self.rank, self.nranks, self.device)
+            nccl_comm = self._own_comm.value
+        self._exchange = _Exchange(self.group, self.device)
+        cfg = _capi.Config(size=ctypes.sizeof(_capi.Config), rank=self.rank, nranks=self.nranks,
+                           device=self.device.index, nccl=nccl_comm, allgather=self._exchange.fn)
+        cname = name.encode() if name else None
+        with torch.cuda.device(self.device):
+            if path is not None:
+                r = _capi.lib.kl_ctx_create_file(ctypes.byref(self._ctx), os.fsencode(path), cname,
+                                                 ctypes.byref(cfg))
+            else:
+                r = _capi.lib.kl_ctx_create_string(ctypes.byref(self._ctx), source.encode(), cname,
+                                                   ctypes.byref(cfg))
+        if r != _capi.OK:
+            self._drop_comm()
+            if self._exchange.error is not None:
+                raise Error(f"exchanging buffer handles over the group failed: "
+                            f"{self._exchange.error!r}") from self._exchange.error
+            _capi.check(r)
+        info = _capi.Info(size=ctypes.sizeof(_capi.Info))
+        _capi.check(_capi.lib.kl_ctx_info(self._ctx, ctypes.byref(info)))
+        self.name = info.name.decode()
+        self.vocab_size, self.shard = info.vocab_size, info.shard
+        self.max_tokens, self.dtype = info.max_tokens, _BY_NAME[("bf16", "fp16", "fp32")[info.dtype]]
+        with _lock:
+            self._handle = f"klgen-{next(_handles)}"
+            _live[self._handle] = self
+
+    # ---- the gather ----
+
+    def __call__(self, shard, out=None):
+        """shard [tokens, shard] -> [tokens, vocab_size] (into out if given)."""
+        if out is None:
+            return torch.ops.klgen.gather(shard, self._handle)
+        torch.ops.klgen.gather_out(shard, out, self._handle)
+        return out
+
+    def _check(self, shard, out):
+        if self._ctx is None or not self._ctx.value:
+            raise Error("this LogitsGather is closed")
+        if not isinstance(shard, torch.Tensor):
+            raise TypeError(f"shard must be a torch.Tensor, not {type(shard).__name__}")
+        if shard.dtype != self.dtype:
+            raise TypeError(f"shard has dtype {shard.dtype}, expected {self.dtype} (the spec's)")
+        if shard.device != self.device:
+            raise ValueError(f"shard is on {shard.device}, expected {self.device}")
+        if shard.dim() != 2 or shard.shape[1] != self.shard or shard.shape[0] < 1:
+            raise ValueError(f"shard has shape {tuple(shard.shape)}, expected [tokens >= 1, "
+                             f"{self.shard}]")
+        if out is None:
+            return
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, not {type(out).__name__}")
+        if out.dtype != self.dtype:
+            raise TypeError(f"out has dtype {out.dtype}, expected {self.dtype}")
+        if out.device != self.device:
+            raise ValueError(f"out is on {out.device}, expected {self.device}")
+        if tuple(out.shape) != (shard.shape[0], self.vocab_size):
+            raise ValueError(f"out has shape {tuple(out.shape)}, expected "
+                             f"[{shard.shape[0]}, {self.vocab_size}]")
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+
+    def _run(self, shard, out):
+        self._check(shard, out)
+        shard = shard.contiguous()  # documented: a strided shard is copied first
+        if out is None:
+            out = torch.empty((shard.shape[0], self.vocab_size), dtype=self.dtype,
+                              device=self.device)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        _capi.check(_capi.lib.kl_gather(self._ctx, shard.data_ptr(), out.data_ptr(),
+                                        shard.shape[0], stream))
+        return out
+
+    # ---- state ----
+
+    def stats(self):
+        """Calls per path, declines by reason, and what creation agreed."""
+        st = _capi.Stats(size=ctypes.sizeof(_capi.Stats))
+        _capi.check(_capi.lib.kl_ctx_stats(self._ctx, ctypes.byref(st)))
+        return {
+            "oneshot": st.oneshot, "nccl": st.nccl,
+            "declined": dict(zip(_capi.DECLINES, st.declined)), "staged": st.staged,
+            "oneshot_ready": bool(st.oneshot_ready), "cache_hit": bool(st.cache_hit),
+            "crossover_bytes": st.crossover_bytes, "not_ready": st.not_ready.decode(),
+            "arch": st.arch.decode(),
+        }
+
+    def status(self):
+        """Raises DeviceError, naming the peer and step, if a one-shot step timed out."""
+        _capi.check(_capi.lib.kl_ctx_status(self._ctx))
+
+    def close(self):
+        """Collective: every rank closes. Waits for this rank's queued gathers."""
+        if self._ctx is not None and self._ctx.value:
+            with _lock:
+                _live.pop(self._handle, None)
+            r = _capi.lib.kl_ctx_destroy(self._ctx)
+            self._ctx = None
+            self._drop_comm()
+            _capi.check(r)
+
+    def _drop_comm(self):
+        if self._own_comm is not None and self._own_comm.value:
+            self._nccl.ncclCommDestroy(self._own_comm)
+        self._own_comm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if not (self._ctx and self._ctx.value) else f"rank {self.rank}/{self.nranks}"
+        return f"<klgen.LogitsGather {getattr(self, 'name', '?')} {state} on {self.device}>"
+
+
+def _gather(handle):
+    g = _live.get(handle)
+    if g is None:
+        raise Error(f"no live LogitsGather with handle {handle} (closed?)")
+    return g
+
+
+@torch.library.custom_op("klgen::gather", mutates_args=())
+def _gather_op(shard: torch.Tensor, handle: str) -> torch.Tensor:
+    return _gather(handle)._run(shard, None)
+
+
+@_gather_op.register_fake
+def _(shard, handle):
+    g = _gather(handle)
+    if shard.dtype != g.dtype:
+        raise TypeError(f"shard has dtype {shard.dtype}, expected {g.dtype} (the spec's)")
+    if shard.dim() != 2:
+        raise ValueError(f"shard has {shard.dim()} dimensions, expected [tokens, {g.shard}]")
+    return shard.new_empty((shard.shape[0], g.vocab_size))
+
+
+@torch.library.custom_op("klgen::gather_out", mutates_args=("out",))
+def _gather_out_op(shard: torch.Tensor, out: torch.Tensor, handle: str) -> None:
+    _gather(handle)._run(shard, out)
+
+
+@_gather_out_op.register_fake
+def _(shard, out, handle):
+    return None

@@ -1,0 +1,153 @@
+"""Two ranks (torchrun --nproc_per_node=2): klgen.LogitsGather against
+torch.distributed.all_gather_into_tensor + movedim + slice, bit for bit
+(+0.0 and -0.0 counted equal: the one-shot path writes -0.0 as +0.0).
+Prints one line per check; exits non-zero on any failure."""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import klgen
+
+failures = 0
+
+
+def say(ok, what):
+    global failures
+    failures += 0 if ok else 1
+    if dist.get_rank() == 0 or not ok:
+        print(f"{'ok  ' if ok else 'FAIL'} rank {dist.get_rank()}: {what}", flush=True)
+
+
+def canon(t):
+    """The bits of t with the sign of zeros cleared."""
+    bits = t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+    return torch.where(t == 0, torch.zeros_like(bits), bits)
+
+
+def reference(shard, tp, vocab):
+    tokens, cols = shard.shape
+    every = torch.empty((tp * tokens, cols), dtype=shard.dtype, device=shard.device)
+    dist.all_gather_into_tensor(every, shard)
+    return every.view(tp, tokens, cols).movedim(0, 1).reshape(tokens, tp * cols)[:, :vocab]
+
+
+def data(tokens, cols, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn((tokens, cols), generator=g, device="cuda").to(dtype)
+    flat = x.view(-1)
+    flat[:: 997] = float("nan")
+    flat[1:: 991] = float("inf")
+    flat[2:: 983] = float("-inf")
+    flat[3:: 977] = -0.0
+    return x
+
+
+def same(a, b):
+    return a.shape == b.shape and torch.equal(canon(a), canon(b))
+
+
+def main():
+    dist.init_process_group("nccl")
+    rank, tp = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(rank)
+    # three at once, each dtype, one with an odd vocabulary (padding sliced off)
+    gathers = [
+        klgen.LogitsGather(vocab_size=163840, dtype=torch.bfloat16, max_tokens=8, name="kimi"),
+        klgen.LogitsGather(vocab_size=50257, dtype=torch.float16, max_tokens=8, name="gpt2"),
+        klgen.LogitsGather(vocab_size=152064, dtype="fp32", max_tokens=4, name="qwen"),
+    ]
+    seed = 1000 * rank
+    for g in gathers:
+        say(g.stats()["oneshot_ready"], f"{g.name}: one-shot ready ({g.stats()['not_ready']})")
+        for tokens in range(1, g.max_tokens + 5):  # past max_tokens: the NCCL fallback
+            seed += 1
+            x = data(tokens, g.shard, g.dtype, seed)
+            ref = reference(x, tp, g.vocab_size)
+            got = g(x)
+            out = torch.full_like(ref, 7.0)
+            g(x, out=out)
+            say(same(got, ref) and same(out, ref), f"{g.name} {g.dtype} eager tokens {tokens}")
+        st = g.stats()
+        say(st["nccl"] == 2 * 4 and st["declined"]["tokens"] == 8,
+            f"{g.name}: fallback past max_tokens: {st}")
+    # strided input: copied first, same result
+    g = gathers[0]
+    wide = data(3, 2 * g.shard, g.dtype, 77 + rank)
+    strided = wide[:, ::2]
+    say(same(g(strided), reference(strided.contiguous(), tp, g.vocab_size)), "strided shard")
+    # inside a CUDA graph: captured once, replayed with new data
+    for g in gathers:
+        tokens = 3
+        static_in = torch.zeros((tokens, g.shard), dtype=g.dtype, device="cuda")
+        g(static_in)  # an eager step first, as engines warm up before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = g(static_in)
+        ok = True
+        for step in range(5):
+            static_in.copy_(data(tokens, g.shard, g.dtype, 5000 + 10 * step + rank))
+            graph.replay()
+            torch.cuda.synchronize()
+            ok &= same(static_out, reference(static_in, tp, g.vocab_size))
+        say(ok, f"{g.name}: 5 replays of a captured gather")
+    # torch.compile(fullgraph=True)
+    g = gathers[1]
+
+    def step(x):
+        return g(x * 2)
+
+    compiled = torch.compile(step, fullgraph=True)
+    for tokens in (1, 5, 12):
+        x = data(tokens, g.shard, g.dtype, 9000 + tokens + rank).nan_to_num(0.0, 0.0, 0.0)
+        say(same(compiled(x), step(x)), f"torch.compile(fullgraph=True), tokens {tokens}")
+    # wrong tensors: a clean error, raised before anything collective
+    g = gathers[0]
+    bad = [
+        (TypeError, "dtype", lambda: g(torch.zeros((1, g.shard), dtype=torch.float32, device="cuda"))),
+        (ValueError, "shape", lambda: g(torch.zeros((1, g.shard + 1), dtype=g.dtype, device="cuda"))),
+        (ValueError, "is on cpu", lambda: g(torch.zeros((1, g.shard), dtype=g.dtype))),
+        (TypeError, "torch.Tensor", lambda: g([1, 2, 3])),
+        (ValueError, "out has shape", lambda: g(torch.zeros((2, g.shard), dtype=g.dtype, device="cuda"),
+                                                 out=torch.empty((1, g.vocab_size), dtype=g.dtype, device="cuda"))),
+    ]
+    for exc, part, call in bad:
+        try:
+            call()
+            say(False, f"wrong tensor ({part}) accepted")
+        except exc as e:
+            say(part in str(e), f"wrong tensor -> {type(e).__name__}: {e}")
+    # one rank passes a wrong tensor, the other a right one: the wrong one gets
+    # its error at once, the right one's step times out and status() names the peer
+    with klgen.LogitsGather(vocab_size=4096, dtype=torch.bfloat16, max_tokens=2, timeout_ms=300,
+                            name="lonely") as lone:
+        x = torch.zeros((1, lone.shard), dtype=torch.bfloat16, device="cuda")
+        if rank == 1:
+            try:
+                lone(x.float())
+                say(False, "rank 1's wrong tensor accepted")
+            except TypeError:
+                say(True, "rank 1: wrong tensor refused")
+        else:
+            lone(x)
+            torch.cuda.synchronize()
+            try:
+                lone.status()
+                say(False, "rank 0: no time-out reported")
+            except klgen.DeviceError as e:
+                say("waiting for rank 1" in str(e), f"rank 0: {e}")
+        dist.barrier()
+    for g in gathers:
+        g.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        print(f"{'FAIL' if failures else 'ok'}: tp2 checks done, {failures} failure(s) on rank 0",
+              flush=True)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
