@@ -120,7 +120,8 @@ class LogitsGather:
     spec: a spec file's path, a spec's Lua source, or None with the fields
     given as keywords (vocab_size, tp, dtype, pad_to or padded_vocab,
     max_tokens, timeout_ms, name; dtype may be a torch.dtype, tp defaults to
-    the group's size). group: a torch.distributed process group (default: the
+    the group's size). name: with a spec, the one to use of several it
+    defines; with fields, the spec's name (default "logits"). group: a torch.distributed process group (default: the
     world). device: this rank's GPU (default: torch's current device).
     nccl_comm: an existing ncclComm_t (an int) for the NCCL fallback; without
     one, a communicator is made from the group. Creation is collective.
@@ -138,6 +139,9 @@ class LogitsGather:
         self._nccl = self._own_comm = None
         if spec is None:
             fields.setdefault("tp", self.nranks)
+            if name is not None:
+                fields["name"] = name  # the spec's own name; nothing to select
+            name = None
             source, path = _spec_source(fields), None
         elif fields:
             raise TypeError("give a spec or the spec's fields, not both")
@@ -183,6 +187,11 @@ class LogitsGather:
 
     def __call__(self, shard, out=None):
         """shard [tokens, shard] -> [tokens, vocab_size] (into out if given)."""
+        # The op's schema would refuse these too, but with a message about the op.
+        if not isinstance(shard, torch.Tensor):
+            raise TypeError(f"shard must be a torch.Tensor, not {type(shard).__name__}")
+        if out is not None and not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, not {type(out).__name__}")
         if out is None:
             return torch.ops.klgen.gather(shard, self._handle)
         torch.ops.klgen.gather_out(shard, out, self._handle)
