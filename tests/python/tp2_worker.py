@@ -10,6 +10,10 @@ import torch
 import torch.distributed as dist
 
 import klgen
+from klgen.integrations import sglang as ksg
+from klgen.integrations import vllm as kv
+
+import standins
 
 failures = 0
 
@@ -103,6 +107,28 @@ def main():
     for tokens in (1, 5, 12):
         x = data(tokens, g.shard, g.dtype, 9000 + tokens + rank).nan_to_num(0.0, 0.0, 0.0)
         say(same(compiled(x), step(x)), f"torch.compile(fullgraph=True), tokens {tokens}")
+    # vLLM: the patched LogitsProcessor against the stock one (2-D and 3-D logits)
+    g = gathers[1]  # gpt2: org vocab 50257, padded 50304
+    lp = standins.VllmLogitsProcessor(g.vocab_size)
+    inputs = [data(5, g.shard, g.dtype, 300 + rank), data(6, g.shard, g.dtype, 301 + rank).view(2, 3, -1)]
+    stock = [lp._gather_logits(x) for x in inputs]
+    original = kv.patch_logits_processor(standins.VllmLogitsProcessor, g)
+    for x, ref in zip(inputs, stock):
+        say(same(lp._gather_logits(x), ref), f"vLLM LogitsProcessor patched, logits {tuple(x.shape)}")
+    standins.VllmLogitsProcessor._gather_logits = original
+    try:
+        kv.all_gather(g)(inputs[0], dim=0)
+        say(False, "vLLM all_gather accepted dim=0")
+    except ValueError:
+        say(True, "vLLM all_gather refuses another dim")
+    # SGLang: [rows, local] -> [rows, tp * local], padding included
+    vg = ksg.VocabGather(local_vocab=25152, dtype=torch.float16, max_rows=8)
+    for rows in (1, 7, 11):
+        x = data(rows, 25152, torch.float16, 400 + rows + rank)
+        say(same(vg(x), standins.all_gather(x)) and
+            same(standins.sglang_get_logits(x, 50257, vg), standins.sglang_get_logits(x, 50257)),
+            f"SGLang vocab gather, rows {rows}")
+    vg.close()
     # wrong tensors: a clean error, raised before anything collective
     g = gathers[0]
     bad = [

@@ -1,0 +1,197 @@
+"""python -m klgen.bench SPEC: klgen's Python API against vLLM's stock logits gather.
+
+One process per GPU (spawned here, or under torchrun). For each token count,
+every path is captured `--steps` deep in a CUDA graph per rank; the graphs are
+replayed in turn (rotating which goes first), the ranks together; CUDA events
+time each replay; a path's figure is the median over replays, the max over
+ranks (docs/DESIGN.md, "Measuring"). Paths:
+
+  vllm    vLLM's stock path: NCCL all-gather into [tp * tokens, shard] (through
+          NCCL directly, as vLLM's PyNccl does under graphs), the movedim/reshape
+          copy to [tokens, tp * shard], and the [..., :vocab_size] slice
+  klgen   klgen.LogitsGather through the custom op (torch's current stream)
+  raw     kl_gather called directly through ctypes into a preallocated output:
+          what the C benchmark times; klgen - raw is what the Python API adds
+
+Then the eager host cost of one klgen call (no graph), in microseconds. A spec
+for more ranks than GPUs is measured at its per-rank shard on the GPUs present.
+"""
+
+import argparse
+import ctypes
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import klgen
+from klgen import _capi, _libs
+
+PATHS = ("vllm", "klgen", "raw")
+
+
+def _args(argv):
+    p = argparse.ArgumentParser(prog="python -m klgen.bench", description=__doc__.split("\n")[0])
+    p.add_argument("spec", help="a spec file, or the stem of a shipped one (kimi_k3_tp8)")
+    p.add_argument("name", nargs="?", help="which spec of a file that defines several")
+    p.add_argument("--tokens", default="1,2,4,8,16,32,64,128,256")
+    p.add_argument("--steps", type=int, default=200, help="steps per captured graph")
+    p.add_argument("--replays", type=int, default=7)
+    p.add_argument("--host-calls", type=int, default=2000, help="eager calls timed on the host")
+    a = p.parse_args(argv)
+    a.tokens = [int(t) for t in a.tokens.split(",")]
+    if not os.path.exists(a.spec):
+        a.spec = klgen.spec_path(a.spec)
+    if a.steps < 1 or a.replays < 1 or min(a.tokens) < 1:
+        p.error("--steps, --replays and every token count must be at least 1")
+    return a
+
+
+def _stock(nccl, comm, x, every, tp, vocab, stream):
+    """vLLM's path: all-gather along dim 0, ranks' blocks moved next to the
+    columns (a copy), then the slice to the org vocabulary (a view)."""
+    r = nccl.ncclAllGather(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(every.data_ptr()),
+                           ctypes.c_size_t(x.numel() * x.element_size()), 0, comm,
+                           ctypes.c_void_p(stream))
+    if r != 0:
+        raise RuntimeError(f"ncclAllGather: {nccl.ncclGetErrorString(r).decode()}")
+    tokens, cols = x.shape
+    return every.view(tp, tokens, cols).movedim(0, 1).reshape(tokens, tp * cols)[..., :vocab]
+
+
+def _unsigned_zero(t):
+    """t with -0.0 as +0.0 (the one-shot path writes it so), as a contiguous copy."""
+    return torch.where(t == 0, torch.zeros_like(t), t).contiguous()
+
+
+def _graphs(fns, steps):
+    graphs = []
+    for fn in fns:
+        fn()  # eager first, as engines warm up before capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(steps):
+                fn()
+        graphs.append(g)
+    return graphs
+
+
+def _time(graphs, steps, replays):
+    """Median µs per step of each graph, replayed in turn (rotating), ranks together."""
+    times = [[] for _ in graphs]
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(replays):
+        for k in range(len(graphs)):
+            i = (k + r) % len(graphs)
+            torch.cuda.synchronize()
+            dist.barrier()
+            e0.record()
+            graphs[i].replay()
+            e1.record()
+            e1.synchronize()
+            times[i].append(e0.elapsed_time(e1) * 1000.0 / steps)
+    return [statistics.median(t) for t in times]
+
+
+def _worst(values):
+    t = torch.tensor(values, dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _rank_main(rank, world, a):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+    info = klgen.spec_info(a.spec, a.name)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[info.dtype]
+    tp = world
+    # this rank's shard as the spec has it, at the group size present
+    vocab = info.shard * tp if info.tp != tp else info.vocab_size
+    padded = info.shard * tp
+    g = klgen.LogitsGather(vocab_size=vocab, padded_vocab=padded, dtype=dtype,
+                           max_tokens=max(max(a.tokens), info.max_tokens), name=info.name)
+    nccl = _libs.nccl()
+    nccl.ncclAllGather.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                   ctypes.c_void_p, ctypes.c_void_p]
+    comm = g._own_comm
+    rows = []
+    for T in a.tokens:
+        x = torch.randn((T, info.shard), device="cuda").to(dtype)
+        every = torch.empty((tp * T, info.shard), dtype=dtype, device="cuda")
+        out = torch.empty((T, vocab), dtype=dtype, device="cuda")
+        stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+        ref = _stock(nccl, comm, x, every, tp, vocab, stream())
+        if not torch.equal(_unsigned_zero(g(x)), _unsigned_zero(ref)):
+            raise SystemExit(f"klgen.bench: rank {rank}: klgen and the stock path differ at {T} tokens")
+        fns = [lambda: _stock(nccl, comm, x, every, tp, vocab, stream()),
+               lambda: g(x),
+               lambda: _capi.check(_capi.lib.kl_gather(g._ctx, x.data_ptr(), out.data_ptr(), T,
+                                                       stream()))]
+        graphs = _graphs(fns, a.steps)
+        times = _worst(_time(graphs, a.steps, a.replays))
+        del graphs
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(a.host_calls):
+            g(x)
+        host = (time.perf_counter() - t0) * 1e6 / a.host_calls
+        torch.cuda.synchronize()
+        host = _worst([host])[0]
+        rows.append((T, T * info.shard * x.element_size(), *times, host))
+    if rank == 0:
+        _report(a, info, tp, rows, g.stats())
+    g.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _report(a, info, tp, rows, stats):
+    print(f"klgen.bench: {info.name} ({info.vocab_size} vocab, tp {info.tp}, {info.dtype}, "
+          f"{info.shard * (2 if info.dtype != 'fp32' else 4)} B per rank per token) on {tp} x "
+          f"{torch.cuda.get_device_name()}, torch {torch.__version__}, klgen {klgen.__version__}")
+    if info.tp != tp:
+        print(f"note: the spec is for tp {info.tp}; measured its per-rank shard at tp {tp}")
+    print(f"method: each path captured {a.steps} steps deep in a CUDA graph per rank, replayed "
+          f"in turn, median of {a.replays} replays, max over ranks; host: {a.host_calls} eager "
+          f"calls, no graph")
+    print()
+    print(f"{'tokens':<8}{'bytes/rank':>12}{'vLLM stock':>12}{'klgen':>10}{'raw C':>10}"
+          f"{'klgen-raw':>11}{'speedup':>9}{'host/call':>11}")
+    print(f"{'':<8}{'':>12}{'us':>12}{'us':>10}{'us':>10}{'us':>11}{'':>9}{'us':>11}")
+    for T, nbytes, stock, kl, raw, host in rows:
+        size = f"{nbytes / 1024:.0f} KiB" if nbytes < 1 << 20 else f"{nbytes / (1 << 20):.2f} MiB"
+        print(f"{T:<8}{size:>12}{stock:>12.2f}{kl:>10.2f}{raw:>10.2f}{kl - raw:>11.2f}"
+              f"{stock / kl:>8.2f}x{host:>11.1f}")
+    print(f"\nklgen path counts on rank 0: one-shot {stats['oneshot']}, NCCL {stats['nccl']}")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None):
+    a = _args(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared hosts
+    if "RANK" in os.environ:  # under torchrun
+        _rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), a)
+        return
+    n = torch.cuda.device_count()
+    if n < 1:
+        sys.exit("klgen.bench: no GPU")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    mp.spawn(_rank_main, args=(n, a), nprocs=n, join=True)
+
+
+if __name__ == "__main__":
+    main()
