@@ -54,6 +54,15 @@ def _spec_source(fields):
     return f"return {{ {body} }}"
 
 
+def _raw_stream(index):
+    """torch's current stream on device `index`, as a cudaStream_t (an int)."""
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # the same, without a Stream object
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # noqa: F811
+
+
 def _cuda_device(device):
     """torch.device('cuda', i) for None (torch's current device), an int, or a device."""
     if device is None:
@@ -192,6 +201,10 @@ class LogitsGather:
             raise TypeError(f"shard must be a torch.Tensor, not {type(shard).__name__}")
         if out is not None and not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, not {type(out).__name__}")
+        # Only torch.compile needs the op (to trace it); eager calls and graph
+        # capture call the gather directly: the op's dispatch costs host time.
+        if not torch.compiler.is_compiling():
+            return self._run(shard, out)
         if out is None:
             return torch.ops.klgen.gather(shard, self._handle)
         torch.ops.klgen.gather_out(shard, out, self._handle)
@@ -229,9 +242,8 @@ class LogitsGather:
         if out is None:
             out = torch.empty((shard.shape[0], self.vocab_size), dtype=self.dtype,
                               device=self.device)
-        stream = torch.cuda.current_stream(self.device).cuda_stream
         _capi.check(_capi.lib.kl_gather(self._ctx, shard.data_ptr(), out.data_ptr(),
-                                        shard.shape[0], stream))
+                                        shard.shape[0], _raw_stream(self.device.index)))
         return out
 
     # ---- state ----
