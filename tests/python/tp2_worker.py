@@ -77,6 +77,12 @@ def main():
         st = g.stats()
         say(st["nccl"] == 2 * 4 and st["declined"]["tokens"] == 8,
             f"{g.name}: fallback past max_tokens: {st}")
+    # an existing communicator for the fallback (here the first gather's own)
+    with klgen.LogitsGather(vocab_size=163840, dtype=torch.bfloat16, max_tokens=2, name="given",
+                            nccl_comm=gathers[0]._own_comm.value) as given:
+        x = data(5, given.shard, given.dtype, 555 + rank)  # past max_tokens: NCCL
+        say(same(given(x), reference(x, tp, given.vocab_size)) and given.stats()["nccl"] == 1 and
+            given._own_comm is None, "fallback on a given ncclComm_t")
     # strided input: copied first, same result
     g = gathers[0]
     wide = data(3, 2 * g.shard, g.dtype, 77 + rank)
