@@ -438,8 +438,10 @@ kl_result kl_gather(kl_ctx *c, const void *in, void *out, int tokens, kl_stream 
   else if (tokens <= 0)
     res = kl_rt_fail(KLRT_EINVAL, "kl_gather: tokens is %d (must be > 0)", tokens);
   else if (!(res = kl_ctx_enter(c, &pushed))) {
-    res = kl_order_streams(c, (CUstream)stream);
+    int outside = 0; /* not capturing a graph */
+    res = kl_order_streams(c, (CUstream)stream, &outside);
     if (!res) res = kl_gather_impl(c, in, out, tokens, (CUstream)stream);
+    if (!res && outside) res = kl_order_mark(c, (CUstream)stream);
     kl_ctx_leave(c, pushed);
   }
   ctx_release(c);

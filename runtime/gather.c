@@ -195,16 +195,22 @@ static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
   return KLRT_OK;
 }
 
-kl_result kl_order_streams(kl_ctx *c, CUstream s) {
-  if (capturing(c, s)) return KLRT_OK;
+kl_result kl_order_streams(kl_ctx *c, CUstream s, int *outside) {
+  *outside = !capturing(c, s);
+  if (!*outside) return KLRT_OK;
 #ifdef KL_TESTING
   /* Lets tests/gpu_streams.c show that it fails without the ordering. */
   if (getenv("KLGEN_FAULT_NO_STREAM_ORDER")) return KLRT_OK;
 #endif
-  if (c->have_last_stream && c->last_stream != s) {
-    KL_CU_TRY(c, cuEventRecord(c->order_event, c->last_stream));
+  if (c->have_last_stream && c->last_stream != s)
     KL_CU_TRY(c, cuStreamWaitEvent(s, c->order_event, 0));
-  }
+  return KLRT_OK;
+}
+
+kl_result kl_order_mark(kl_ctx *c, CUstream s) {
+  /* Recorded after every call, on its own stream: a later call on another
+   * stream waits for it without touching this stream, which may be gone. */
+  KL_CU_TRY(c, cuEventRecord(c->order_event, s));
   c->last_stream = s;
   c->have_last_stream = 1;
   return KLRT_OK;

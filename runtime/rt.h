@@ -171,9 +171,12 @@ CUresult kl_launch_oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
 /* The dispatch rule (docs/DESIGN.md §8): PATH_ONESHOT, or PATH_NCCL with *why. */
 int kl_choose_path(const kl_ctx *c, int tokens, kl_decline *why);
 kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstream s);
-/* Makes s wait for the previous call's stream when they differ (not while
- * capturing: a graph runs later, on a stream of its own). */
-kl_result kl_order_streams(kl_ctx *c, CUstream s);
+/* Before a call on s: s waits for the previous call's work when the streams
+ * differ. *outside says s is not capturing (a graph runs later, on a stream
+ * of its own, and is left to the caller to order). */
+kl_result kl_order_streams(kl_ctx *c, CUstream s, int *outside);
+/* After a call on s (outside capture): what the next call's ordering waits on. */
+kl_result kl_order_mark(kl_ctx *c, CUstream s);
 
 /* ---- context.c ---- */
 /* KLRT_EUNAVAILABLE, naming the minimum, for a GPU the kernels cannot run on. */
