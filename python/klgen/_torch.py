@@ -87,11 +87,14 @@ class _Exchange:
         try:
             mine = torch.empty(nbytes, dtype=torch.uint8)
             ctypes.memmove(mine.data_ptr(), send, nbytes)
-            on_gpu = dist.get_backend(self.group) == "nccl"
-            if on_gpu:
+            if dist.get_backend(self.group) == "nccl":
                 mine = mine.to(self.device)
-            every = torch.empty(self.size * nbytes, dtype=torch.uint8, device=mine.device)
-            dist.all_gather_into_tensor(every, mine, group=self.group)
+                every = torch.empty(self.size * nbytes, dtype=torch.uint8, device=self.device)
+                dist.all_gather_into_tensor(every, mine, group=self.group)
+            else:  # gloo and others: the list form every backend has
+                parts = [torch.empty_like(mine) for _ in range(self.size)]
+                dist.all_gather(parts, mine, group=self.group)
+                every = torch.cat(parts)
             every = every.cpu()
             ctypes.memmove(recv, every.data_ptr(), self.size * nbytes)
             return 0
