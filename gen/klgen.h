@@ -32,6 +32,15 @@ typedef struct kl_err {
 } kl_err;
 
 typedef enum kl_dtype { KL_BF16 = 0, KL_FP16 = 1, KL_FP32 = 2 } kl_dtype;
+/* How the epilogue rounds: as the engine's separate torch ops on the model
+ * dtype (each step rounded), or all in fp32 with one rounding at the end. */
+typedef enum kl_numerics { KL_NUMERICS_ENGINE = 0, KL_NUMERICS_FP32 = 1 } kl_numerics;
+
+typedef enum kl_field {
+  KL_F_NAME, KL_F_VOCAB_SIZE, KL_F_PAD_TO, KL_F_PADDED_VOCAB, KL_F_TP,
+  KL_F_DTYPE, KL_F_MAX_TOKENS, KL_F_TIMEOUT_MS, KL_F_OUT_DTYPE, KL_F_SOFTCAP, KL_F_SCALE,
+  KL_F_NUMERICS, KL_F_COUNT
+} kl_field;
 
 #define KL_NAME_MAX 48 /* a spec name is a C identifier of at most this many chars */
 #define KL_TP_MAX 64
@@ -49,15 +58,16 @@ typedef struct kl_spec {
   kl_dtype dtype;
   int64_t max_tokens;  /* rows per step the one-shot buffers hold */
   int64_t timeout_ms;  /* one-shot poll limit before the kernel gives up */
+  /* The epilogue, applied to every gathered element on its way to `out`
+   * (absent: out = the gathered logits, today's kernel). */
+  kl_dtype out_dtype;  /* dtype (default) or KL_FP32 */
+  double softcap;      /* 0: none; else x -> tanh(x / softcap) * softcap */
+  double scale;        /* 0: not given (1); else x -> x * scale, after the cap */
+  kl_numerics numerics;
   /* Where each field was written, for messages ("file:line: field: ..."). */
   char file[4096];
-  int line[8]; /* indexed by kl_field */
+  int line[KL_F_COUNT]; /* indexed by kl_field */
 } kl_spec;
-
-typedef enum kl_field {
-  KL_F_NAME, KL_F_VOCAB_SIZE, KL_F_PAD_TO, KL_F_PADDED_VOCAB, KL_F_TP,
-  KL_F_DTYPE, KL_F_MAX_TOKENS, KL_F_TIMEOUT_MS, KL_F_COUNT
-} kl_field;
 extern const char *const kl_field_names[KL_F_COUNT];
 
 /* Everything derived from a spec; computed in one place (layout.c) and shared by
@@ -67,6 +77,9 @@ typedef struct kl_layout {
   int64_t shard;       /* columns per rank */
   int elem_bytes;      /* 2 or 4 */
   int vec_bytes;       /* widest aligned width for user loads/stores: 16/8/4/2 */
+  int epilogue;        /* the spec has one (out_dtype, softcap or scale) */
+  int out_elem_bytes;  /* element size of out: elem_bytes, or 4 for out_dtype fp32 */
+  int out_vec_bytes;   /* the alignment out needs (== vec_bytes without an epilogue) */
   int64_t shard_bytes; /* bytes one rank contributes per token */
   int64_t row_chunks;  /* 16-byte chunks per shard row in the one-shot buffer */
   int64_t slot_bytes;  /* one rank's slot: max_tokens rows */

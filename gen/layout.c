@@ -55,6 +55,19 @@ static int vector_width(int64_t shard_bytes, int64_t vocab_bytes, int elem) {
   return elem;
 }
 
+/* The epilogue's output side: element size, and the alignment out needs. A
+ * 16-byte input chunk (EPC elements) becomes EPC output elements, stored as
+ * whole 16-byte vectors when every chunk starts on a multiple of EPC columns
+ * of the output row, else one element at a time. */
+static void derive_epilogue(const kl_spec *s, kl_layout *l) {
+  l->epilogue = s->out_dtype != s->dtype || s->softcap > 0 || (s->scale != 0 && s->scale != 1);
+  l->out_elem_bytes = s->out_dtype == KL_FP32 ? 4 : l->elem_bytes;
+  l->out_vec_bytes = l->vec_bytes;
+  if (!l->epilogue) return;
+  int64_t epc = CHUNK / l->elem_bytes;
+  l->out_vec_bytes = s->vocab_size % epc == 0 && l->shard % epc == 0 ? 16 : l->out_elem_bytes;
+}
+
 int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   if (!s || !l) return kl_fail(err, KL_EARG, "kl_layout_derive: NULL argument");
   memset(l, 0, sizeof *l);
@@ -70,6 +83,7 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   l->sentinel32 = l->elem_bytes == 2 ? 0x80008000u : 0x80000000u;
   l->shard_bytes = l->shard * l->elem_bytes;
   l->vec_bytes = vector_width(l->shard_bytes, s->vocab_size * l->elem_bytes, l->elem_bytes);
+  derive_epilogue(s, l);
   l->row_chunks = (l->shard_bytes + CHUNK - 1) / CHUNK;
   l->slot_bytes = s->max_tokens * l->row_chunks * CHUNK;
   l->buffer_bytes = l->slot_bytes * s->tp;

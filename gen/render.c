@@ -61,6 +61,13 @@ static void set_str(lua_State *L, const char *k, const char *v) {
   lua_setfield(L, -2, k);
 }
 
+/* A float as an exact C++ literal: "0x1.4p+4f". */
+static void set_float(lua_State *L, const char *k, float v) {
+  char buf[64];
+  snprintf(buf, sizeof buf, "%af", (double)v);
+  set_str(L, k, buf);
+}
+
 /* The constants a template sees. */
 static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   char buf[128];
@@ -92,6 +99,25 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_int(L, "PAD_TO", s->pad_to);
   set_int(L, "DTYPE_ID", (long long)s->dtype);
   set_int(L, "ABI_VERSION", KL_ABI_VERSION);
+  /* The epilogue (EPILOGUE 0: none, and none of the rest is used). Constants
+   * are float literals in hex: exact, as the engine's torch ops see them
+   * (a Python float scalar becomes a float for bf16/fp16/fp32 tensors). */
+  set_int(L, "EPILOGUE", l->epilogue);
+  set_int(L, "OUT_ELEM_BYTES", l->out_elem_bytes);
+  set_int(L, "OUT_VEC_BYTES", l->out_vec_bytes);
+  set_str(L, "OUT_DTYPE", kl_dtype_name(s->out_dtype));
+  set_str(L, "NUMERICS", s->numerics == KL_NUMERICS_FP32 ? "fp32" : "engine");
+  set_int(L, "HAS_SOFTCAP", s->softcap > 0);
+  set_int(L, "HAS_SCALE", s->scale != 0 && s->scale != 1);
+  set_float(L, "SOFTCAP_F", (float)s->softcap);
+  set_float(L, "INV_SOFTCAP_F", s->softcap > 0 ? 1.0f / (float)s->softcap : 0.0f);
+  set_float(L, "SCALE_F", s->scale != 0 ? (float)s->scale : 1.0f);
+  set_int(L, "OUT_DTYPE_ID", (long long)s->out_dtype);
+  set_int(L, "NUMERICS_ID", (long long)s->numerics);
+  snprintf(buf, sizeof buf, "%.17g", s->softcap);
+  set_str(L, "SOFTCAP_D", buf);
+  snprintf(buf, sizeof buf, "%.17g", s->scale);
+  set_str(L, "SCALE_D", buf);
   snprintf(buf, sizeof buf, "0x%08xu", (unsigned)l->sentinel32);
   set_str(L, "SENTINEL32", buf);
   kl_entry_name(s, "oneshot", buf, sizeof buf);

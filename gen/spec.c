@@ -21,8 +21,8 @@
 #define CHUNKNAME "=" CHUNK_LABEL
 
 const char *const kl_field_names[KL_F_COUNT] = {
-    "name", "vocab_size", "pad_to", "padded_vocab",
-    "tp",   "dtype",      "max_tokens", "timeout_ms"};
+    "name",       "vocab_size", "pad_to",    "padded_vocab", "tp",      "dtype",
+    "max_tokens", "timeout_ms", "out_dtype", "softcap",      "scale",   "numerics"};
 
 /* What one table conversion needs to report errors well. */
 typedef struct ctx {
@@ -157,6 +157,53 @@ static int get_string(const ctx *c, const kl_spec *s, int t, kl_field f, char *b
   return rc;
 }
 
+/* A finite number; *given says whether the field is there (absent: *out alone). */
+static int get_number(const ctx *c, const kl_spec *s, int t, kl_field f, double *out,
+                      int *given) {
+  lua_State *L = c->L;
+  int ty = raw_field(L, t, f), rc = 0;
+  *given = ty != LUA_TNIL;
+  if (ty == LUA_TNUMBER) {
+    double x = (double)lua_tonumber(L, -1);
+    if (x != x || x > 1e300 || x < -1e300)
+      rc = kl_spec_fail(c->err, s, f, "expected a finite number, got %.17g", x);
+    else
+      *out = x;
+  } else if (ty != LUA_TNIL) {
+    rc = kl_spec_fail(c->err, s, f, "expected a number, got %s", luaL_typename(L, -1));
+  }
+  lua_pop(L, 1);
+  return rc;
+}
+
+/* The epilogue's fields (all optional): out_dtype, softcap, scale, numerics. */
+static int parse_epilogue(const ctx *c, kl_spec *s, int t) {
+  char d[16];
+  int rc = get_string(c, s, t, KL_F_OUT_DTYPE, d, sizeof d, 1);
+  s->out_dtype = s->dtype;
+  if (!rc && d[0]) {
+    if (strcmp(d, "fp32") == 0) s->out_dtype = KL_FP32;
+    else if (strcmp(d, kl_dtype_name(s->dtype)) != 0)
+      return kl_spec_fail(c->err, s, KL_F_OUT_DTYPE, "'%s' is neither \"fp32\" nor the input "
+                          "dtype \"%s\"", d, kl_dtype_name(s->dtype));
+  }
+  /* In kl_spec 0 means "not given": a given 0 (or less) is an error here. */
+  int given = 0;
+  if (!rc) rc = get_number(c, s, t, KL_F_SOFTCAP, &s->softcap, &given);
+  if (!rc && given && !(s->softcap > 0))
+    return kl_spec_fail(c->err, s, KL_F_SOFTCAP, "%g: must be a positive number", s->softcap);
+  if (!rc) rc = get_number(c, s, t, KL_F_SCALE, &s->scale, &given);
+  if (!rc && given && s->scale == 0)
+    return kl_spec_fail(c->err, s, KL_F_SCALE, "0 would make every logit 0");
+  if (!rc) rc = get_string(c, s, t, KL_F_NUMERICS, d, sizeof d, 1);
+  if (rc) return rc;
+  s->numerics = KL_NUMERICS_ENGINE;
+  if (strcmp(d, "fp32") == 0) s->numerics = KL_NUMERICS_FP32;
+  else if (d[0] && strcmp(d, "engine") != 0)
+    return kl_spec_fail(c->err, s, KL_F_NUMERICS, "'%s' is not \"engine\" or \"fp32\"", d);
+  return 0;
+}
+
 static int parse_dtype(const ctx *c, const kl_spec *s, int t, kl_dtype *out) {
   char d[16];
   int rc = get_string(c, s, t, KL_F_DTYPE, d, sizeof d, 0);
@@ -181,7 +228,8 @@ static int convert(const ctx *c, const char *file, int t, kl_spec *s) {
       (rc = get_int(c, s, t, KL_F_PADDED_VOCAB, &s->padded_vocab, 1)) ||
       (rc = get_int(c, s, t, KL_F_TP, &tp, 0)) || (rc = parse_dtype(c, s, t, &s->dtype)) ||
       (rc = get_int(c, s, t, KL_F_MAX_TOKENS, &s->max_tokens, 0)) ||
-      (rc = get_int(c, s, t, KL_F_TIMEOUT_MS, &s->timeout_ms, 1)))
+      (rc = get_int(c, s, t, KL_F_TIMEOUT_MS, &s->timeout_ms, 1)) ||
+      (rc = parse_epilogue(c, s, t)))
     return rc;
   if (tp < 1 || tp > KL_TP_MAX)
     return kl_spec_fail(c->err, s, KL_F_TP, "%lld is out of range (1..%d)", (long long)tp,

@@ -61,6 +61,19 @@ int kl_spec_validate(const kl_spec *s, kl_err *err) {
   if ((rc = range(s, KL_F_TP, s->tp, 1, KL_TP_MAX, err))) return rc;
   if ((rc = range(s, KL_F_MAX_TOKENS, s->max_tokens, 1, KL_TOKENS_MAX, err))) return rc;
   if (s->timeout_ms && (rc = range(s, KL_F_TIMEOUT_MS, s->timeout_ms, 1, 600000, err))) return rc;
+  if (s->out_dtype != s->dtype && s->out_dtype != KL_FP32)
+    return kl_spec_fail(err, s, KL_F_OUT_DTYPE, "must be fp32 or the input dtype %s",
+                        kl_dtype_name(s->dtype));
+  if (s->softcap < 0 || (s->softcap > 0 && (s->softcap < 1e-6 || s->softcap > 1e6)) ||
+      s->softcap != s->softcap)
+    return kl_spec_fail(err, s, KL_F_SOFTCAP, "%g is out of range (a positive number, 1e-6..1e6)",
+                        s->softcap);
+  if (s->scale != 0 && (s->scale != s->scale || s->scale < -1e6 || s->scale > 1e6 ||
+                        (s->scale > -1e-6 && s->scale < 1e-6)))
+    return kl_spec_fail(err, s, KL_F_SCALE, "%g is out of range (a number of magnitude "
+                        "1e-6..1e6)", s->scale);
+  if (s->numerics != KL_NUMERICS_ENGINE && s->numerics != KL_NUMERICS_FP32)
+    return kl_spec_fail(err, s, KL_F_NUMERICS, "must be engine or fp32");
   kl_layout l;
   return kl_layout_derive(s, &l, err);
 }

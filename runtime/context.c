@@ -404,8 +404,10 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
   CHECK_OUT_CFG(ctx, cfg_in);
   if (!g || !g->name || !g->source)
     return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_generated: gen, its name or source is NULL");
-  if (g->abi != 1) return kl_rt_fail(KLRT_ESPEC, "generated header ABI %d is not 1", g->abi);
-  if (g->dtype < 0 || g->dtype > 2 || g->source_len != strlen(g->source))
+  if (g->abi != 1 && g->abi != 2)
+    return kl_rt_fail(KLRT_ESPEC, "generated header ABI %d is not 1 or 2", g->abi);
+  if (g->dtype < 0 || g->dtype > 2 || g->source_len != strlen(g->source) ||
+      (g->abi >= 2 && (g->out_dtype < 0 || g->out_dtype > 2)))
     return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' is malformed", g->name);
   kl_spec s;
   memset(&s, 0, sizeof s);
@@ -417,6 +419,13 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
   s.dtype = (kl_dtype)g->dtype;
   s.max_tokens = g->max_tokens;
   s.timeout_ms = g->timeout_ms;
+  s.out_dtype = s.dtype;
+  if (g->abi >= 2) {
+    s.out_dtype = (kl_dtype)g->out_dtype;
+    s.numerics = (kl_numerics)g->numerics;
+    s.softcap = g->softcap;
+    s.scale = g->scale;
+  }
   kl_err err;
   kl_layout l;
   if (strlen(g->name) > KL_NAME_MAX || kl_spec_validate(&s, &err) != 0 ||
@@ -461,6 +470,8 @@ static void fill_info(const kl_spec *s, const kl_layout *l, kl_info *info) {
   info->elem_bytes = l->elem_bytes;
   info->vec_bytes = l->vec_bytes;
   info->buffer_bytes = l->total_bytes;
+  info->out_dtype = (int)s->out_dtype;
+  info->out_elem_bytes = l->out_elem_bytes;
 }
 
 /* Every spec of a file (path) or a string (src), under the environment's

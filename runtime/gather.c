@@ -47,7 +47,7 @@ static kl_result ensure(kl_ctx *c, CUdeviceptr *buf, size_t *cap, size_t need, s
 
 /* Bytes of `tokens` rows of the output. */
 static size_t out_bytes_for(const kl_ctx *c, long long tokens) {
-  return (size_t)tokens * (size_t)c->spec.vocab_size * (size_t)c->layout.elem_bytes;
+  return (size_t)tokens * (size_t)c->spec.vocab_size * (size_t)c->layout.out_elem_bytes;
 }
 
 /* Where a kernel writes `out`: out itself when aligned for the kernel's
@@ -55,7 +55,7 @@ static size_t out_bytes_for(const kl_ctx *c, long long tokens) {
 static kl_result output_target(kl_ctx *c, CUdeviceptr out, int tokens, CUstream s,
                                CUdeviceptr *target) {
   *target = out;
-  if (out % (unsigned)c->layout.vec_bytes == 0) return KLRT_OK;
+  if (out % (unsigned)c->layout.out_vec_bytes == 0) return KLRT_OK;
   long long most = tokens > c->spec.max_tokens ? tokens : c->spec.max_tokens;
   kl_result res = ensure(c, &c->stage_out, &c->stage_out_bytes, out_bytes_for(c, tokens),
                          out_bytes_for(c, most), s, "staging (output)");
@@ -135,6 +135,10 @@ static kl_result oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens,
 /* Relayout without the generated kernel (its JIT failed on this rank): one
  * strided copy per rank. Slower, but the NCCL path must not depend on NVRTC. */
 static kl_result relayout_copies(kl_ctx *c, CUdeviceptr out, int tokens, CUstream s) {
+  if (c->layout.epilogue)
+    return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: the spec's epilogue needs the generated "
+                      "relayout kernel, which did not build here (%s)", c->rank,
+                      c->stats.not_ready);
   size_t e = (size_t)c->layout.elem_bytes, vocab_bytes = (size_t)c->spec.vocab_size * e;
   size_t shard_bytes = (size_t)c->layout.shard_bytes;
   for (int r = 0; r < c->nranks; r++) {
@@ -164,7 +168,7 @@ static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
   size_t out_bytes = out_bytes_for(c, tokens);
   size_t all_bytes = shard_bytes * (size_t)c->nranks;
   int direct = (tokens == 1 || c->nranks == 1) && c->spec.vocab_size == c->layout.padded_vocab &&
-               !overlaps(in, shard_bytes, out, out_bytes);
+               !c->layout.epilogue && !overlaps(in, shard_bytes, out, out_bytes);
   kl_result res;
   CUdeviceptr dst = out;
   if (!direct) {

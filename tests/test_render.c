@@ -89,6 +89,34 @@ static void large_tp(void) {
   free(src);
 }
 
+/* The epilogue is rendered only when the spec has one, with its constants as
+ * exact float literals; a spec without one has none of it. */
+static void epilogue(void) {
+  kl_spec s;
+  kl_layout l;
+  char *src = NULL;
+  kl_err e;
+  if (load_one("return { name = 'g', vocab_size = 256000, tp = 8, dtype = 'bf16', "
+               "max_tokens = 8, out_dtype = 'fp32', softcap = 30.0, scale = 0.5 }", &s, &l)) {
+    CHECK(0, "load");
+    return;
+  }
+  CHECK(kl_render(&s, &l, NULL, &src, &e) == 0, "%s", e.msg);
+  const char *want[] = {"float epilogue(float x)", "round_in(tanhf(x))",
+                        "x = round_in(x * 0x1.111112p-5f)",  /* 1/30 as a float */
+                        "x = round_in(x * 0x1.ep+4f)",       /* 30 */
+                        "x = round_in(x * 0x1p-1f)",         /* 0.5 */
+                        "OUT_ELEM_BYTES = 4", "cvt.rn.bf16.f32"};
+  for (size_t i = 0; src && i < sizeof want / sizeof *want; i++)
+    CHECK(strstr(src, want[i]) != NULL, "epilogue source lacks '%s'", want[i]);
+  free(src);
+  src = NULL;
+  if (load_one("return { name = 'p', vocab_size = 256000, tp = 8, dtype = 'bf16', "
+               "max_tokens = 8 }", &s, &l) == 0 && kl_render(&s, &l, NULL, &src, &e) == 0)
+    CHECK(!strstr(src, "epilogue") && !strstr(src, "tanhf"), "a plain spec got an epilogue");
+  free(src);
+}
+
 static char *slurp(const char *path) {
   char *d;
   size_t n;
@@ -174,6 +202,7 @@ int main(int argc, char **argv) {
   mkdir(argv[2], 0755);
   contents();
   large_tp();
+  epilogue();
   template_errors(argv[1], argv[2]);
   return check_done();
 }

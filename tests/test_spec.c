@@ -255,6 +255,48 @@ static void names(void) {
   }
 }
 
+/* The epilogue's fields: types, ranges, what they may be. */
+static void epilogue(void) {
+  kl_spec_list l;
+  kl_err e;
+  const char *ok = "return { name = 'g', vocab_size = 256000, tp = 8, dtype = 'bf16', "
+                   "max_tokens = 8, out_dtype = 'fp32', softcap = 30.0, scale = 0.5, "
+                   "numerics = 'fp32' }";
+  CHECK(kl_spec_load_string("t.lua", ok, strlen(ok), NULL, &l, &e) == 0, "%s", e.msg);
+  if (l.n == 1) {
+    kl_layout lay;
+    CHECK(l.v[0].out_dtype == KL_FP32 && l.v[0].softcap == 30.0 && l.v[0].scale == 0.5 &&
+              l.v[0].numerics == KL_NUMERICS_FP32, "fields not read back");
+    CHECK(kl_layout_derive(&l.v[0], &lay, &e) == 0 && lay.epilogue && lay.out_elem_bytes == 4 &&
+              lay.out_vec_bytes == 16, "layout: epilogue %d out %d vec %d", lay.epilogue,
+          lay.out_elem_bytes, lay.out_vec_bytes);
+  }
+  kl_spec_list_free(&l);
+  /* out_dtype equal to dtype, scale 1, numerics alone: no epilogue */
+  const char *none = "return { name = 'g', vocab_size = 50257, tp = 1, dtype = 'fp16', "
+                     "max_tokens = 1, out_dtype = 'fp16', scale = 1, numerics = 'engine' }";
+  CHECK(kl_spec_load_string("t.lua", none, strlen(none), NULL, &l, &e) == 0, "%s", e.msg);
+  if (l.n == 1) {
+    kl_layout lay;
+    kl_layout_derive(&l.v[0], &lay, &e);
+    CHECK(!lay.epilogue && lay.out_elem_bytes == 2 && lay.out_vec_bytes == lay.vec_bytes,
+          "no-op fields made an epilogue");
+  }
+  kl_spec_list_free(&l);
+  bad(SPEC(", softcap = 0"), "t.lua:1: softcap:", "must be a positive number");
+  bad(SPEC(", softcap = -30"), "t.lua:1: softcap:", "must be a positive number");
+  bad(SPEC(", softcap = '30'"), "t.lua:1: softcap:", "expected a number, got string");
+  bad(SPEC(", softcap = 0/0"), "t.lua:1: softcap:", "finite");
+  bad(SPEC(", softcap = 1e9"), "t.lua:1: softcap:", "out of range");
+  bad(SPEC(", scale = 0"), "t.lua:1: scale:", "every logit 0");
+  bad(SPEC(", scale = 1/0"), "t.lua:1: scale:", "finite");
+  bad(SPEC(", scale = true"), "t.lua:1: scale:", "got boolean");
+  bad(SPEC(", out_dtype = 'fp16'"), "t.lua:1: out_dtype:", "neither \"fp32\" nor the input dtype \"bf16\"");
+  bad(SPEC(", out_dtype = 32"), "t.lua:1: out_dtype:", "expected a string");
+  bad(SPEC(", numerics = 'fast'"), "t.lua:1: numerics:", "not \"engine\" or \"fp32\"");
+  bad(SPEC(", softcapp = 30"), "t.lua:1: softcapp:", "did you mean 'softcap'");
+}
+
 static void ranges(void) {
   bad("return { name = 'm', vocab_size = 0, tp = 1, dtype = 'bf16', max_tokens = 1 }",
       "t.lua:1: vocab_size:", "0 is out of range");
@@ -298,5 +340,6 @@ int main(void) {
   fields();
   names();
   ranges();
+  epilogue();
   return check_done();
 }

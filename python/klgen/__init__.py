@@ -48,6 +48,7 @@ class SpecInfo(NamedTuple):
     dtype: str
     max_tokens: int
     buffer_bytes: int  # one-shot receive memory per rank
+    out_dtype: Optional[str] = None  # the output's dtype: dtype, or "fp32" with an epilogue
 
 
 def spec_path(name):
@@ -88,7 +89,8 @@ def spec_info(path=None, name: Optional[str] = None, *, source: Optional[str] = 
     else:
         _capi.check(_capi.lib.kl_spec_info_string(text, cname, ctypes.byref(info)))
     return SpecInfo(info.name.decode(), info.vocab_size, info.padded_vocab, info.shard, info.tp,
-                    _DTYPES[info.dtype], info.max_tokens, info.buffer_bytes)
+                    _DTYPES[info.dtype], info.max_tokens, info.buffer_bytes,
+                    _DTYPES[info.out_dtype])
 
 
 def spec_names(path=None, *, source: Optional[str] = None) -> List[str]:

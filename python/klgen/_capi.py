@@ -34,6 +34,8 @@ class Info(ctypes.Structure):
         ("elem_bytes", ctypes.c_int),
         ("vec_bytes", ctypes.c_int),
         ("buffer_bytes", ctypes.c_longlong),
+        ("out_dtype", ctypes.c_int),
+        ("out_elem_bytes", ctypes.c_int),
     ]
 
 
@@ -121,7 +123,8 @@ def _load():
 
 lib = _load()
 
-_FIELDS = ("name", "vocab_size", "pad_to", "padded_vocab", "tp", "dtype", "max_tokens", "timeout_ms")
+_FIELDS = ("name", "vocab_size", "pad_to", "padded_vocab", "tp", "dtype", "max_tokens", "timeout_ms",
+           "out_dtype", "softcap", "scale", "numerics")
 _LOCATED = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?:(?P<field>%s): )?" % "|".join(_FIELDS))
 
 

@@ -22,7 +22,7 @@ from ._errors import DeviceError, Error
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _BY_NAME = {v: k for k, v in _DTYPES.items()}
 _FIELDS = ("name", "vocab_size", "pad_to", "padded_vocab", "tp", "dtype", "max_tokens",
-           "timeout_ms")
+           "timeout_ms", "out_dtype", "softcap", "scale", "numerics")
 
 # Live gathers by handle: what the custom op (which takes plain values) calls.
 # The handle is a str: an int argument could be made symbolic by torch.compile.
@@ -34,9 +34,9 @@ _lock = threading.Lock()
 def _lua(value):
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"spec fields are str or int, got {type(value).__name__} {value!r}")
-    return str(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"spec fields are str, int or float, got {type(value).__name__} {value!r}")
+    return repr(value) if isinstance(value, int) else f"{value:.17g}"
 
 
 def _spec_source(fields):
@@ -45,10 +45,11 @@ def _spec_source(fields):
     if unknown:
         raise TypeError(f"unknown spec field(s) {', '.join(unknown)}; fields are {', '.join(_FIELDS)}")
     fields = dict(fields)
-    if isinstance(fields.get("dtype"), torch.dtype):
-        if fields["dtype"] not in _DTYPES:
-            raise TypeError(f"dtype {fields['dtype']} is not one of torch.bfloat16, float16, float32")
-        fields["dtype"] = _DTYPES[fields["dtype"]]
+    for key in ("dtype", "out_dtype"):
+        if isinstance(fields.get(key), torch.dtype):
+            if fields[key] not in _DTYPES:
+                raise TypeError(f"{key} {fields[key]} is not one of torch.bfloat16, float16, float32")
+            fields[key] = _DTYPES[fields[key]]
     fields.setdefault("name", "logits")
     body = ", ".join(f"{k} = {_lua(v)}" for k, v in fields.items())
     return f"return {{ {body} }}"
@@ -191,6 +192,7 @@ class LogitsGather:
         self.name = info.name.decode()
         self.vocab_size, self.shard = info.vocab_size, info.shard
         self.max_tokens, self.dtype = info.max_tokens, _BY_NAME[("bf16", "fp16", "fp32")[info.dtype]]
+        self.out_dtype = _BY_NAME[("bf16", "fp16", "fp32")[info.out_dtype]]
         with _lock:
             self._handle = f"klgen-{next(_handles)}"
             _live[self._handle] = self
@@ -229,8 +231,8 @@ class LogitsGather:
             return
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, not {type(out).__name__}")
-        if out.dtype != self.dtype:
-            raise TypeError(f"out has dtype {out.dtype}, expected {self.dtype}")
+        if out.dtype != self.out_dtype:
+            raise TypeError(f"out has dtype {out.dtype}, expected {self.out_dtype}")
         if out.device != self.device:
             raise ValueError(f"out is on {out.device}, expected {self.device}")
         if tuple(out.shape) != (shard.shape[0], self.vocab_size):
@@ -243,7 +245,7 @@ class LogitsGather:
         self._check(shard, out)
         shard = shard.contiguous()  # documented: a strided shard is copied first
         if out is None:
-            out = torch.empty((shard.shape[0], self.vocab_size), dtype=self.dtype,
+            out = torch.empty((shard.shape[0], self.vocab_size), dtype=self.out_dtype,
                               device=self.device)
         _capi.check(_capi.lib.kl_gather(self._ctx, shard.data_ptr(), out.data_ptr(),
                                         shard.shape[0], _raw_stream(self.device.index)))
@@ -312,7 +314,7 @@ def _(shard, handle):
         raise TypeError(f"shard has dtype {shard.dtype}, expected {g.dtype} (the spec's)")
     if shard.dim() != 2:
         raise ValueError(f"shard has {shard.dim()} dimensions, expected [tokens, {g.shard}]")
-    return shard.new_empty((shard.shape[0], g.vocab_size))
+    return shard.new_empty((shard.shape[0], g.vocab_size), dtype=g.out_dtype)
 
 
 @torch.library.custom_op("klgen::gather_out", mutates_args=("out",))

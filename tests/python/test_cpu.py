@@ -20,7 +20,7 @@ def test_version_and_layout():
 def test_spec_info_from_a_file():
     info = klgen.spec_info(KIMI)
     assert info == klgen.SpecInfo("kimi_k3_tp8", 163840, 163840, 20480, 8, "bf16", 64,
-                                  info.buffer_bytes)
+                                  info.buffer_bytes, "bf16")
     assert info.buffer_bytes == 3 * 8 * 64 * 20480 * 2
 
 
@@ -33,6 +33,19 @@ def test_spec_info_from_source_and_by_name():
         klgen.spec_info(ds)
     with pytest.raises(ValueError, match="no spec named 'nope'"):
         klgen.spec_info(ds, name="nope")
+
+
+def test_epilogue_fields():
+    info = klgen.spec_info(source="return { name = 'g', vocab_size = 256000, tp = 8, "
+                                  "dtype = 'bf16', max_tokens = 8, out_dtype = 'fp32', softcap = 30.0 }")
+    assert (info.dtype, info.out_dtype) == ("bf16", "fp32")
+    for bad, field in (("softcap = 0", "softcap"), ("softcap = -1", "softcap"),
+                       ("softcap = 'x'", "softcap"), ("out_dtype = 'fp16'", "out_dtype"),
+                       ("numerics = 'fast'", "numerics"), ("scale = 0", "scale")):
+        with pytest.raises(klgen.SpecError) as e:
+            klgen.spec_info(source="return { name = 'g', vocab_size = 256, tp = 1, "
+                                   f"dtype = 'bf16', max_tokens = 1, {bad} }}")
+        assert e.value.field == field, (bad, str(e.value))
 
 
 def test_spec_names():

@@ -113,6 +113,63 @@ def main():
     for tokens in (1, 5, 12):
         x = data(tokens, g.shard, g.dtype, 9000 + tokens + rank).nan_to_num(0.0, 0.0, 0.0)
         say(same(compiled(x), step(x)), f"torch.compile(fullgraph=True), tokens {tokens}")
+    # epilogues: against the engine's separate torch ops on the gathered logits
+    # ("engine"), or the same formula in fp32 rounded once ("fp32"), on both paths
+    def as_f32(v):
+        return torch.tensor(v, dtype=torch.float32).item()
+
+    def engine(ref, cap, scale, out_dtype):
+        x = ref
+        if cap:
+            x = x / cap
+            x = torch.tanh(x)
+            x = x * cap
+        if scale != 1:
+            x = x * scale
+        return x.to(out_dtype)
+
+    def fp32(ref, cap, scale, out_dtype):
+        x = ref.float()
+        if cap:
+            inv = (torch.tensor(1.0) / torch.tensor(cap, dtype=torch.float32)).item()
+            x = torch.tanh(x * inv) * as_f32(cap)
+        if scale != 1:
+            x = x * as_f32(scale)
+        return x.to(out_dtype)
+
+    cases = [
+        (dict(vocab_size=163840, dtype=torch.bfloat16, out_dtype=torch.float32, softcap=30.0,
+              max_tokens=8, name="gemma"), engine, 30.0, 1.0),
+        (dict(vocab_size=50257, dtype=torch.float16, softcap=50.0, scale=0.5, numerics="fp32",
+              max_tokens=8, name="capfp32"), fp32, 50.0, 0.5),
+        (dict(vocab_size=152064, dtype=torch.float32, scale=1.25, max_tokens=4, name="scaled"),
+         engine, 0, 1.25),
+        (dict(vocab_size=50257, dtype=torch.bfloat16, out_dtype=torch.float32, max_tokens=4,
+              name="upcast"), engine, 0, 1.0),
+        (dict(vocab_size=50257, dtype=torch.bfloat16, softcap=30.0, scale=2.0, max_tokens=4,
+              name="capscale"), engine, 30.0, 2.0),
+        (dict(vocab_size=65536, dtype=torch.float16, out_dtype="fp32", softcap=30.0,
+              numerics="fp32", max_tokens=4, name="f16up"), fp32, 30.0, 1.0),
+    ]
+    for fields, fn, cap, scale in cases:
+        with klgen.LogitsGather(**fields) as e:
+            bad = 0
+            for tokens in (1, 3, e.max_tokens, e.max_tokens + 3):  # one-shot, then NCCL
+                x = data(tokens, e.shard, e.dtype, 700 + tokens + 17 * rank) * 40
+                gathered = reference(x, tp, e.vocab_size)
+                ref = fn(gathered, cap, scale, e.out_dtype)
+                got = e(x)
+                if got.dtype != e.out_dtype or not same(got, ref):
+                    bad += 1
+                    diff = (canon(got) != canon(ref)).nonzero()
+                    if len(diff):
+                        i, j = diff[0].tolist()
+                        print(f"  {fields['name']} tokens {tokens}: {len(diff)} differ, first "
+                              f"[{i},{j}] got {got[i, j].item()!r} want {ref[i, j].item()!r} "
+                              f"from {gathered[i, j].item()!r}", flush=True)
+            st = e.stats()
+            say(bad == 0 and st["nccl"] == 1 and st["oneshot"] == 3,
+                f"epilogue {fields['name']} ({fn.__name__}): one-shot and NCCL path, {bad} bad")
     # vLLM: the patched LogitsProcessor against the stock one (2-D and 3-D logits)
     g = gathers[1]  # gpt2: org vocab 50257, padded 50304
     lp = standins.VllmLogitsProcessor(g.vocab_size)

@@ -86,9 +86,10 @@ typedef struct kl_config {
 #define KL_CONFIG_INIT {sizeof(kl_config), 0, 0, 0, NULL, NULL, NULL, NULL, NULL, 0, 0}
 
 /* What klgen's generated header carries (KL_<NAME>_GENERATED initializes it).
- * name and source must outlive kl_ctx_create_generated only. */
+ * name and source must outlive kl_ctx_create_generated only. abi 1 headers
+ * (no epilogue fields) are still accepted. */
 typedef struct kl_generated {
-  int abi; /* 1 */
+  int abi; /* 2 */
   const char *name;
   long long vocab_size, pad_to, padded_vocab;
   int tp, dtype; /* 0 bf16, 1 fp16, 2 fp32 */
@@ -96,6 +97,9 @@ typedef struct kl_generated {
   int vec_bytes, block;
   const char *source;
   size_t source_len;
+  /* abi 2: the epilogue */
+  int out_dtype, numerics; /* numerics: 0 engine, 1 fp32 */
+  double softcap, scale;   /* 0: none */
 } kl_generated;
 
 /* A group for nranks threads of this process (1..64). Thread-safe. */
@@ -116,7 +120,8 @@ kl_result kl_ctx_create_string(kl_ctx **ctx, const char *spec_source, const char
                                const kl_config *cfg);
 kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *gen, const kl_config *cfg);
 
-/* shard: this rank's [tokens, shard] logits; out: [tokens, vocab_size]. Both
+/* shard: this rank's [tokens, shard] logits; out: [tokens, vocab_size] of the
+ * spec's out_dtype (through its epilogue, if it has one). Both
  * device memory on the context's GPU; any alignment (misaligned or overlapping
  * buffers are staged through aligned scratch). Enqueued on `stream` (NULL:
  * the legacy default stream); returns before the gather runs. Capturable in
@@ -158,8 +163,9 @@ typedef struct kl_info {
   long long vocab_size, padded_vocab, shard, max_tokens;
   int tp, dtype, elem_bytes, vec_bytes; /* dtype: 0 bf16, 1 fp16, 2 fp32 */
   long long buffer_bytes; /* one-shot receive memory per rank */
+  int out_dtype, out_elem_bytes; /* out's element type: dtype, or 2 (fp32) with an epilogue */
 } kl_info;
-#define KL_INFO_INIT {sizeof(kl_info), "", 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define KL_INFO_INIT {sizeof(kl_info), "", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* A spec's sizes from a file or a source string (no GPU needed; the spec
  * runs sandboxed); name as for kl_ctx_create_file. Thread-safe. */
