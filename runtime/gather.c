@@ -91,15 +91,11 @@ static kl_result copy(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUs
 
 CUresult kl_launch_oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, int grid,
                            CUstream s) {
-  /* kl_oneshot_args, then peers[tp] (kl_abi.h): the kernel reads as many
-   * bytes of this as its parameter has. */
-  struct {
-    kl_oneshot_args a;
-    CUdeviceptr peers[KL_TP_MAX];
-  } prm = {{(const void *)in, (void *)out, (kl_state *)c->state, tokens, c->rank, c->nslots, 0},
-           {0}};
-  memcpy(prm.peers, c->peers, sizeof(CUdeviceptr) * (size_t)c->nranks);
-  void *args[] = {&prm};
+  /* Only the args change from launch to launch (the peers are set at mapping);
+   * the launch copies the parameter, and one thread at a time calls a context. */
+  c->prm.a = (kl_oneshot_args){(const void *)in, (void *)out, (kl_state *)c->state, tokens,
+                               c->rank, c->nslots, 0};
+  void *args[] = {&c->prm};
   /* PDL: this launch may begin while the previous kernel (the LM head, or
    * the last step's gather) drains; the kernel waits for it before reading. */
   CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};

@@ -110,7 +110,13 @@ struct kl_ctx {
   int pdl;     /* launch with programmatic dependent launch (sm_90+) */
   int nslots;  /* the largest grid launched: the kernel's step slots in use */
   CUdeviceptr recv, state;
-  CUdeviceptr peers[KL_TP_MAX];
+  /* The one-shot kernel's parameter (kl_abi.h): peers are filled at mapping,
+   * each launch writes only the args; the kernel reads as many bytes as its
+   * parameter has (peers[tp]). */
+  struct {
+    kl_oneshot_args a;
+    CUdeviceptr peers[KL_TP_MAX];
+  } prm;
   unsigned char ipc_opened[KL_TP_MAX];
   int ready, disabled;
   int nccl_everywhere; /* every rank has a communicator: size declines are possible */
@@ -152,8 +158,6 @@ typedef struct agree_info {
   int64_t crossover;
   char why[KL_PEER_WHY];
 } agree_info;
-#define INFO_MAGIC KL_INFO_MAGIC
-#define INFO_VERSION KL_INFO_VERSION
 /* Equal on every rank that runs the same kernel with the same limits. */
 uint64_t kl_fingerprint(const kl_spec *s, const kl_layout *l, uint64_t source_hash);
 /* Allocates receive memory, exchanges handles, maps peers, agrees on whether

@@ -16,7 +16,6 @@
 
 #include "rt.h"
 
-#define PEER_WHY KL_PEER_WHY
 
 static uint64_t hash_str(const char *s) { return kl_fnv1a(KL_FNV_BASIS, s, strlen(s)); }
 
@@ -70,7 +69,7 @@ static int alloc_buffers(kl_ctx *c, char *why) {
       (r = cu->cuMemsetD32(c->state, 0, state_bytes / 4)) != CUDA_SUCCESS ||
       (r = cu->cuMemcpyHtoD(c->state, &header, sizeof header)) != CUDA_SUCCESS ||
       (r = cu->cuCtxSynchronize()) != CUDA_SUCCESS) {
-    snprintf(why, PEER_WHY, "rank %d: receive buffers (%lld bytes): %s", c->rank,
+    snprintf(why, KL_PEER_WHY, "rank %d: receive buffers (%lld bytes): %s", c->rank,
              (long long)c->layout.total_bytes, kl_cu_errstr(r));
     return -1;
   }
@@ -79,8 +78,8 @@ static int alloc_buffers(kl_ctx *c, char *why) {
 
 static void fill_info(kl_ctx *c, peer_info *me, int usable, const char *why) {
   memset(me, 0, sizeof *me);
-  me->magic = INFO_MAGIC;
-  me->version = INFO_VERSION;
+  me->magic = KL_INFO_MAGIC;
+  me->version = KL_INFO_VERSION;
   me->rank = c->rank;
   me->nranks = c->nranks;
   me->fingerprint = kl_fingerprint(&c->spec, &c->layout, c->source_hash);
@@ -103,8 +102,8 @@ static void fill_info(kl_ctx *c, peer_info *me, int usable, const char *why) {
 static kl_result check_group(const kl_ctx *c, peer_info *all) {
   for (int r = 0; r < c->nranks; r++) {
     peer_info *p = &all[r];
-    p->why[PEER_WHY - 1] = 0;
-    if (p->magic != INFO_MAGIC || p->version != INFO_VERSION)
+    p->why[KL_PEER_WHY - 1] = 0;
+    if (p->magic != KL_INFO_MAGIC || p->version != KL_INFO_VERSION)
       return kl_rt_fail(KLRT_ESPEC, "rank %d is not a compatible libklrt", r);
     if (p->usable != 0 && p->usable != 1)
       return kl_rt_fail(KLRT_ESPEC, "rank %d sent a malformed exchange record", r);
@@ -134,7 +133,7 @@ static int map_peer(kl_ctx *c, const peer_info *p, char *why) {
   const kl_cu *cu = c->cu;
   CUdevice pdev;
   if (find_device(cu, p->uuid, &pdev) != 0) {
-    snprintf(why, PEER_WHY, "rank %d: rank %d's GPU is not visible here (multi-node NVLink is not "
+    snprintf(why, KL_PEER_WHY, "rank %d: rank %d's GPU is not visible here (multi-node NVLink is not "
              "supported)", c->rank, p->rank);
     return -1;
   }
@@ -142,7 +141,7 @@ static int map_peer(kl_ctx *c, const peer_info *p, char *why) {
     int can = 0;
     cu->cuDeviceCanAccessPeer(&can, c->dev, pdev);
     if (!can) {
-      snprintf(why, PEER_WHY, "rank %d: no peer access from GPU %d to rank %d's GPU", c->rank,
+      snprintf(why, KL_PEER_WHY, "rank %d: no peer access from GPU %d to rank %d's GPU", c->rank,
                c->ordinal, p->rank);
       return -1;
     }
@@ -157,18 +156,18 @@ static int map_peer(kl_ctx *c, const peer_info *p, char *why) {
         cu->cuDevicePrimaryCtxRelease(pdev); /* the peer rank holds its own reference */
       }
       if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
-        snprintf(why, PEER_WHY, "rank %d: enabling peer access to rank %d: %s", c->rank, p->rank,
+        snprintf(why, KL_PEER_WHY, "rank %d: enabling peer access to rank %d: %s", c->rank, p->rank,
                  kl_cu_errstr(r));
         return -1;
       }
     }
-    c->peers[p->rank] = (CUdeviceptr)p->ptr;
+    c->prm.peers[p->rank] = (CUdeviceptr)p->ptr;
     return 0;
   }
-  CUresult r = cu->cuIpcOpenMemHandle(&c->peers[p->rank], p->handle,
+  CUresult r = cu->cuIpcOpenMemHandle(&c->prm.peers[p->rank], p->handle,
                                       CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
   if (r != CUDA_SUCCESS) {
-    snprintf(why, PEER_WHY, "rank %d: cuIpcOpenMemHandle for rank %d: %s", c->rank, p->rank,
+    snprintf(why, KL_PEER_WHY, "rank %d: cuIpcOpenMemHandle for rank %d: %s", c->rank, p->rank,
              kl_cu_errstr(r));
     return -1;
   }
@@ -196,7 +195,7 @@ static int queues_ok(const kl_ctx *c, int on_device, char *why) {
   int given;
   long long v = kl_param_int(KL_P_MAX_CONNECTIONS, &given);
   if (on_device < 2 || v >= KL_SHARED_GPU_QUEUES) return 1;
-  snprintf(why, PEER_WHY, "rank %d: %d ranks share this GPU: set CUDA_DEVICE_MAX_CONNECTIONS=%d "
+  snprintf(why, KL_PEER_WHY, "rank %d: %d ranks share this GPU: set CUDA_DEVICE_MAX_CONNECTIONS=%d "
            "before CUDA starts (it is %lld%s)", c->rank, on_device, KL_SHARED_GPU_QUEUES, v,
            given ? "" : ", unset");
   return 0;
@@ -220,9 +219,9 @@ static int residency_cap(kl_ctx *c, int on_device) {
 
 static void unmap_all(kl_ctx *c) {
   for (int r = 0; r < c->nranks; r++) {
-    if (c->ipc_opened[r]) c->cu->cuIpcCloseMemHandle(c->peers[r]);
+    if (c->ipc_opened[r]) c->cu->cuIpcCloseMemHandle(c->prm.peers[r]);
     c->ipc_opened[r] = 0;
-    c->peers[r] = 0;
+    c->prm.peers[r] = 0;
   }
 }
 
@@ -245,7 +244,7 @@ static int warm_up(kl_ctx *c, char *why) {
                               c->stream, rl, NULL);
   if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
   if (r != CUDA_SUCCESS) {
-    snprintf(why, PEER_WHY, "rank %d: first launch of the kernels: %s", c->rank, kl_cu_errstr(r));
+    snprintf(why, KL_PEER_WHY, "rank %d: first launch of the kernels: %s", c->rank, kl_cu_errstr(r));
     return -1;
   }
   return 0;
@@ -254,18 +253,18 @@ static int warm_up(kl_ctx *c, char *why) {
 static int map_all(kl_ctx *c, const peer_info *all, char *why) {
   for (int r = 0; r < c->nranks; r++) {
     if (!all[r].usable) {
-      snprintf(why, PEER_WHY, "%s", all[r].why);
+      snprintf(why, KL_PEER_WHY, "%s", all[r].why);
       return -1;
     }
   }
-  c->peers[c->rank] = c->recv;
+  c->prm.peers[c->rank] = c->recv;
   for (int r = 0; r < c->nranks; r++)
     if (r != c->rank && map_peer(c, &all[r], why) != 0) return -1;
   int on_device = ranks_on_device(c, all);
   if (!queues_ok(c, on_device, why)) return -1;
   c->cta_cap = residency_cap(c, on_device);
   if (c->cta_cap < 1) {
-    snprintf(why, PEER_WHY, "rank %d: the one-shot kernel cannot be resident", c->rank);
+    snprintf(why, KL_PEER_WHY, "rank %d: the one-shot kernel cannot be resident", c->rank);
     return -1;
   }
   c->nslots = kl_layout_grid(&c->layout, (int)c->spec.max_tokens, c->cta_cap);
@@ -276,7 +275,7 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
 static kl_result check_agreement(const kl_ctx *c, agree_info *agree) {
   for (int r = 0; r < c->nranks; r++) {
     agree_info *a = &agree[r];
-    a->why[PEER_WHY - 1] = 0;
+    a->why[KL_PEER_WHY - 1] = 0;
     if ((a->mapped | a->disabled | a->has_nccl) & ~1)
       return kl_rt_fail(KLRT_ESPEC, "rank %d sent a malformed agreement record", r);
     if (a->crossover < 0)
