@@ -10,30 +10,6 @@
 
 #include "klgen.h"
 
-/* Reads an open descriptor of a regular file, at most limit bytes. */
-static int read_fd(int fd, const char *path, char **data, size_t *size, size_t limit,
-                   kl_err *err) {
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    return kl_fail(err, KL_EIO, "%s: not a regular file", path);
-  if ((size_t)st.st_size > limit)
-    return kl_fail(err, KL_EIO, "%s: %lld bytes, larger than the %zu-byte limit", path,
-                   (long long)st.st_size, limit);
-  char *buf = malloc((size_t)st.st_size + 1);
-  if (!buf) return kl_fail(err, KL_ENOMEM, "out of memory");
-  size_t n = 0;
-  while (n < (size_t)st.st_size) {
-    ssize_t r = read(fd, buf + n, (size_t)st.st_size - n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break; /* shrank while read: what was there */
-    n += (size_t)r;
-  }
-  buf[n] = 0;
-  *data = buf;
-  *size = n;
-  return 0;
-}
-
 int kl_open_regular(const char *path, int nofollow) {
   /* O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever. */
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
@@ -50,11 +26,30 @@ int kl_open_regular(const char *path, int nofollow) {
 int kl_read_file(const char *path, char **data, size_t *size, size_t limit, kl_err *err) {
   *data = NULL;
   *size = 0;
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  int fd = kl_open_regular(path, 0);
+  if (fd < 0 && errno == EINVAL) return kl_fail(err, KL_EIO, "%s: not a regular file", path);
   if (fd < 0) return kl_fail(err, KL_EIO, "%s: cannot open: %s", path, strerror(errno));
-  int rc = read_fd(fd, path, data, size, limit, err);
+  struct stat st;
+  int rc = 0;
+  char *buf = NULL;
+  if (fstat(fd, &st) != 0) rc = kl_fail(err, KL_EIO, "%s: %s", path, strerror(errno));
+  else if ((size_t)st.st_size > limit)
+    rc = kl_fail(err, KL_EIO, "%s: %lld bytes, larger than the %zu-byte limit", path,
+                 (long long)st.st_size, limit);
+  else if (!(buf = malloc((size_t)st.st_size + 1))) rc = kl_fail(err, KL_ENOMEM, "out of memory");
+  size_t n = 0;
+  while (!rc && n < (size_t)st.st_size) {
+    ssize_t r = read(fd, buf + n, (size_t)st.st_size - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break; /* shrank while read: what was there */
+    n += (size_t)r;
+  }
   close(fd);
-  return rc;
+  if (rc) return rc;
+  buf[n] = 0;
+  *data = buf;
+  *size = n;
+  return 0;
 }
 
 static int write_all(int fd, const void *data, size_t size) {

@@ -73,18 +73,24 @@ static void contents(void) {
   free(again), free(src), free(hdr);
 }
 
-/* A TP above 16 takes the template's other branch (one rank at a time). */
-static void large_tp(void) {
+/* The kernel source rendered for src's one spec, or NULL (a failed check). */
+static char *render_spec(const char *src) {
   kl_spec s;
   kl_layout l;
-  char *src = NULL;
   kl_err e;
-  if (load_one("return { name = 'big', vocab_size = 262144, tp = 32, dtype = 'fp16', "
-               "max_tokens = 4 }", &s, &l)) {
+  char *out = NULL;
+  if (load_one(src, &s, &l)) {
     CHECK(0, "load");
-    return;
+    return NULL;
   }
-  CHECK(kl_render(&s, &l, NULL, &src, &e) == 0, "%s", e.msg);
+  CHECK(kl_render(&s, &l, NULL, &out, &e) == 0, "%s", e.msg);
+  return out;
+}
+
+/* A TP above 16 takes the template's other branch (one rank at a time). */
+static void large_tp(void) {
+  char *src = render_spec("return { name = 'big', vocab_size = 262144, tp = 32, dtype = 'fp16', "
+                          "max_tokens = 4 }");
   CHECK(src && strstr(src, "one rank at a time") && !strstr(src, "uint4 v[TP]"), "tp 32 branch");
   free(src);
 }
@@ -92,16 +98,8 @@ static void large_tp(void) {
 /* The epilogue is rendered only when the spec has one, with its constants as
  * exact float literals; a spec without one has none of it. */
 static void epilogue(void) {
-  kl_spec s;
-  kl_layout l;
-  char *src = NULL;
-  kl_err e;
-  if (load_one("return { name = 'g', vocab_size = 256000, tp = 8, dtype = 'bf16', "
-               "max_tokens = 8, out_dtype = 'fp32', softcap = 30.0, scale = 0.5 }", &s, &l)) {
-    CHECK(0, "load");
-    return;
-  }
-  CHECK(kl_render(&s, &l, NULL, &src, &e) == 0, "%s", e.msg);
+  char *src = render_spec("return { name = 'g', vocab_size = 256000, tp = 8, dtype = 'bf16', "
+                          "max_tokens = 8, out_dtype = 'fp32', softcap = 30.0, scale = 0.5 }");
   const char *want[] = {"float epilogue(float x)", "round_in(tanhf(x))",
                         "x = round_in(x * 0x1.111112p-5f)",  /* 1/30 as a float */
                         "x = round_in(x * 0x1.ep+4f)",       /* 30 */
@@ -110,10 +108,9 @@ static void epilogue(void) {
   for (size_t i = 0; src && i < sizeof want / sizeof *want; i++)
     CHECK(strstr(src, want[i]) != NULL, "epilogue source lacks '%s'", want[i]);
   free(src);
-  src = NULL;
-  if (load_one("return { name = 'p', vocab_size = 256000, tp = 8, dtype = 'bf16', "
-               "max_tokens = 8 }", &s, &l) == 0 && kl_render(&s, &l, NULL, &src, &e) == 0)
-    CHECK(!strstr(src, "epilogue") && !strstr(src, "tanhf"), "a plain spec got an epilogue");
+  src = render_spec("return { name = 'p', vocab_size = 256000, tp = 8, dtype = 'bf16', "
+                    "max_tokens = 8 }");
+  CHECK(src && !strstr(src, "epilogue") && !strstr(src, "tanhf"), "a plain spec got an epilogue");
   free(src);
 }
 

@@ -255,34 +255,37 @@ static void names(void) {
   }
 }
 
-/* The epilogue's fields: types, ranges, what they may be. */
-static void epilogue(void) {
+/* src's one spec and its layout; 0, or -1 (a failed check) if it did not load. */
+static int load_layout(const char *src, kl_spec *s, kl_layout *lay) {
   kl_spec_list l;
   kl_err e;
-  const char *ok = "return { name = 'g', vocab_size = 256000, tp = 8, dtype = 'bf16', "
-                   "max_tokens = 8, out_dtype = 'fp32', softcap = 30.0, scale = 0.5, "
-                   "numerics = 'fp32' }";
-  CHECK(kl_spec_load_string("t.lua", ok, strlen(ok), NULL, &l, &e) == 0, "%s", e.msg);
-  if (l.n == 1) {
-    kl_layout lay;
-    CHECK(l.v[0].out_dtype == KL_FP32 && l.v[0].softcap == 30.0 && l.v[0].scale == 0.5 &&
-              l.v[0].numerics == KL_NUMERICS_FP32, "fields not read back");
-    CHECK(kl_layout_derive(&l.v[0], &lay, &e) == 0 && lay.epilogue && lay.out_elem_bytes == 4 &&
-              lay.out_vec_bytes == 16, "layout: epilogue %d out %d vec %d", lay.epilogue,
-          lay.out_elem_bytes, lay.out_vec_bytes);
+  int rc = kl_spec_load_string("t.lua", src, strlen(src), NULL, &l, &e);
+  if (rc == 0 && l.n == 1) *s = l.v[0];
+  if (rc == 0) kl_spec_list_free(&l);
+  if (rc == 0 && kl_layout_derive(s, lay, &e) == 0) return 0;
+  CHECK(0, "%s", e.msg);
+  return -1;
+}
+
+/* The epilogue's fields: types, ranges, what they may be. */
+static void epilogue(void) {
+  kl_spec s;
+  kl_layout lay;
+  if (load_layout("return { name = 'g', vocab_size = 256000, tp = 8, dtype = 'bf16', "
+                  "max_tokens = 8, out_dtype = 'fp32', softcap = 30.0, scale = 0.5, "
+                  "numerics = 'fp32' }", &s, &lay) == 0) {
+    CHECK(s.out_dtype == KL_FP32 && s.softcap == 30.0 && s.scale == 0.5 &&
+              s.numerics == KL_NUMERICS_FP32, "fields not read back");
+    CHECK(lay.epilogue && lay.out_elem_bytes == 4 && lay.out_vec_bytes == 16,
+          "layout: epilogue %d out %d vec %d", lay.epilogue, lay.out_elem_bytes,
+          lay.out_vec_bytes);
   }
-  kl_spec_list_free(&l);
   /* out_dtype equal to dtype, scale 1, numerics alone: no epilogue */
-  const char *none = "return { name = 'g', vocab_size = 50257, tp = 1, dtype = 'fp16', "
-                     "max_tokens = 1, out_dtype = 'fp16', scale = 1, numerics = 'engine' }";
-  CHECK(kl_spec_load_string("t.lua", none, strlen(none), NULL, &l, &e) == 0, "%s", e.msg);
-  if (l.n == 1) {
-    kl_layout lay;
-    kl_layout_derive(&l.v[0], &lay, &e);
+  if (load_layout("return { name = 'g', vocab_size = 50257, tp = 1, dtype = 'fp16', "
+                  "max_tokens = 1, out_dtype = 'fp16', scale = 1, numerics = 'engine' }", &s,
+                  &lay) == 0)
     CHECK(!lay.epilogue && lay.out_elem_bytes == 2 && lay.out_vec_bytes == lay.vec_bytes,
           "no-op fields made an epilogue");
-  }
-  kl_spec_list_free(&l);
   bad(SPEC(", softcap = 0"), "t.lua:1: softcap:", "must be a positive number");
   bad(SPEC(", softcap = -30"), "t.lua:1: softcap:", "must be a positive number");
   bad(SPEC(", softcap = '30'"), "t.lua:1: softcap:", "expected a number, got string");

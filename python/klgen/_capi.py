@@ -123,9 +123,10 @@ def _load():
 
 lib = _load()
 
-_FIELDS = ("name", "vocab_size", "pad_to", "padded_vocab", "tp", "dtype", "max_tokens", "timeout_ms",
-           "out_dtype", "softcap", "scale", "numerics")
-_LOCATED = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?:(?P<field>%s): )?" % "|".join(_FIELDS))
+# A spec's fields (kl_field_names in gen/spec.c).
+FIELDS = ("name", "vocab_size", "pad_to", "padded_vocab", "tp", "dtype", "max_tokens", "timeout_ms",
+          "out_dtype", "softcap", "scale", "numerics")
+_LOCATED = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?:(?P<field>%s): )?" % "|".join(FIELDS))
 
 
 def spec_error(message):

@@ -21,8 +21,6 @@ from ._errors import DeviceError, Error
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _BY_NAME = {v: k for k, v in _DTYPES.items()}
-_FIELDS = ("name", "vocab_size", "pad_to", "padded_vocab", "tp", "dtype", "max_tokens",
-           "timeout_ms", "out_dtype", "softcap", "scale", "numerics")
 
 # Live gathers by handle: what the custom op (which takes plain values) calls.
 # The handle is a str: an int argument could be made symbolic by torch.compile.
@@ -41,9 +39,10 @@ def _lua(value):
 
 def _spec_source(fields):
     """A spec's Lua source from keyword fields (dtype may be a torch.dtype)."""
-    unknown = sorted(set(fields) - set(_FIELDS))
+    unknown = sorted(set(fields) - set(_capi.FIELDS))
     if unknown:
-        raise TypeError(f"unknown spec field(s) {', '.join(unknown)}; fields are {', '.join(_FIELDS)}")
+        raise TypeError(f"unknown spec field(s) {', '.join(unknown)}; fields are "
+                        f"{', '.join(_capi.FIELDS)}")
     fields = dict(fields)
     for key in ("dtype", "out_dtype"):
         if isinstance(fields.get(key), torch.dtype):
