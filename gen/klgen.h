@@ -39,7 +39,7 @@ typedef enum kl_numerics { KL_NUMERICS_ENGINE = 0, KL_NUMERICS_FP32 = 1 } kl_num
 typedef enum kl_field {
   KL_F_NAME, KL_F_VOCAB_SIZE, KL_F_PAD_TO, KL_F_PADDED_VOCAB, KL_F_TP,
   KL_F_DTYPE, KL_F_MAX_TOKENS, KL_F_TIMEOUT_MS, KL_F_OUT_DTYPE, KL_F_SOFTCAP, KL_F_SCALE,
-  KL_F_NUMERICS, KL_F_COUNT
+  KL_F_NUMERICS, KL_F_TOPK, KL_F_COUNT
 } kl_field;
 
 #define KL_NAME_MAX 48 /* a spec name is a C identifier of at most this many chars */
@@ -47,6 +47,7 @@ typedef enum kl_field {
 #define KL_VOCAB_MAX (1 << 24)
 #define KL_TOKENS_MAX 65536
 #define KL_BUFFER_CAP ((int64_t)1 << 30) /* one-shot buffer bytes per rank */
+#define KL_TOPK_MAX 64
 
 /* A spec as written by its author. 0 in an optional field means "not given". */
 typedef struct kl_spec {
@@ -64,6 +65,7 @@ typedef struct kl_spec {
   double softcap;      /* 0: none; else x -> tanh(x / softcap) * softcap */
   double scale;        /* 0: not given (1); else x -> x * scale, after the cap */
   kl_numerics numerics;
+  int topk;            /* 0: no kl_topk; else its k (1..KL_TOPK_MAX) */
   /* Where each field was written, for messages ("file:line: field: ..."). */
   char file[4096];
   int line[KL_F_COUNT]; /* indexed by kl_field */
@@ -90,6 +92,20 @@ typedef struct kl_layout {
   int relayout_block;   /* threads per CTA of the relayout kernel */
   int max_ctas;         /* CTAs per rank at max_tokens (before residency caps) */
   int64_t timeout_ns;
+  /* The sampling-ready gathers (kl_argmax, kl_topk: docs/DESIGN.md §10).
+   * Each of sel_split CTAs reduces a part of a rank's row to one record of
+   * candidates; records go through their own triple-buffered region of the
+   * receive memory, after the gather's. */
+  int sel_k;            /* candidates per record: max(1, topk) */
+  int sel_block;        /* threads per CTA of the select kernels */
+  int sel_cpt;          /* 16-byte input chunks per thread */
+  int sel_split;        /* CTAs (records) per rank row */
+  int rec_chunks;       /* 16-byte chunks per record */
+  int64_t sel_offset;   /* byte offset of the select region in the receive memory */
+  int64_t sel_slot_bytes;   /* one rank's slot: max_tokens x sel_split records */
+  int64_t sel_buffer_bytes; /* one of three: tp slots */
+  int64_t recv_bytes;   /* total_bytes + 3 x sel_buffer_bytes: what each rank allocates */
+  int sel_max_ctas;     /* select CTAs at max_tokens (before residency caps) */
 } kl_layout;
 
 /* ---- spec loading (spec.c) ---- */
@@ -126,6 +142,8 @@ int kl_layout_grid(const kl_layout *l, int tokens, int cap);
 /* CTAs of the relayout kernel for an output of out_bytes: one vector per
  * thread, at most cap (> 0) CTAs, which then loop. */
 int kl_layout_relayout_grid(const kl_layout *l, int64_t out_bytes, int cap);
+/* CTAs of a one-shot select launch for `tokens` rows, at most cap (0: none). */
+int kl_layout_select_grid(const kl_layout *l, int tokens, int cap);
 
 /* ---- rendering (render.c) ---- */
 /* Templates come from the binary (dir == NULL) or from a directory. */

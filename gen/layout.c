@@ -13,6 +13,13 @@
 #define CHUNK 16   /* bytes: one Lamport vector, one volatile poll */
 #define BLOCK 128  /* threads per CTA: small CTAs spread the pushes over more SMs */
 #define RELAYOUT_BLOCK 256
+/* Select kernels (kl_argmax, kl_topk): one CTA reads SEL_BLOCK x cpt chunks of
+ * a row, so a row is spread over up to SEL_SPLIT_MAX CTAs: at one token the
+ * reduction runs on many SMs, not one. The merge keeps every rank's records
+ * of a token in shared memory: at most MERGE_CHUNKS 16-byte chunks. */
+#define SEL_BLOCK 256
+#define SEL_SPLIT_MAX 16
+#define MERGE_CHUNKS 2560
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 static int64_t gcd64(int64_t a, int64_t b) {
@@ -68,6 +75,27 @@ static void derive_epilogue(const kl_spec *s, kl_layout *l) {
   l->out_vec_bytes = s->vocab_size % epc == 0 && l->shard % epc == 0 ? 16 : l->out_elem_bytes;
 }
 
+/* Records of candidates: sel_k (value, index) keys of two words each, then
+ * (for topk) the log-sum-exp partial: two words. */
+static void derive_select(const kl_spec *s, kl_layout *l) {
+  l->sel_k = s->topk > 0 ? s->topk : 1;
+  int words = 2 * l->sel_k + (s->topk > 0 ? 2 : 0);
+  l->rec_chunks = (words + 3) / 4;
+  int64_t split_cap = MERGE_CHUNKS / ((int64_t)l->rec_chunks * s->tp);
+  if (split_cap > SEL_SPLIT_MAX) split_cap = SEL_SPLIT_MAX;
+  if (split_cap < 1) split_cap = 1; /* cannot happen: rec_chunks <= 33, tp <= 64 */
+  int64_t per_cta = SEL_BLOCK * split_cap;
+  l->sel_block = SEL_BLOCK;
+  l->sel_cpt = (int)((l->row_chunks + per_cta - 1) / per_cta);
+  int64_t cta_chunks = (int64_t)SEL_BLOCK * l->sel_cpt;
+  l->sel_split = (int)((l->row_chunks + cta_chunks - 1) / cta_chunks);
+  l->sel_offset = l->total_bytes;
+  l->sel_slot_bytes = s->max_tokens * l->sel_split * l->rec_chunks * CHUNK;
+  l->sel_buffer_bytes = l->sel_slot_bytes * s->tp;
+  l->recv_bytes = l->total_bytes + 3 * l->sel_buffer_bytes;
+  l->sel_max_ctas = kl_layout_select_grid(l, (int)s->max_tokens, 0);
+}
+
 int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   if (!s || !l) return kl_fail(err, KL_EARG, "kl_layout_derive: NULL argument");
   memset(l, 0, sizeof *l);
@@ -96,6 +124,15 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
                         (long long)(l->total_bytes >> 20), (long long)(KL_BUFFER_CAP >> 20),
                         (long long)(KL_BUFFER_CAP / per_token));
   }
+  derive_select(s, l);
+  if (l->recv_bytes > KL_BUFFER_CAP) {
+    int64_t per_token = 3 * s->tp * (l->row_chunks + (int64_t)l->sel_split * l->rec_chunks) * CHUNK;
+    return kl_spec_fail(err, s, KL_F_MAX_TOKENS,
+                        "one-shot buffers would take %lld MiB per rank (3 x tp x max_tokens x "
+                        "(shard bytes + candidate records)), over the %lld MiB cap; max_tokens "
+                        "<= %lld fits", (long long)(l->recv_bytes >> 20),
+                        (long long)(KL_BUFFER_CAP >> 20), (long long)(KL_BUFFER_CAP / per_token));
+  }
   l->block = BLOCK;
   l->relayout_block = RELAYOUT_BLOCK;
   l->max_ctas = kl_layout_grid(l, (int)s->max_tokens, 0);
@@ -117,5 +154,11 @@ int kl_layout_relayout_grid(const kl_layout *l, int64_t out_bytes, int cap) {
   int64_t threads = out_bytes / l->vec_bytes;
   int64_t g = (threads + l->relayout_block - 1) / l->relayout_block;
   if (g > cap) g = cap;
+  return g < 1 ? 1 : (int)g;
+}
+
+int kl_layout_select_grid(const kl_layout *l, int tokens, int cap) {
+  int64_t g = (int64_t)tokens * l->sel_split;
+  if (cap > 0 && g > cap) g = cap;
   return g < 1 ? 1 : (int)g;
 }

@@ -179,7 +179,8 @@ static void summary(const job *j, const opts *o) {
          "vec %d B, buffers %.2f MiB/rank",
          s->name, (long long)s->vocab_size, (long long)l->padded_vocab, s->tp,
          (long long)l->shard, (long long)l->shard_bytes, kl_dtype_name(s->dtype), l->vec_bytes,
-         (double)l->total_bytes / (1 << 20));
+         (double)l->recv_bytes / (1 << 20));
+  if (s->topk) printf(", top-%d", s->topk);
   for (int a = 0; (o->check || o->cubin) && a < o->n_arch; a++)
     printf("%s%s", a ? " " : ", compiled for ", o->arch[a]);
   printf("\n");

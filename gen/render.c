@@ -16,7 +16,8 @@
 /* The kernel source is these templates, rendered and concatenated in order:
  * a tiny prelude of constants, then readable kernel logic (FlashInfer's split). */
 static const char *const source_parts[] = {"prelude.cuh.tmpl", "kl_abi.h", "common.cuh.tmpl",
-                                           "oneshot.cu.tmpl", "relayout.cu.tmpl", NULL};
+                                           "oneshot.cu.tmpl", "select.cu.tmpl",
+                                           "relayout.cu.tmpl", NULL};
 static const char *const header_part = "header.h.tmpl";
 
 uint64_t kl_template_set_hash(void) {
@@ -124,6 +125,19 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_str(L, "ONESHOT", buf);
   kl_entry_name(s, "relayout", buf, sizeof buf);
   set_str(L, "RELAYOUT", buf);
+  /* kl_argmax / kl_topk (select.cu.tmpl) */
+  set_int(L, "TOPK", s->topk);
+  set_int(L, "SEL_BLOCK", l->sel_block);
+  set_int(L, "SEL_CPT", l->sel_cpt);
+  set_int(L, "SEL_SPLIT", l->sel_split);
+  set_int(L, "REC_CHUNKS", l->rec_chunks);
+  set_int(L, "SEL_OFFSET", l->sel_offset);
+  set_int(L, "RECV_BYTES", l->recv_bytes);
+  set_int(L, "SEL_MAX_CTAS", l->sel_max_ctas);
+  kl_entry_name(s, "argmax", buf, sizeof buf);
+  set_str(L, "ARGMAX", buf);
+  kl_entry_name(s, "topk", buf, sizeof buf);
+  set_str(L, "TOPK_ENTRY", buf);
 }
 
 /* One rendering: what the protected function needs, and its outcome. */

@@ -22,7 +22,8 @@
 
 const char *const kl_field_names[KL_F_COUNT] = {
     "name",       "vocab_size", "pad_to",    "padded_vocab", "tp",      "dtype",
-    "max_tokens", "timeout_ms", "out_dtype", "softcap",      "scale",   "numerics"};
+    "max_tokens", "timeout_ms", "out_dtype", "softcap",      "scale",   "numerics",
+    "topk"};
 
 /* What one table conversion needs to report errors well. */
 typedef struct ctx {
@@ -204,6 +205,19 @@ static int parse_epilogue(const ctx *c, kl_spec *s, int t) {
   return 0;
 }
 
+/* topk (optional): an integer; 0 stands for "not given" in kl_spec (get_int
+ * refuses a given value below 1). */
+static int parse_topk(const ctx *c, kl_spec *s, int t) {
+  int64_t k = 0;
+  int rc = get_int(c, s, t, KL_F_TOPK, &k, 1);
+  if (rc) return rc;
+  if (k > KL_TOPK_MAX)
+    return kl_spec_fail(c->err, s, KL_F_TOPK, "%lld is out of range (1..%d)", (long long)k,
+                        KL_TOPK_MAX);
+  s->topk = (int)k;
+  return 0;
+}
+
 static int parse_dtype(const ctx *c, const kl_spec *s, int t, kl_dtype *out) {
   char d[16];
   int rc = get_string(c, s, t, KL_F_DTYPE, d, sizeof d, 0);
@@ -229,7 +243,7 @@ static int convert(const ctx *c, const char *file, int t, kl_spec *s) {
       (rc = get_int(c, s, t, KL_F_TP, &tp, 0)) || (rc = parse_dtype(c, s, t, &s->dtype)) ||
       (rc = get_int(c, s, t, KL_F_MAX_TOKENS, &s->max_tokens, 0)) ||
       (rc = get_int(c, s, t, KL_F_TIMEOUT_MS, &s->timeout_ms, 1)) ||
-      (rc = parse_epilogue(c, s, t)))
+      (rc = parse_epilogue(c, s, t)) || (rc = parse_topk(c, s, t)))
     return rc;
   if (tp < 1 || tp > KL_TP_MAX)
     return kl_spec_fail(c->err, s, KL_F_TP, "%lld is out of range (1..%d)", (long long)tp,

@@ -74,6 +74,10 @@ int kl_spec_validate(const kl_spec *s, kl_err *err) {
                         "1e-6..1e6)", s->scale);
   if (s->numerics != KL_NUMERICS_ENGINE && s->numerics != KL_NUMERICS_FP32)
     return kl_spec_fail(err, s, KL_F_NUMERICS, "must be engine or fp32");
+  if (s->topk && (rc = range(s, KL_F_TOPK, s->topk, 1, KL_TOPK_MAX, err))) return rc;
+  if (s->topk > s->vocab_size)
+    return kl_spec_fail(err, s, KL_F_TOPK, "%d is more than the vocabulary (%lld)", s->topk,
+                        (long long)s->vocab_size);
   kl_layout l;
   return kl_layout_derive(s, &l, err);
 }

@@ -215,16 +215,21 @@ static int build_kernels(kl_ctx *c, const char *source, char *why) {
     return -1;
   }
   c->stats.cache_hit = hit;
-  char on[128], rl[128];
+  char on[128], rl[128], am[128], tk[128];
   kl_entry_name(&c->spec, "oneshot", on, sizeof on);
   kl_entry_name(&c->spec, "relayout", rl, sizeof rl);
+  kl_entry_name(&c->spec, "argmax", am, sizeof am);
+  kl_entry_name(&c->spec, "topk", tk, sizeof tk);
   CUresult r = c->cu->cuModuleLoadData(&c->mod, bin.data);
   if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->oneshot, c->mod, on);
   if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->relayout, c->mod, rl);
+  if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->argmax, c->mod, am);
+  if (r == CUDA_SUCCESS && c->spec.topk) r = c->cu->cuModuleGetFunction(&c->topk, c->mod, tk);
   kl_binary_free(&bin);
   if (r != CUDA_SUCCESS) {
     if (c->mod) c->cu->cuModuleUnload(c->mod);
-    c->mod = NULL, c->oneshot = c->relayout = NULL; /* the NCCL path copies instead */
+    /* the gather's NCCL path copies instead; kl_argmax and kl_topk are unavailable */
+    c->mod = NULL, c->oneshot = c->relayout = c->argmax = c->topk = NULL;
     snprintf(why, KL_WHY_MAX, "rank %d: loading the kernel: %s", c->rank, kl_cu_errstr(r));
     return -1;
   }
@@ -237,8 +242,8 @@ static void release(kl_ctx *c) {
     int pushed = 0;
     if (c->cuctx) kl_ctx_enter(c, &pushed);
     kl_transport_teardown(c);
-    CUdeviceptr bufs[] = {c->scratch, c->stage_in, c->stage_out};
-    for (int i = 0; i < 3; i++)
+    CUdeviceptr bufs[] = {c->scratch, c->stage_in, c->stage_out, c->sel_scratch};
+    for (int i = 0; i < 4; i++)
       if (bufs[i]) c->cu->cuMemFree(bufs[i]);
     if (c->mod) c->cu->cuModuleUnload(c->mod);
     if (c->stream) c->cu->cuStreamDestroy(c->stream);
@@ -249,14 +254,18 @@ static void release(kl_ctx *c) {
   free(c);
 }
 
-/* The NCCL path needs scratch for max_tokens from the start, so that a graph
+/* The NCCL paths need scratch for max_tokens from the start, so that a graph
  * captured at any size up to it needs no allocation. */
 static kl_result alloc_scratch(kl_ctx *c) {
   size_t bytes = (size_t)c->spec.max_tokens * (size_t)c->layout.shard_bytes * (size_t)c->nranks;
+  size_t sel = kl_select_scratch_bytes(c, c->spec.max_tokens);
   CUresult r = c->cu->cuMemAlloc(&c->scratch, bytes);
+  if (r == CUDA_SUCCESS) c->scratch_bytes = bytes;
+  if (r == CUDA_SUCCESS) r = c->cu->cuMemAlloc(&c->sel_scratch, sel);
   if (r != CUDA_SUCCESS)
-    return kl_rt_fail(KLRT_ENOMEM, "NCCL scratch (%zu bytes): %s", bytes, kl_cu_errstr(r));
-  c->scratch_bytes = bytes;
+    return kl_rt_fail(KLRT_ENOMEM, "NCCL scratch (%zu + %zu bytes): %s", bytes, sel,
+                      kl_cu_errstr(r));
+  c->sel_scratch_bytes = sel;
   return KLRT_OK;
 }
 
@@ -404,8 +413,8 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
   CHECK_OUT_CFG(ctx, cfg_in);
   if (!g || !g->name || !g->source)
     return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_generated: gen, its name or source is NULL");
-  if (g->abi != 1 && g->abi != 2)
-    return kl_rt_fail(KLRT_ESPEC, "generated header ABI %d is not 1 or 2", g->abi);
+  if (g->abi < 1 || g->abi > 3)
+    return kl_rt_fail(KLRT_ESPEC, "generated header ABI %d is not 1, 2 or 3", g->abi);
   if (g->dtype < 0 || g->dtype > 2 || g->source_len != strlen(g->source) ||
       (g->abi >= 2 && (g->out_dtype < 0 || g->out_dtype > 2)))
     return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' is malformed", g->name);
@@ -426,6 +435,7 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
     s.softcap = g->softcap;
     s.scale = g->scale;
   }
+  if (g->abi >= 3) s.topk = g->topk;
   kl_err err;
   kl_layout l;
   if (strlen(g->name) > KL_NAME_MAX || kl_spec_validate(&s, &err) != 0 ||
@@ -438,23 +448,61 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
   return create(ctx, &s, g->source, cfg);
 }
 
-kl_result kl_gather(kl_ctx *c, const void *in, void *out, int tokens, kl_stream stream) {
-  if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_gather: ctx is NULL");
-  kl_result res = ctx_acquire(c, 0, "kl_gather");
+/* One step's call (kl_gather, kl_argmax, kl_topk): the context entered, the
+ * stream ordered after the previous call, the call, and its mark. */
+typedef struct step_call {
+  const char *fn;
+  int kind; /* 0 gather, 1 argmax, 2 topk */
+  const void *in;
+  void *out; /* gather: out; select: index */
+  float *value, *lse;
+  int tokens;
+} step_call;
+
+static kl_result step_impl(kl_ctx *c, const step_call *k, CUstream s) {
+  if (k->kind == 0) return kl_gather_impl(c, k->in, k->out, k->tokens, s);
+  return kl_select_impl(c, k->kind == 2, k->in, k->out, k->value, k->lse, k->tokens, s);
+}
+
+static kl_result step(kl_ctx *c, const step_call *k, kl_stream stream) {
+  if (!c) return kl_rt_fail(KLRT_EINVAL, "%s: ctx is NULL", k->fn);
+  kl_result res = ctx_acquire(c, 0, k->fn);
   if (res) return res;
   int pushed;
-  if (!in || !out) res = kl_rt_fail(KLRT_EINVAL, "kl_gather: %s is NULL", in ? "out" : "shard");
-  else if (tokens <= 0)
-    res = kl_rt_fail(KLRT_EINVAL, "kl_gather: tokens is %d (must be > 0)", tokens);
+  if (!k->in || !k->out)
+    res = kl_rt_fail(KLRT_EINVAL, "%s: %s is NULL", k->fn,
+                     k->in ? (k->kind ? "index" : "out") : "shard");
+  else if (k->tokens <= 0)
+    res = kl_rt_fail(KLRT_EINVAL, "%s: tokens is %d (must be > 0)", k->fn, k->tokens);
+  else if (k->kind == 2 && !c->spec.topk)
+    res = kl_rt_fail(KLRT_EINVAL, "kl_topk: spec '%s' has no topk field (add topk = K to it)",
+                     c->spec.name);
   else if (!(res = kl_ctx_enter(c, &pushed))) {
     int outside = 0; /* not capturing a graph */
     res = kl_order_streams(c, (CUstream)stream, &outside);
-    if (!res) res = kl_gather_impl(c, in, out, tokens, (CUstream)stream);
+    if (!res) res = step_impl(c, k, (CUstream)stream);
     if (!res && outside) res = kl_order_mark(c, (CUstream)stream);
     kl_ctx_leave(c, pushed);
   }
   ctx_release(c);
   return res;
+}
+
+kl_result kl_gather(kl_ctx *c, const void *in, void *out, int tokens, kl_stream stream) {
+  step_call k = {"kl_gather", 0, in, out, NULL, NULL, tokens};
+  return step(c, &k, stream);
+}
+
+kl_result kl_argmax(kl_ctx *c, const void *shard, int64_t *index, float *value, int tokens,
+                    kl_stream stream) {
+  step_call k = {"kl_argmax", 1, shard, index, value, NULL, tokens};
+  return step(c, &k, stream);
+}
+
+kl_result kl_topk(kl_ctx *c, const void *shard, int64_t *index, float *value, float *lse,
+                  int tokens, kl_stream stream) {
+  step_call k = {"kl_topk", 2, shard, index, value, lse, tokens};
+  return step(c, &k, stream);
 }
 
 static void fill_info(const kl_spec *s, const kl_layout *l, kl_info *info) {
@@ -469,9 +517,10 @@ static void fill_info(const kl_spec *s, const kl_layout *l, kl_info *info) {
   info->dtype = (int)s->dtype;
   info->elem_bytes = l->elem_bytes;
   info->vec_bytes = l->vec_bytes;
-  info->buffer_bytes = l->total_bytes;
+  info->buffer_bytes = l->recv_bytes;
   info->out_dtype = (int)s->out_dtype;
   info->out_elem_bytes = l->out_elem_bytes;
+  info->topk = s->topk;
 }
 
 /* Every spec of a file (path) or a string (src), under the environment's

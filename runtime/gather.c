@@ -18,7 +18,7 @@ int kl_choose_path(const kl_ctx *c, int tokens, kl_decline *why) {
   return PATH_ONESHOT;
 }
 
-static int capturing(const kl_ctx *c, CUstream s) {
+int kl_capturing(const kl_ctx *c, CUstream s) {
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   c->cu->cuStreamIsCapturing(s, &st);
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
@@ -29,10 +29,10 @@ static int capturing(const kl_ctx *c, CUstream s) {
  * and with several ranks on one GPU that wait is on peers spinning for this
  * rank. Never while the stream is being captured (an allocation there would
  * not be replayed, and may be illegal). */
-static kl_result ensure(kl_ctx *c, CUdeviceptr *buf, size_t *cap, size_t need, size_t size,
+kl_result kl_ensure(kl_ctx *c, CUdeviceptr *buf, size_t *cap, size_t need, size_t size,
                         CUstream s, const char *what) {
   if (need <= *cap) return KLRT_OK;
-  if (capturing(c, s))
+  if (kl_capturing(c, s))
     return kl_rt_fail(KLRT_EINVAL, "%s: %zu bytes needed while capturing a CUDA graph; run one "
                       "step of this size before capture so the buffer exists", what, need);
   if (size < need) size = need;
@@ -57,19 +57,19 @@ static kl_result output_target(kl_ctx *c, CUdeviceptr out, int tokens, CUstream 
   *target = out;
   if (out % (unsigned)c->layout.out_vec_bytes == 0) return KLRT_OK;
   long long most = tokens > c->spec.max_tokens ? tokens : c->spec.max_tokens;
-  kl_result res = ensure(c, &c->stage_out, &c->stage_out_bytes, out_bytes_for(c, tokens),
+  kl_result res = kl_ensure(c, &c->stage_out, &c->stage_out_bytes, out_bytes_for(c, tokens),
                          out_bytes_for(c, most), s, "staging (output)");
   if (res) return res;
   *target = c->stage_out;
   return KLRT_OK;
 }
 
-static int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) {
+int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) {
   return a < b + bn && b < a + an;
 }
 
 /* Device pointers must live on this context's GPU (checked once per pointer). */
-static kl_result check_ptr(kl_ctx *c, const void *p, const void **cache, const char *what) {
+kl_result kl_check_ptr(kl_ctx *c, const void *p, const void **cache, const char *what) {
   if (p == *cache) return KLRT_OK;
   int ordinal = -1;
   CUresult r = c->cu->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
@@ -84,7 +84,7 @@ static kl_result check_ptr(kl_ctx *c, const void *p, const void **cache, const c
   return KLRT_OK;
 }
 
-static kl_result copy(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+kl_result kl_copy(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   KL_CU_TRY(c, cuMemcpyAsync(dst, src, n, s));
   return KLRT_OK;
 }
@@ -111,10 +111,10 @@ static kl_result oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens,
   size_t out_bytes = out_bytes_for(c, tokens);
   CUdeviceptr kin = in, kout = out;
   kl_result res;
-  if (in % (unsigned)c->layout.vec_bytes || overlaps(in, in_bytes, out, out_bytes)) {
+  if (in % (unsigned)c->layout.vec_bytes || kl_overlaps(in, in_bytes, out, out_bytes)) {
     size_t most = (size_t)c->spec.max_tokens * (size_t)c->layout.shard_bytes;
-    if ((res = ensure(c, &c->stage_in, &c->stage_in_bytes, in_bytes, most, s, "staging (input)")) ||
-        (res = copy(c, c->stage_in, in, in_bytes, s)))
+    if ((res = kl_ensure(c, &c->stage_in, &c->stage_in_bytes, in_bytes, most, s, "staging (input)")) ||
+        (res = kl_copy(c, c->stage_in, in, in_bytes, s)))
       return res;
     kin = c->stage_in;
   }
@@ -124,7 +124,7 @@ static kl_result oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens,
   CUresult r = kl_launch_oneshot(c, kin, kout, tokens, grid, s);
   if (r != CUDA_SUCCESS)
     return kl_rt_fail(KLRT_ECUDA, "launching the one-shot kernel: %s", kl_cu_errstr(r));
-  if (kout != out) return copy(c, out, kout, out_bytes, s);
+  if (kout != out) return kl_copy(c, out, kout, out_bytes, s);
   return KLRT_OK;
 }
 
@@ -164,16 +164,16 @@ static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
   size_t out_bytes = out_bytes_for(c, tokens);
   size_t all_bytes = shard_bytes * (size_t)c->nranks;
   int direct = (tokens == 1 || c->nranks == 1) && c->spec.vocab_size == c->layout.padded_vocab &&
-               !c->layout.epilogue && !overlaps(in, shard_bytes, out, out_bytes);
+               !c->layout.epilogue && !kl_overlaps(in, shard_bytes, out, out_bytes);
   kl_result res;
   CUdeviceptr dst = out;
   if (!direct) {
-    if ((res = ensure(c, &c->scratch, &c->scratch_bytes, all_bytes, all_bytes, s, "NCCL scratch")))
+    if ((res = kl_ensure(c, &c->scratch, &c->scratch_bytes, all_bytes, all_bytes, s, "NCCL scratch")))
       return res;
     dst = c->scratch;
   }
   if (c->nranks == 1) {
-    if ((res = copy(c, dst, in, shard_bytes, s))) return res;
+    if ((res = kl_copy(c, dst, in, shard_bytes, s))) return res;
   } else {
     ncclResult_t nr = c->nccl_api->ncclAllGather((const void *)in, (void *)dst, shard_bytes, ncclUint8, c->nccl,
                                     (cudaStream_t)s);
@@ -191,12 +191,12 @@ static kl_result nccl_path(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
   void *args[] = {&a};
   KL_CU_TRY(c, cuLaunchKernel(c->relayout, grid, 1, 1, (unsigned)c->layout.relayout_block, 1, 1,
                               0, s, args, NULL));
-  if (kout != out) return copy(c, out, kout, out_bytes, s);
+  if (kout != out) return kl_copy(c, out, kout, out_bytes, s);
   return KLRT_OK;
 }
 
 kl_result kl_order_streams(kl_ctx *c, CUstream s, int *outside) {
-  *outside = !capturing(c, s);
+  *outside = !kl_capturing(c, s);
   if (!*outside) return KLRT_OK;
 #ifdef KL_TESTING
   /* Lets tests/gpu_streams.c show that it fails without the ordering. */
@@ -229,8 +229,8 @@ static void log_path(kl_ctx *c, int path, kl_decline why, int tokens) {
 
 kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstream s) {
   kl_result res;
-  if ((res = check_ptr(c, in, &c->checked_in, "shard")) ||
-      (res = check_ptr(c, out, &c->checked_out, "out")))
+  if ((res = kl_check_ptr(c, in, &c->checked_in, "shard")) ||
+      (res = kl_check_ptr(c, out, &c->checked_out, "out")))
     return res;
   kl_decline why = KL_DECLINE_COUNT;
   int path = kl_choose_path(c, tokens, &why);

@@ -7,6 +7,7 @@
  *   exchange.c  host all-gather between ranks: group (threads), callback, NCCL
  *   transport.c receive buffers, peer mapping, agreement on readiness
  *   gather.c    dispatch: one-shot kernel or NCCL + relayout, staging copies
+ *   select.c    kl_argmax / kl_topk: one-shot select kernel or NCCL + merge
  *   context.c   create / destroy / stats / status */
 #ifndef KL_RT_H
 #define KL_RT_H
@@ -106,6 +107,7 @@ struct kl_ctx {
   /* one-shot */
   CUmodule mod;
   CUfunction oneshot, relayout;
+  CUfunction argmax, topk; /* select kernels (topk: NULL without the spec's topk) */
   int cta_cap; /* CTAs per rank that stay co-resident with the other ranks */
   int pdl;     /* launch with programmatic dependent launch (sm_90+) */
   int nslots;  /* the largest grid launched: the kernel's step slots in use */
@@ -117,6 +119,13 @@ struct kl_ctx {
     kl_oneshot_args a;
     CUdeviceptr peers[KL_TP_MAX];
   } prm;
+  /* The select kernels' parameter, alike: peers set at mapping. */
+  struct {
+    kl_select_args a;
+    CUdeviceptr peers[KL_TP_MAX];
+  } sprm;
+  int sel_cap;    /* select CTAs per rank that stay co-resident (as cta_cap) */
+  int sel_nslots; /* the largest select grid launched */
   unsigned char ipc_opened[KL_TP_MAX];
   int ready, disabled;
   int nccl_everywhere; /* every rank has a communicator: size declines are possible */
@@ -126,8 +135,11 @@ struct kl_ctx {
   /* scratch: NCCL gather target and staging copies; grown outside capture */
   CUdeviceptr scratch, stage_in, stage_out;
   size_t scratch_bytes, stage_in_bytes, stage_out_bytes;
+  /* the select kernels' NCCL path: this rank's records, then every rank's */
+  CUdeviceptr sel_scratch;
+  size_t sel_scratch_bytes;
   /* last pointers validated as this device's (hot-path cache) */
-  const void *checked_in, *checked_out;
+  const void *checked_in, *checked_out, *checked_index, *checked_value, *checked_lse;
   kl_stats stats;
   int last_path; /* for the log: -1 none, 0 one-shot, 1 NCCL */
   atomic_int busy; /* a thread is inside a call on this context */
@@ -141,7 +153,7 @@ struct kl_ctx {
 /* What ranks exchange at creation (two rounds): records from other
  * processes, so every field is checked and every string bounded on arrival. */
 #define KL_INFO_MAGIC 0x4b4c5254u /* "KLRT" */
-#define KL_INFO_VERSION 2u
+#define KL_INFO_VERSION 3u
 #define KL_PEER_WHY 160
 typedef struct peer_info {
   uint32_t magic, version;
@@ -181,6 +193,25 @@ kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstr
 kl_result kl_order_streams(kl_ctx *c, CUstream s, int *outside);
 /* After a call on s (outside capture): what the next call's ordering waits on. */
 kl_result kl_order_mark(kl_ctx *c, CUstream s);
+
+/* Shared by the dispatchers. */
+int kl_capturing(const kl_ctx *c, CUstream s);
+/* *buf grown to `need` bytes (allocated as `size`), never while capturing. */
+kl_result kl_ensure(kl_ctx *c, CUdeviceptr *buf, size_t *cap, size_t need, size_t size,
+                    CUstream s, const char *what);
+int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn);
+/* p must be device memory on c's GPU; *cache remembers the last one checked. */
+kl_result kl_check_ptr(kl_ctx *c, const void *p, const void **cache, const char *what);
+kl_result kl_copy(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+
+/* ---- select.c ---- */
+/* Bytes of select scratch for `tokens` rows: this rank's records, then all ranks'. */
+size_t kl_select_scratch_bytes(const kl_ctx *c, long long tokens);
+/* The select kernel f (c->argmax or c->topk) on s, one-shot (PDL when c->pdl). */
+CUresult kl_launch_select(kl_ctx *c, CUfunction f, const kl_select_args *a, int grid, CUstream s);
+/* kl_argmax (topk 0; lse NULL) or kl_topk (topk 1). value and lse may be NULL. */
+kl_result kl_select_impl(kl_ctx *c, int topk, const void *in, int64_t *index, float *value,
+                         float *lse, int tokens, CUstream s);
 
 /* ---- context.c ---- */
 /* KLRT_EUNAVAILABLE, naming the minimum, for a GPU the kernels cannot run on. */

@@ -23,10 +23,11 @@ static uint64_t hash_str(const char *s) { return kl_fnv1a(KL_FNV_BASIS, s, strle
  * libklrt: the spec, its derived layout, the kernel source, the poll limit. */
 uint64_t kl_fingerprint(const kl_spec *s, const kl_layout *l, uint64_t source_hash) {
   char buf[512];
-  snprintf(buf, sizeof buf, "%s|%s|%d|%lld|%lld|%d|%d|%lld|%d|%d|%lld|%lld|%016llx", KLRT_VERSION,
-           s->name, KL_ABI_VERSION, (long long)s->vocab_size, (long long)l->padded_vocab, s->tp,
-           (int)s->dtype, (long long)s->max_tokens, l->vec_bytes, l->block,
-           (long long)l->total_bytes, (long long)l->timeout_ns, (unsigned long long)source_hash);
+  snprintf(buf, sizeof buf, "%s|%s|%d|%lld|%lld|%d|%d|%lld|%d|%d|%lld|%lld|%d|%016llx",
+           KLRT_VERSION, s->name, KL_ABI_VERSION, (long long)s->vocab_size,
+           (long long)l->padded_vocab, s->tp, (int)s->dtype, (long long)s->max_tokens,
+           l->vec_bytes, l->block, (long long)l->recv_bytes, (long long)l->timeout_ns, s->topk,
+           (unsigned long long)source_hash);
   return hash_str(buf);
 }
 
@@ -58,19 +59,20 @@ static uint64_t process_nonce(void) {
 static int alloc_buffers(kl_ctx *c, char *why) {
   const kl_cu *cu = c->cu;
   CUresult r;
-  /* kl_state, then one 8-byte step slot per CTA the kernel may be launched
-   * with, all zero (kl_abi.h). */
+  /* kl_state, then one 8-byte step slot per CTA the one-shot kernel may be
+   * launched with, then one per select CTA, all zero (kl_abi.h). */
   kl_state header = {0};
   header.timeout_ns = (unsigned long long)c->layout.timeout_ns;
-  size_t state_bytes = sizeof header + 8 * (size_t)c->layout.max_ctas;
-  if ((r = cu->cuMemAlloc(&c->recv, (size_t)c->layout.total_bytes)) != CUDA_SUCCESS ||
+  size_t state_bytes = sizeof header + 8 * ((size_t)c->layout.max_ctas + (size_t)c->layout.sel_max_ctas);
+  size_t recv_bytes = (size_t)c->layout.recv_bytes;
+  if ((r = cu->cuMemAlloc(&c->recv, recv_bytes)) != CUDA_SUCCESS ||
       (r = cu->cuMemAlloc(&c->state, state_bytes)) != CUDA_SUCCESS ||
-      (r = cu->cuMemsetD32(c->recv, c->layout.sentinel32, (size_t)c->layout.total_bytes / 4)) != CUDA_SUCCESS ||
+      (r = cu->cuMemsetD32(c->recv, c->layout.sentinel32, recv_bytes / 4)) != CUDA_SUCCESS ||
       (r = cu->cuMemsetD32(c->state, 0, state_bytes / 4)) != CUDA_SUCCESS ||
       (r = cu->cuMemcpyHtoD(c->state, &header, sizeof header)) != CUDA_SUCCESS ||
       (r = cu->cuCtxSynchronize()) != CUDA_SUCCESS) {
     snprintf(why, KL_PEER_WHY, "rank %d: receive buffers (%lld bytes): %s", c->rank,
-             (long long)c->layout.total_bytes, kl_cu_errstr(r));
+             (long long)c->layout.recv_bytes, kl_cu_errstr(r));
     return -1;
   }
   return 0;
@@ -203,10 +205,9 @@ static int queues_ok(const kl_ctx *c, int on_device, char *why) {
 
 /* CTAs per rank such that every rank's CTAs on this GPU are resident at once:
  * a spinning CTA must never keep a peer's unscheduled CTA off the GPU. */
-static int residency_cap(kl_ctx *c, int on_device) {
+static int residency_cap(kl_ctx *c, CUfunction f, int block, int on_device) {
   int per_sm = 0;
-  if (c->cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c->oneshot, c->layout.block, 0) !=
-      CUDA_SUCCESS)
+  if (c->cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, block, 0) != CUDA_SUCCESS)
     return 0;
   /* With PDL a rank's next grid may become resident while this one runs: the
    * kernel lets it launch once past its own PDL wait, that is once the grid
@@ -223,6 +224,7 @@ static void unmap_all(kl_ctx *c) {
     c->ipc_opened[r] = 0;
     c->prm.peers[r] = 0;
   }
+  memset(c->sprm.peers, 0, sizeof c->sprm.peers);
 }
 
 static void free_buffers(kl_ctx *c) {
@@ -242,6 +244,16 @@ static int warm_up(kl_ctx *c, char *why) {
   if (r == CUDA_SUCCESS)
     r = c->cu->cuLaunchKernel(c->relayout, 1, 1, 1, (unsigned)c->layout.relayout_block, 1, 1, 0,
                               c->stream, rl, NULL);
+  /* The select kernels share their step slots: each warm-up advances them
+   * once, on every rank alike. */
+  kl_select_args sel = {0};
+  sel.state = (kl_state *)c->state;
+  sel.slots = (unsigned long long *)(c->state + sizeof(kl_state) + 8 * (size_t)c->layout.max_ctas);
+  sel.rank = c->rank;
+  sel.nslots = c->sel_nslots;
+  CUfunction selects[2] = {c->argmax, c->topk};
+  for (int i = 0; i < 2 && r == CUDA_SUCCESS; i++)
+    if (selects[i]) r = kl_launch_select(c, selects[i], &sel, 1, c->stream);
   if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
   if (r != CUDA_SUCCESS) {
     snprintf(why, KL_PEER_WHY, "rank %d: first launch of the kernels: %s", c->rank, kl_cu_errstr(r));
@@ -262,12 +274,19 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
     if (r != c->rank && map_peer(c, &all[r], why) != 0) return -1;
   int on_device = ranks_on_device(c, all);
   if (!queues_ok(c, on_device, why)) return -1;
-  c->cta_cap = residency_cap(c, on_device);
-  if (c->cta_cap < 1) {
-    snprintf(why, KL_PEER_WHY, "rank %d: the one-shot kernel cannot be resident", c->rank);
+  c->cta_cap = residency_cap(c, c->oneshot, c->layout.block, on_device);
+  c->sel_cap = residency_cap(c, c->argmax, c->layout.sel_block, on_device);
+  if (c->topk) {
+    int cap = residency_cap(c, c->topk, c->layout.sel_block, on_device);
+    if (cap < c->sel_cap) c->sel_cap = cap;
+  }
+  if (c->cta_cap < 1 || c->sel_cap < 1) {
+    snprintf(why, KL_PEER_WHY, "rank %d: the one-shot kernels cannot be resident", c->rank);
     return -1;
   }
   c->nslots = kl_layout_grid(&c->layout, (int)c->spec.max_tokens, c->cta_cap);
+  c->sel_nslots = kl_layout_select_grid(&c->layout, (int)c->spec.max_tokens, c->sel_cap);
+  memcpy(c->sprm.peers, c->prm.peers, sizeof c->sprm.peers);
   return warm_up(c, why);
 }
 

@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 1
+#define KL_ABI_VERSION 2
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -50,9 +50,29 @@ typedef struct kl_relayout_args {
   int reserved;
 } kl_relayout_args;
 
+/* The select kernels' parameter (kl_argmax, kl_topk): these fields, then
+ * peers[TP] as for the one-shot kernel. mode 0: one-shot (reduce, exchange
+ * candidates through the peers' buffers, merge); mode 1: reduce only, records
+ * to rec ([tokens, SPLIT] records); mode 2: merge only, from rec
+ * ([TP, tokens, SPLIT] records: ncclAllGather's layout). */
+typedef struct kl_select_args {
+  const void *in;            /* this rank's [tokens, SHARD] */
+  long long *index;          /* [tokens, K] */
+  float *value;              /* [tokens, K], or NULL */
+  float *lse;                /* [tokens] (topk only), or NULL */
+  kl_state *state;           /* this rank's state block */
+  unsigned long long *slots; /* the select kernels' step slots (after the one-shot's) */
+  void *rec;                 /* modes 1 and 2 */
+  int tokens, rank, nslots, mode;
+} kl_select_args;
+#define KL_SELECT_ONESHOT 0
+#define KL_SELECT_REDUCE 1
+#define KL_SELECT_MERGE 2
+
 KL_ABI_ASSERT(sizeof(kl_state) == 64, "kl_state is 64 bytes: the step slots follow it");
 KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit ABI");
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 40, "peers[] follow kl_oneshot_args at byte 40");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
+KL_ABI_ASSERT(sizeof(kl_select_args) == 72, "peers[] follow kl_select_args at byte 72");
 
 #endif

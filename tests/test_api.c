@@ -88,11 +88,11 @@ static void generated(void) {
   kl_group_create(&grp, 8);
   kl_config cfg = {.size = sizeof(kl_config), .rank = 0, .nranks = 8, .device = 0, .group = grp};
   const char *src = "extern \"C\" __global__ void k() {}";
-  kl_generated g = {1, "kimi_k3_tp8", 163840, 64, 163840, 8, 0, 64, 1000, 16, 128, src, 0, 0, 0, 0, 0};
+  kl_generated g = {1, "kimi_k3_tp8", 163840, 64, 163840, 8, 0, 64, 1000, 16, 128, src, 0, 0, 0, 0, 0, 0};
   g.source_len = strlen(src);
   EXPECT_ERR(kl_ctx_create_generated(&c, NULL, &cfg), KLRT_EINVAL, "NULL");
-  g.abi = 3;
-  EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "ABI 3 is not 1 or 2");
+  g.abi = 4;
+  EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "ABI 4 is not 1, 2 or 3");
   g.abi = 1, g.dtype = 7;
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "malformed");
   g.dtype = 0, g.source_len = 3;

@@ -87,9 +87,9 @@ typedef struct kl_config {
 
 /* What klgen's generated header carries (KL_<NAME>_GENERATED initializes it).
  * name and source must outlive kl_ctx_create_generated only. abi 1 headers
- * (no epilogue fields) are still accepted. */
+ * (no epilogue fields) and abi 2 headers (no topk) are still accepted. */
 typedef struct kl_generated {
-  int abi; /* 2 */
+  int abi; /* 3 */
   const char *name;
   long long vocab_size, pad_to, padded_vocab;
   int tp, dtype; /* 0 bf16, 1 fp16, 2 fp32 */
@@ -100,6 +100,8 @@ typedef struct kl_generated {
   /* abi 2: the epilogue */
   int out_dtype, numerics; /* numerics: 0 engine, 1 fp32 */
   double softcap, scale;   /* 0: none */
+  /* abi 3 */
+  int topk; /* 0: none */
 } kl_generated;
 
 /* A group for nranks threads of this process (1..64). Thread-safe. */
@@ -131,6 +133,31 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *gen, const k
  * calls on this context is the caller's part. Both buffers must stay valid
  * until the gather has run. */
 kl_result kl_gather(kl_ctx *ctx, const void *shard, void *out, int tokens, kl_stream stream);
+
+/* Sampling-ready gathers: per token, the largest logits of the whole
+ * (unpadded) vocabulary after the spec's epilogue, computed without moving
+ * the vocabulary: each rank reduces its shard to a few candidates and only
+ * those cross NVLink (or, when the one-shot path cannot serve, NCCL; the
+ * same results). Everything else is as for kl_gather: collective (every
+ * rank, every step, the same tokens), enqueued on `stream`, capturable,
+ * ordered after the previous call on another stream; shard as for kl_gather.
+ *
+ * kl_argmax: index[t] (int64, 8-byte aligned) is the column of row t's
+ * largest value, as torch.argmax gives it: of equal values the lowest
+ * column; NaN is larger than everything (the first NaN wins); -0 equals +0.
+ * value (NULL: not written; 4-byte aligned) gets that value as fp32 (exact
+ * for every out dtype; NaN as the canonical NaN). */
+kl_result kl_argmax(kl_ctx *ctx, const void *shard, int64_t *index, float *value, int tokens,
+                    kl_stream stream);
+/* kl_topk, for a spec with `topk = K`: index and value [tokens, K] (value may
+ * be NULL) get the K largest values of each row, descending, ties to the
+ * lowest column, ordered as kl_argmax; lse[t] (NULL: not written) the
+ * log-sum-exp of the whole row (fp32 from a float64 sum of the ranks'
+ * partials): NaN if the row has a NaN, +Inf if it has +Inf, -Inf if all are
+ * -Inf. KLRT_EINVAL for a spec without topk. index, value and lse must not
+ * overlap each other or the shard (the shard is copied if it does). */
+kl_result kl_topk(kl_ctx *ctx, const void *shard, int64_t *index, float *value, float *lse,
+                  int tokens, kl_stream stream);
 
 /* Why a call did not take the one-shot path. */
 typedef enum kl_decline {
@@ -164,8 +191,9 @@ typedef struct kl_info {
   int tp, dtype, elem_bytes, vec_bytes; /* dtype: 0 bf16, 1 fp16, 2 fp32 */
   long long buffer_bytes; /* one-shot receive memory per rank */
   int out_dtype, out_elem_bytes; /* out's element type: dtype, or 2 (fp32) with an epilogue */
+  int topk;                      /* k of kl_topk; 0: the spec has none */
 } kl_info;
-#define KL_INFO_INIT {sizeof(kl_info), "", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define KL_INFO_INIT {sizeof(kl_info), "", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* A spec's sizes from a file or a source string (no GPU needed; the spec
  * runs sandboxed); name as for kl_ctx_create_file. Thread-safe. */
