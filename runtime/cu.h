@@ -14,7 +14,7 @@
   X(cuCtxGetDevice) X(cuCtxEnablePeerAccess) X(cuCtxSynchronize)                       \
   X(cuMemAlloc) X(cuMemFree) X(cuMemsetD32) X(cuMemsetD32Async) X(cuMemcpyHtoD)         \
   X(cuMemcpyDtoH) X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)            \
-  X(cuMemcpy2DAsync)                                                                   \
+  X(cuMemcpy2DAsync) X(cuMemAllocHost) X(cuMemFreeHost)                                \
   X(cuPointerGetAttribute)                                                             \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)                    \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)        \

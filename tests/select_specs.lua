@@ -1,0 +1,19 @@
+-- Specs for tests/gpu_select.c: kl_argmax and kl_topk with and without an
+-- epilogue, both numerics, every dtype, padded and unpadded vocabularies.
+return {
+  -- Kimi-K3's shard, no epilogue, top-8
+  { name = "kimi_sel_tp8", vocab_size = 163840, tp = 8, dtype = "bf16", max_tokens = 64,
+    topk = 8 },
+  -- Gemma 2-like: soft-capped, fp32 out, engine numerics
+  { name = "gemma_sel_tp8", vocab_size = 256000, tp = 8, dtype = "bf16", max_tokens = 16,
+    out_dtype = "fp32", softcap = 30.0, topk = 8 },
+  -- padded (151655 -> 151680), fp16, soft-cap and scale in fp32 numerics, the largest k
+  { name = "qwen_sel_tp8", vocab_size = 151655, tp = 8, dtype = "fp16", max_tokens = 8,
+    softcap = 30.0, scale = 0.5, numerics = "fp32", topk = 64 },
+  -- fp32 logits, padded (50257 -> 50304), a scale, tp 4
+  { name = "gpt2_sel_tp4", vocab_size = 50257, tp = 4, dtype = "fp32", max_tokens = 8,
+    scale = 2.0, topk = 5 },
+  -- TP2, a long shard row (CTAs read several chunks per thread), engine soft-cap in bf16
+  { name = "tp2_sel", vocab_size = 131072, tp = 2, dtype = "bf16", max_tokens = 8,
+    softcap = 50.0, topk = 1 },
+}
