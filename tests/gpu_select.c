@@ -3,6 +3,12 @@
  * withheld), through the one-shot path.
  *
  *   gpu_select SPEC_FILE [STEPS]
+ *   gpu_select --tp2 SPEC_FILE [STEPS]
+ *
+ * --tp2: the file's tp 2 specs across two GPUs in two processes (NCCL
+ * bootstrap) instead: every 10th step has more tokens than max_tokens, so
+ * the NCCL path serves it; then the whole run again with KLGEN_DISABLE=1, all
+ * through NCCL. Both must pass the same checks.
  *
  * Every step, every rank: test data made on the device from (step, token,
  * column), with hostile rows (all equal, ties across ranks and across the
@@ -20,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "gpu_util.h"
 #include "klrt/klrt.h"
@@ -105,7 +113,9 @@ typedef struct shared {
   const char *file;
   kl_spec spec;
   kl_layout l;
-  kl_group *group;
+  kl_group *group;     /* ranks as threads; NULL: one rank of a process (--tp2) */
+  ncclComm_t comm;     /* --tp2 */
+  int device, mixed;   /* mixed: some steps over max_tokens (NCCL serves them) */
   int steps, k;
   const kl_cu *cu;
   CUcontext cuctx;
@@ -325,6 +335,7 @@ static int host_check(rank_ctx *r, bufs *b, int tokens, uint32_t step) {
 
 static int tokens_at(const shared *sh, int s) {
   static const int cycle[4] = {1, 2, 5, 8};
+  if (sh->mixed && s % 10 == 7) return (int)sh->spec.max_tokens + 3;
   int t = s % 50 == 49 ? (int)sh->spec.max_tokens : cycle[s % 4];
   return t < sh->spec.max_tokens ? t : (int)sh->spec.max_tokens;
 }
@@ -343,7 +354,7 @@ static int graph(rank_ctx *r, kl_ctx *ctx, bufs *b) {
   CUgraph g;
   CUgraphExec ge;
   CU_CHECK(cu, cuStreamSynchronize(b->s));
-  pthread_barrier_wait(&r->sh->bar);
+  if (r->sh->group) pthread_barrier_wait(&r->sh->bar);
   int ok = !r->failed;
   if (ok) {
     CU_CHECK(cu, cuStreamBeginCapture(b->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
@@ -351,7 +362,7 @@ static int graph(rank_ctx *r, kl_ctx *ctx, bufs *b) {
     CU_CHECK(cu, cuStreamEndCapture(b->s, &g));
     if (ok) CU_CHECK(cu, cuGraphInstantiate(&ge, g, 0));
   }
-  pthread_barrier_wait(&r->sh->bar);
+  if (r->sh->group) pthread_barrier_wait(&r->sh->bar);
   if (!ok) return -1;
   for (int i = 0; i < 16; i++) CU_CHECK(cu, cuGraphLaunch(ge, b->s));
   uint32_t step;
@@ -365,7 +376,7 @@ static int graph(rank_ctx *r, kl_ctx *ctx, bufs *b) {
 
 static void alloc_bufs(const shared *sh, bufs *b) {
   const kl_cu *cu = sh->cu;
-  size_t T = (size_t)sh->spec.max_tokens, K = (size_t)sh->k;
+  size_t T = (size_t)sh->spec.max_tokens + 8, K = (size_t)sh->k;
   size_t out_bytes = T * (size_t)sh->spec.vocab_size * (size_t)sh->l.out_elem_bytes;
   CU_CHECK(cu, cuStreamCreate(&b->s, CU_STREAM_NON_BLOCKING));
   CU_CHECK(cu, cuMemAlloc(&b->shard, T * (size_t)sh->l.shard_bytes));
@@ -408,7 +419,8 @@ static void *run_rank(void *arg) {
   alloc_bufs(sh, &b);
   CU_CHECK(cu, cuCtxSynchronize());
   kl_config cfg = KL_CONFIG_INIT;
-  cfg.rank = r->rank, cfg.nranks = sh->spec.tp, cfg.device = 0, cfg.group = sh->group;
+  cfg.rank = r->rank, cfg.nranks = sh->spec.tp, cfg.device = sh->device, cfg.group = sh->group;
+  cfg.nccl = sh->comm;
   kl_ctx *ctx = NULL;
   kl_stats st = KL_STATS_INIT;
   if (kl_ctx_create_file(&ctx, sh->file, sh->spec.name, &cfg) != KLRT_OK)
@@ -420,7 +432,14 @@ static void *run_rank(void *arg) {
   if (!r->failed && ctx) {
     if (kl_ctx_status(ctx) != KLRT_OK) fail(r, "device status", kl_last_error());
     kl_ctx_stats(ctx, &st);
-    if (st.nccl != 0) fail(r, "path", "a call went to NCCL");
+    int disabled = getenv("KLGEN_DISABLE") != NULL;
+    uint64_t over = sh->mixed ? 3 * (uint64_t)((sh->steps + 2) / 10) : 0; /* 3 calls a step */
+    if (disabled ? st.oneshot != 0 : st.nccl != over) {
+      char why[128];
+      snprintf(why, sizeof why, "%llu one-shot and %llu NCCL calls", (unsigned long long)st.oneshot,
+               (unsigned long long)st.nccl);
+      fail(r, "paths", why);
+    }
   }
   cu->cuStreamSynchronize(b.s);
   if (ctx && kl_ctx_destroy(ctx) != KLRT_OK) fail(r, "kl_ctx_destroy", kl_last_error());
@@ -428,8 +447,27 @@ static void *run_rank(void *arg) {
   return NULL;
 }
 
+/* One line for n ranks' results; the number of failures. */
+static int summarize(const shared *sh, const rank_ctx *r, int n, const char *how) {
+  int fails = 0;
+  long long out = 0, am = 0, tk = 0, lse = 0, checks = 0;
+  double worst = 0;
+  for (int i = 0; i < n; i++) {
+    if (r[i].failed) fprintf(stderr, "FAIL %s\n", r[i].msg), fails++;
+    out += r[i].bad_out, am += r[i].bad_argmax, tk += r[i].bad_topk, lse += r[i].bad_lse;
+    checks += r[i].checks;
+    if (r[i].worst_lse > worst) worst = r[i].worst_lse;
+  }
+  if (out || am || tk || lse || checks == 0) fails++;
+  printf("%s %s: %s, %d eager steps + a graph, %lld rows checked: %lld epilogue, %lld argmax, "
+         "%lld top-%d, %lld lse mismatches (lse worst %.2g relative)\n", fails ? "FAIL" : "ok",
+         sh->spec.name, how, sh->steps, checks, out, am, tk, sh->k, lse, worst);
+  fflush(stdout);
+  return fails;
+}
+
 static int run_spec(shared *sh) {
-  int tp = sh->spec.tp, fails = 0;
+  int tp = sh->spec.tp;
   kl_group_create(&sh->group, tp);
   pthread_barrier_init(&sh->bar, NULL, (unsigned)tp);
   rank_ctx *r = calloc((size_t)tp, sizeof *r);
@@ -439,30 +477,100 @@ static int run_spec(shared *sh) {
     pthread_create(&th[i], NULL, run_rank, &r[i]);
   }
   for (int i = 0; i < tp; i++) pthread_join(th[i], NULL);
-  long long out = 0, am = 0, tk = 0, lse = 0, checks = 0;
-  double worst = 0;
-  for (int i = 0; i < tp; i++) {
-    if (r[i].failed) fprintf(stderr, "FAIL %s\n", r[i].msg), fails++;
-    out += r[i].bad_out, am += r[i].bad_argmax, tk += r[i].bad_topk, lse += r[i].bad_lse;
-    checks += r[i].checks;
-    if (r[i].worst_lse > worst) worst = r[i].worst_lse;
-  }
-  if (out || am || tk || lse || checks == 0) fails++;
-  printf("%s %s: tp %d on one GPU, %d eager steps + a graph per rank, %lld rows checked: "
-         "%lld epilogue, %lld argmax, %lld top-%d, %lld lse mismatches (lse worst %.2g "
-         "relative)\n", fails ? "FAIL" : "ok", sh->spec.name, tp, sh->steps, checks, out, am, tk,
-         sh->k, lse, worst);
+  char how[64];
+  snprintf(how, sizeof how, "tp %d on one GPU", tp);
+  int fails = summarize(sh, r, tp, how);
   kl_group_destroy(sh->group);
   pthread_barrier_destroy(&sh->bar);
   free(r), free(th);
   return fails;
 }
 
+/* Rank `rank` of a tp 2 spec, in a process of its own, on GPU `rank`. */
+static int tp2_rank(const kl_spec *spec, const char *file, int steps, int rank, int fd[2],
+                    const char *how) {
+  const kl_cu *cu = gpu_require(2);
+  ncclUniqueId id;
+  if (rank == 0) {
+    ncclGetUniqueId(&id);
+    if (write(fd[1], &id, sizeof id) != (ssize_t)sizeof id) return 1;
+  } else if (read(fd[0], &id, sizeof id) != (ssize_t)sizeof id) {
+    return 1;
+  }
+  CUdevice dev;
+  CUcontext cuctx;
+  CU_CHECK(cu, cuDeviceGet(&dev, rank));
+  CU_CHECK(cu, cuDevicePrimaryCtxRetain(&cuctx, dev));
+  CU_CHECK(cu, cuCtxSetCurrent(cuctx)); /* NCCL's runtime uses the current context */
+  shared sh = {.file = file, .spec = *spec, .cu = cu, .cuctx = cuctx, .device = rank,
+               .mixed = 1, .steps = steps, .k = spec->topk};
+  kl_err err;
+  kl_layout_derive(&sh.spec, &sh.l, &err);
+  if (ncclCommInitRank(&sh.comm, 2, id, rank) != ncclSuccess) return 1;
+  rank_ctx r = {.sh = &sh, .rank = rank};
+  run_rank(&r);
+  if (r.failed) fprintf(stderr, "FAIL %s\n", r.msg);
+  char line[96];
+  snprintf(line, sizeof line, "rank %d of 2 processes, %s", rank, how);
+  int fails = summarize(&sh, &r, 1, line) + r.failed;
+  ncclCommDestroy(sh.comm);
+  return fails ? 1 : 0;
+}
+
+static int tp2_run(const kl_spec *spec, const char *file, int steps, const char *how) {
+  int fd[2], fails = 0;
+  if (pipe(fd) != 0) return 1;
+  pid_t pid[2];
+  for (int r = 0; r < 2; r++) {
+    fflush(stdout);
+    if ((pid[r] = fork()) == 0) {
+      int rc = tp2_rank(spec, file, steps, r, fd, how);
+      fflush(stdout), fflush(stderr);
+      _exit(rc);
+    }
+  }
+  for (int r = 0; r < 2; r++) {
+    int st = 0;
+    waitpid(pid[r], &st, 0);
+    fails += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+  }
+  close(fd[0]), close(fd[1]);
+  return fails;
+}
+
+/* --tp2: forked ranks on two GPUs; the parent never starts CUDA. */
+static int tp2_main(const char *file, int steps) {
+  int n = gpu_count_in_child();
+  if (n < 2) {
+    printf("SKIP: needs 2 GPUs, found %d\n", n);
+    return SKIP;
+  }
+  kl_spec_list list;
+  kl_err err;
+  if (kl_spec_load_file(file, NULL, &list, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+  int fails = 0, ran = 0;
+  for (int i = 0; i < list.n; i++) {
+    if (list.v[i].tp != 2) continue;
+    ran++;
+    unsetenv("KLGEN_DISABLE");
+    fails += tp2_run(&list.v[i], file, steps, "one-shot, NCCL over max_tokens");
+    setenv("KLGEN_DISABLE", "1", 1);
+    fails += tp2_run(&list.v[i], file, steps, "KLGEN_DISABLE=1: all NCCL");
+    unsetenv("KLGEN_DISABLE");
+  }
+  kl_spec_list_free(&list);
+  if (!ran) fails++, fprintf(stderr, "no tp 2 spec in %s\n", file);
+  printf("%s\n", fails ? "FAILED" : "PASSED");
+  return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
-  if (argc < 2) {
-    fprintf(stderr, "usage: %s SPEC_FILE [STEPS]\n", argv[0]);
+  int tp2 = argc > 1 && !strcmp(argv[1], "--tp2");
+  if (argc < 2 + tp2) {
+    fprintf(stderr, "usage: %s [--tp2] SPEC_FILE [STEPS]\n", argv[0]);
     return 2;
   }
+  if (tp2) return tp2_main(argv[2], argc > 3 ? atoi(argv[3]) : 1000);
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1); /* before CUDA starts: see gpu_one_gpu.c */
   const kl_cu *cu = gpu_require(1);
   kl_spec_list list;

@@ -16,4 +16,7 @@ return {
   -- TP2, a long shard row (CTAs read several chunks per thread), engine soft-cap in bf16
   { name = "tp2_sel", vocab_size = 131072, tp = 2, dtype = "bf16", max_tokens = 8,
     softcap = 50.0, topk = 1 },
+  -- DeepSeek-V3's vocabulary at TP2: fp32 out through fp32 numerics
+  { name = "tp2_sel8", vocab_size = 129280, tp = 2, dtype = "bf16", max_tokens = 16,
+    out_dtype = "fp32", softcap = 30.0, numerics = "fp32", topk = 8 },
 }

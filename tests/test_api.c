@@ -70,6 +70,10 @@ static void misuse(void) {
   kl_ctx *bogus = (kl_ctx *)&cfg;
   kl_stats st = KL_STATS_INIT;
   EXPECT_ERR(kl_gather(NULL, (void *)1, (void *)1, 1, NULL), KLRT_EINVAL, "ctx is NULL");
+  EXPECT_ERR(kl_argmax(NULL, (void *)1, (int64_t *)8, NULL, 1, NULL), KLRT_EINVAL,
+             "kl_argmax: ctx is NULL");
+  EXPECT_ERR(kl_topk(NULL, (void *)1, (int64_t *)8, NULL, NULL, 1, NULL), KLRT_EINVAL,
+             "kl_topk: ctx is NULL");
   EXPECT_ERR(kl_gather(bogus, (void *)1, (void *)1, 1, NULL), KLRT_ESTATE, "destroyed");
   EXPECT_ERR(kl_ctx_stats(NULL, &st), KLRT_EINVAL, "NULL");
   EXPECT_ERR(kl_ctx_stats(bogus, &st), KLRT_ESTATE, "destroyed");
@@ -268,8 +272,11 @@ static void names(void) {
   EXPECT_ERR(kl_spec_names_file("/nonexistent.lua", n, 1, &count), KLRT_ESPEC, "cannot open");
   EXPECT_ERR(kl_spec_names_string("return {", n, 1, &count), KLRT_ESPEC, "<spec string>:1:");
   kl_info i = KL_INFO_INIT;
-  CHECK(kl_spec_info_string(kimi, NULL, &i) == KLRT_OK && i.shard == 20480 && i.tp == 8,
-        "info from a string: %s", kl_last_error());
+  CHECK(kl_spec_info_string(kimi, NULL, &i) == KLRT_OK && i.shard == 20480 && i.tp == 8 &&
+            i.topk == 0, "info from a string: %s", kl_last_error());
+  CHECK(kl_spec_info_string("return { name = 'k', vocab_size = 1000, tp = 2, dtype = 'bf16', "
+                            "max_tokens = 4, topk = 16 }", NULL, &i) == KLRT_OK && i.topk == 16,
+        "info: topk %d (%s)", i.topk, kl_last_error());
   EXPECT_ERR(kl_spec_info_string(NULL, NULL, &i), KLRT_EINVAL, "NULL");
 }
 

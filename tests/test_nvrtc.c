@@ -1,5 +1,6 @@
 /* NVRTC compiles every shipped spec for sm_90 and sm_100 into a non-empty
- * cubin with both entry points, with no warnings.  test_nvrtc SPEC... */
+ * cubin with its entry points (topk only for a spec with topk), with no
+ * warnings.  test_nvrtc SPEC... */
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,11 @@ static void compile_spec(const kl_spec *s) {
     CHECK(has(&b, sym), "%s %s: no %s", s->name, arch[a], sym);
     snprintf(sym, sizeof sym, ".text.kl_%s_relayout", s->name);
     CHECK(has(&b, sym), "%s %s: no %s", s->name, arch[a], sym);
+    snprintf(sym, sizeof sym, ".text.kl_%s_argmax", s->name);
+    CHECK(has(&b, sym), "%s %s: no %s", s->name, arch[a], sym);
+    snprintf(sym, sizeof sym, ".text.kl_%s_topk", s->name);
+    CHECK(has(&b, sym) == (s->topk > 0), "%s %s: %s should %sbe there", s->name, arch[a], sym,
+          s->topk ? "" : "not ");
     CHECK(b.log == NULL || b.log[0] == 0, "%s %s: NVRTC warnings:\n%s", s->name, arch[a], b.log);
     printf("%s %s: %zu-byte cubin\n", s->name, arch[a], b.size);
     kl_binary_free(&b);

@@ -112,6 +112,14 @@ static void epilogue(void) {
                     "max_tokens = 8 }");
   CHECK(src && !strstr(src, "epilogue(") && !strstr(src, "tanhf") && !strstr(src, "round_in"),
         "a plain spec got an epilogue");
+  CHECK(src && strstr(src, "kl_p_argmax(") && !strstr(src, "kl_p_topk(") &&
+            strstr(src, "TOPK = 0;"), "a spec without topk: argmax only");
+  free(src);
+  src = render_spec("return { name = 'k', vocab_size = 256000, tp = 8, dtype = 'bf16', "
+                    "max_tokens = 8, topk = 12 }");
+  CHECK(src && strstr(src, "kl_k_argmax(") && strstr(src, "kl_k_topk(") &&
+            strstr(src, "TOPK = 12;") && strstr(src, "select_body<TOPK, true>"),
+        "a spec with topk 12: both select kernels");
   free(src);
 }
 

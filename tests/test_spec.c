@@ -300,6 +300,39 @@ static void epilogue(void) {
   bad(SPEC(", softcapp = 30"), "t.lua:1: softcapp:", "did you mean 'softcap'");
 }
 
+/* topk: an integer 1..64, at most the vocabulary; it shapes the records. */
+static void topk(void) {
+  kl_spec s;
+  kl_layout lay;
+  if (load_layout("return { name = 'k', vocab_size = 163840, tp = 8, dtype = 'bf16', "
+                  "max_tokens = 64, topk = 8 }", &s, &lay) == 0)
+    CHECK(s.topk == 8 && lay.sel_k == 8 && lay.rec_chunks == 5 && lay.sel_split == 10 &&
+              lay.sel_cpt == 1 && lay.recv_bytes == lay.total_bytes + 3 * lay.sel_buffer_bytes &&
+              lay.sel_buffer_bytes == 8LL * 64 * 10 * 5 * 16,
+          "topk 8 layout: k %d rec %d split %d cpt %d", lay.sel_k, lay.rec_chunks, lay.sel_split,
+          lay.sel_cpt);
+  /* no topk: argmax records (one chunk); a long row spreads over more chunks a thread */
+  if (load_layout("return { name = 'k', vocab_size = 262144, tp = 1, dtype = 'fp32', "
+                  "max_tokens = 4 }", &s, &lay) == 0)
+    CHECK(s.topk == 0 && lay.sel_k == 1 && lay.rec_chunks == 1 && lay.sel_split <= 16 &&
+              (int64_t)lay.sel_split * lay.sel_cpt * lay.sel_block * 16 >= lay.shard_bytes,
+          "argmax layout: split %d cpt %d", lay.sel_split, lay.sel_cpt);
+  /* the merge's records fit its shared memory at the largest k and tp */
+  if (load_layout("return { name = 'k', vocab_size = 163840, tp = 64, dtype = 'bf16', "
+                  "max_tokens = 4, topk = 64 }", &s, &lay) == 0)
+    CHECK(lay.rec_chunks == 33 && lay.sel_split == 1 && 64 * lay.rec_chunks * 16 <= 40960,
+          "tp 64 top-64: split %d rec %d", lay.sel_split, lay.rec_chunks);
+  bad(SPEC(", topk = 0"), "t.lua:1: topk:", "out of range");
+  bad(SPEC(", topk = -1"), "t.lua:1: topk:", "out of range");
+  bad(SPEC(", topk = 65"), "t.lua:1: topk:", "65 is out of range (1..64)");
+  bad(SPEC(", topk = 2.5"), "t.lua:1: topk:", "expected an integer, got 2.5");
+  bad(SPEC(", topk = '8'"), "t.lua:1: topk:", "expected an integer, got string");
+  bad(SPEC(", topk = true"), "t.lua:1: topk:", "got boolean");
+  bad("return { name = 'm', vocab_size = 5, tp = 1, dtype = 'bf16', max_tokens = 1, topk = 6 }",
+      "t.lua:1: topk:", "6 is more than the vocabulary (5)");
+  bad(SPEC(", top_k = 8"), "t.lua:1: top_k:", "did you mean 'topk'");
+}
+
 static void ranges(void) {
   bad("return { name = 'm', vocab_size = 0, tp = 1, dtype = 'bf16', max_tokens = 1 }",
       "t.lua:1: vocab_size:", "0 is out of range");
@@ -344,5 +377,6 @@ int main(void) {
   names();
   ranges();
   epilogue();
+  topk();
   return check_done();
 }
