@@ -1,7 +1,7 @@
 /* klbench: the one-shot gather against NCCL, side by side, on this machine's GPUs.
  *
  *   klbench SPEC [NAME] [--tokens LIST] [--steps N] [--replays R] [--csv FILE]
- *           [--plot FILE.svg] [--tune FILE] [--no-gemm] [--templates DIR]
+ *           [--plot FILE.svg] [--tune FILE] [--no-gemm] [--templates DIR] [--select [--topk K]]
  *
  * One thread per GPU. Per token count, every path is captured `steps` deep in a
  * CUDA graph per rank; the ranks replay together (a barrier before each
@@ -19,6 +19,8 @@
  *   auto             kl_gather as the runtime dispatches it
  * All outputs are compared before anything is timed. Then an end-to-end step:
  * the LM-head GEMM (cuBLAS, hidden 7168) followed by the gather.
+ * --select measures the fused epilogue, kl_argmax and kl_topk (k: --topk,
+ * default 8) against the engines' separate kernels instead (bench/select.c).
  * --templates DIR renders the kernels from DIR instead of the built-in
  * templates (as klgen --templates does): a template change is measured
  * against the same NCCL figures without rebuilding anything. */
@@ -33,69 +35,17 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "bench_util.h"
-
-#include "klgen.h"
-#include "klrt/klrt.h"
+#include "klbench.h"
 #include "rt.h"
 
-#define MAX_TOK 64
-#define MAX_RANKS 8
-#define HIDDEN 7168
-#define MAX_VARIANTS 8 /* graphs timed side by side (paths, end-to-end variants) */
-enum { P_ONESHOT, P_NOPDL, P_RING, P_SYMM, P_AUTO, NPATHS };
 static const char *const path_names[NPATHS] = {"one-shot", "one-shot no-PDL", "NCCL ring",
                                                "NCCL symm", "auto"};
-enum { E_GEMM, E_ONESHOT, E_NOPDL, E_RING, NE2E };
 static const char *const e2e_names[NE2E] = {"GEMM alone", "GEMM + one-shot (PDL)",
                                             "GEMM + one-shot (no PDL)", "GEMM + NCCL ring"};
 
-typedef struct bench {
-  const char *spec_path, *name, *csv, *plot, *tune, *templates;
-  char *source; /* rendered from `templates`, or NULL: the runtime renders */
-  int tokens[MAX_TOK], ntok, steps, replays, gemm, n;
-  kl_spec orig, spec;
-  kl_layout l;
-  char spec_src[1024], gpu[256], arch[16];
-  int sm_count;
-  ncclComm_t comms[MAX_RANKS];
-  kl_group *group;
-  pthread_barrier_t bar;
-  double t[NPATHS][MAX_TOK][MAX_RANKS];  /* µs per step, median over replays */
-  long long bad[MAX_TOK][MAX_RANKS];      /* elements where paths disagree */
-  int auto_path[MAX_TOK];                 /* 0 one-shot, 1 NCCL */
-  int e2e_tokens[2];
-  double e2e[NE2E][2][MAX_RANKS];
-  int symm_rank[MAX_RANKS], symm_ok; /* symm_ok: windows on every rank */
-  int failed;
-} bench;
-
-typedef struct rank {
-  bench *b;
-  int r;
-  cudaStream_t s;
-  kl_ctx *ctx[4]; /* one-shot, no-PDL, auto, NCCL (one-shot declined) */
-  CUfunction relayout;
-  CUmodule mod;
-  void *in, *out[NPATHS], *symm;
-  size_t in_bytes, out_bytes, all_bytes;
-  ncclWindow_t win;
-  cudaEvent_t e0, e1;
-} rank;
-
 const char *const kl_bench_prog = "klbench";
 
-#define NCCL(call)                                                   \
-  do {                                                               \
-    ncclResult_t n_ = (call);                                        \
-    if (n_ != ncclSuccess) die(#call, ncclGetErrorString(n_));       \
-  } while (0)
-#define KL(call)                                                     \
-  do {                                                               \
-    if ((call) != KLRT_OK) die(#call, kl_last_error());              \
-  } while (0)
-
-static void progress(const bench *b, int i, const char *what) {
+void progress(const bench *b, int i, const char *what) {
   fprintf(stderr, "\r[%d/%d] tokens %d: %-40s", i + 1, b->ntok, b->tokens[i], what);
   if (!isatty(2)) fputc('\n', stderr);
 }
@@ -312,9 +262,7 @@ static long long check_paths(rank *R, int T) {
  * together, each round starting one variant later, so neither a drift in
  * clocks or memory state nor a place in the round favours a variant. t[i]:
  * median µs per step of variant i. */
-typedef void (*step_fn)(rank *R, int p, int T);
-static void time_graphs(rank *R, step_fn fn, const int *which, int n, int T, int replays,
-                        double *t) {
+void time_graphs(rank *R, step_fn fn, const int *which, int n, int T, int replays, double *t) {
   bench *b = R->b;
   cudaGraph_t g[MAX_VARIANTS];
   cudaGraphExec_t ge[MAX_VARIANTS];
@@ -410,6 +358,12 @@ static void *rank_main(void *arg) {
     b->symm_ok = 1;
     for (int r = 0; r < b->n; r++) b->symm_ok &= b->symm_rank[r];
   }
+  if (b->select) {
+    select_rank(R);
+    for (int k = 0; k < 4; k++) kl_ctx_destroy(R->ctx[k]);
+    if (b->symm_rank[R->r]) ncclCommWindowDeregister(b->comms[R->r], R->win);
+    return NULL;
+  }
   /* Warm-up, so the first size measured does not pay for idle clocks. */
   for (int k = 0; k < 4000; k++) run_path(R, P_ONESHOT, b->tokens[0]);
   CUDA(cudaStreamSynchronize(R->s));
@@ -450,7 +404,7 @@ static void *rank_main(void *arg) {
 
 /* ---------- reporting ---------- */
 
-static double worst(const double *v, int n) {
+double worst(const double *v, int n) {
   double m = v[0];
   for (int i = 1; i < n; i++) m = v[i] > m ? v[i] : m;
   return m;
@@ -531,7 +485,7 @@ int klbench_plot(const char *path, const char *title, const int *tokens, int n,
 
 /* -1 to go on, else the exit status (2 for a usage error). */
 static int parse_args(bench *b, int argc, char **argv) {
-  b->steps = 200, b->replays = 7, b->gemm = 1;
+  b->steps = 200, b->replays = 7, b->gemm = 1, b->topk = 8;
   b->e2e_tokens[0] = 1, b->e2e_tokens[1] = 8;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -544,15 +498,18 @@ static int parse_args(bench *b, int argc, char **argv) {
     else if (!strcmp(a, "--plot") && more) b->plot = argv[++i];
     else if (!strcmp(a, "--tune") && more) b->tune = argv[++i];
     else if (!strcmp(a, "--no-gemm")) b->gemm = 0;
+    else if (!strcmp(a, "--select")) b->select = 1, b->gemm = 0;
+    else if (!strcmp(a, "--topk") && more) b->topk = atoi(argv[++i]);
     else if (!strcmp(a, "--templates") && more) b->templates = argv[++i];
     else if (a[0] == '-' || (b->spec_path && b->name)) {
       fprintf(stderr, "usage: klbench SPEC [NAME] [--tokens LIST] [--steps N] [--replays R] "
-                      "[--csv FILE] [--plot FILE.svg] [--tune FILE] [--no-gemm] [--templates DIR]\n");
+                      "[--csv FILE] [--plot FILE.svg] [--tune FILE] [--no-gemm] [--templates DIR] [--select [--topk K]]\n");
       return 2;
     } else if (!b->spec_path) b->spec_path = a;
     else b->name = a;
   }
-  if (!b->spec_path || b->steps < 1 || b->replays < 1 || b->replays > 64)
+  if (!b->spec_path || b->steps < 1 || b->replays < 1 || b->replays > 64 || b->topk < 1 ||
+      b->topk > KL_TOPK_MAX)
     return fprintf(stderr, "usage: klbench SPEC [NAME] [options] (--help in README)\n"), 2;
   return -1;
 }
@@ -567,6 +524,7 @@ int main(int argc, char **argv) {
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) die("CUDA", "no GPU");
   if (gpus > MAX_RANKS) gpus = MAX_RANKS;
   derive_spec(b, gpus);
+  if (b->select) select_setup(b);
   if (b->templates) {
     kl_err e;
     if (kl_render(&b->spec, &b->l, b->templates, &b->source, &e)) die("--templates", e.msg);
@@ -599,10 +557,11 @@ int main(int argc, char **argv) {
   fprintf(stderr, "\r%60s\r", "");
   FILE *csv = b->csv ? fopen(b->csv, "w") : NULL;
   if (b->csv && !csv) die(b->csv, "cannot write");
-  report(b, csv);
+  if (b->select) select_report(b, csv);
+  else report(b, csv);
   if (csv) fclose(csv);
-  if (b->tune) write_tune(b);
-  if (b->plot) {
+  if (b->tune && !b->select) write_tune(b);
+  if (b->plot && !b->select) {
     double *series = calloc((size_t)NPATHS * (size_t)b->ntok, sizeof *series);
     for (int p = 0; p < NPATHS; p++)
       for (int i = 0; i < b->ntok; i++) series[p * b->ntok + i] = worst(b->t[p][i], b->n);
@@ -619,6 +578,7 @@ int main(int argc, char **argv) {
   rc = b->failed ? 1 : 0;
   if (b->failed) fprintf(stderr, "klbench: outputs of the paths differ\n");
   free(b->source);
+  free(b->sel);
   free(b);
   return rc;
 }

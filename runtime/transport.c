@@ -213,8 +213,12 @@ static int residency_cap(kl_ctx *c, CUfunction f, int block, int on_device) {
    * kernel lets it launch once past its own PDL wait, that is once the grid
    * before has finished, so at most two grids per rank are resident at once.
    * Alone on a GPU a rank cannot starve itself; sharing one, it could starve
-   * a peer. */
-  int grids = on_device > 1 && c->pdl ? 2 * on_device : on_device;
+   * a peer. Sharing one, the grids are also of different kernels (the gather,
+   * the select kernels), whose CTAs pack into a multiprocessor less well
+   * than each alone: each grid gets half its share. Seen on one H200 with 8
+   * ranks without that half: a step now and then timed out at max_tokens,
+   * where every grid is at its cap. */
+  int grids = on_device > 1 ? 2 * (c->pdl ? 2 * on_device : on_device) : 1;
   return per_sm * c->sm_count / (grids ? grids : 1);
 }
 

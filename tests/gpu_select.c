@@ -421,6 +421,7 @@ static void *run_rank(void *arg) {
   kl_config cfg = KL_CONFIG_INIT;
   cfg.rank = r->rank, cfg.nranks = sh->spec.tp, cfg.device = sh->device, cfg.group = sh->group;
   cfg.nccl = sh->comm;
+  cfg.crossover_bytes = 1LL << 40; /* NCCL only where the test says: tokens, KLGEN_DISABLE */
   kl_ctx *ctx = NULL;
   kl_stats st = KL_STATS_INIT;
   if (kl_ctx_create_file(&ctx, sh->file, sh->spec.name, &cfg) != KLRT_OK)

@@ -21,16 +21,16 @@ from ._errors import DeviceError, Error, SpecError
 
 __version__ = "0.1.0"
 __all__ = [
-    "DeviceError", "Error", "LogitsGather", "SPECS_DIR", "SpecError", "SpecInfo", "generate",
-    "spec_info", "spec_names", "spec_path",
+    "DeviceError", "Error", "LogitsGather", "SPECS_DIR", "SpecError", "SpecInfo", "TopK",
+    "generate", "spec_info", "spec_names", "spec_path",
 ]
 
 
 def __getattr__(name):
     # The PyTorch part loads torch only when asked for: spec queries need no torch.
-    if name == "LogitsGather":
-        from ._torch import LogitsGather
-        return LogitsGather
+    if name in ("LogitsGather", "TopK"):
+        from . import _torch
+        return getattr(_torch, name)
     raise AttributeError(f"module 'klgen' has no attribute {name!r}")
 
 SPECS_DIR = os.path.join(_capi.PACKAGE_DIR, "specs")
@@ -49,6 +49,7 @@ class SpecInfo(NamedTuple):
     max_tokens: int
     buffer_bytes: int  # one-shot receive memory per rank
     out_dtype: Optional[str] = None  # the output's dtype: dtype, or "fp32" with an epilogue
+    topk: int = 0  # k of LogitsGather.topk; 0: the spec has none
 
 
 def spec_path(name):
@@ -90,7 +91,7 @@ def spec_info(path=None, name: Optional[str] = None, *, source: Optional[str] = 
         _capi.check(_capi.lib.kl_spec_info_string(text, cname, ctypes.byref(info)))
     return SpecInfo(info.name.decode(), info.vocab_size, info.padded_vocab, info.shard, info.tp,
                     _DTYPES[info.dtype], info.max_tokens, info.buffer_bytes,
-                    _DTYPES[info.out_dtype])
+                    _DTYPES[info.out_dtype], info.topk)
 
 
 def spec_names(path=None, *, source: Optional[str] = None) -> List[str]:

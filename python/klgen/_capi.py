@@ -36,6 +36,7 @@ class Info(ctypes.Structure):
         ("buffer_bytes", ctypes.c_longlong),
         ("out_dtype", ctypes.c_int),
         ("out_elem_bytes", ctypes.c_int),
+        ("topk", ctypes.c_int),
     ]
 
 
@@ -107,6 +108,16 @@ def _load():
             ctypes.c_int,
             [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p],
         ),
+        "kl_argmax": (
+            ctypes.c_int,
+            [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+             ctypes.c_void_p],
+        ),
+        "kl_topk": (
+            ctypes.c_int,
+            [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+             ctypes.c_int, ctypes.c_void_p],
+        ),
         "kl_ctx_info": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(Info)]),
         "kl_ctx_stats": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(Stats)]),
         "kl_ctx_status": (ctypes.c_int, [ctypes.c_void_p]),
@@ -125,7 +136,7 @@ lib = _load()
 
 # A spec's fields (kl_field_names in gen/spec.c).
 FIELDS = ("name", "vocab_size", "pad_to", "padded_vocab", "tp", "dtype", "max_tokens", "timeout_ms",
-          "out_dtype", "softcap", "scale", "numerics")
+          "out_dtype", "softcap", "scale", "numerics", "topk")
 _LOCATED = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?:(?P<field>%s): )?" % "|".join(FIELDS))
 
 

@@ -3,11 +3,15 @@
     g = klgen.LogitsGather("specs/kimi_k3_tp8.lua")   # collective, every rank
     logits = g(shard)                                  # [tokens, vocab_size]
 
-The gather runs on torch's current stream, through the custom op
-klgen::gather (with a fake implementation), so it works eagerly, inside
-torch.cuda.graph capture, and under torch.compile(fullgraph=True).
+    index = g.argmax(shard)                            # [tokens] int64, greedy
+    top = g.topk(shard)                                # spec with topk = K
+
+The calls run on torch's current stream, through custom ops (klgen::gather,
+klgen::argmax, klgen::topk, with fake implementations), so they work eagerly,
+inside torch.cuda.graph capture, and under torch.compile(fullgraph=True).
 """
 
+import collections
 import ctypes
 import itertools
 import os
@@ -20,6 +24,11 @@ from . import _capi, _libs
 from ._errors import DeviceError, Error
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+TopK = collections.namedtuple("TopK", "values indices lse")
+TopK.__doc__ = """kl_topk's result: values and indices [tokens, k] (largest first, ties
+to the lowest column; values in fp32), lse [tokens] (the log-sum-exp of the
+whole row, fp32)."""
 _BY_NAME = {v: k for k, v in _DTYPES.items()}
 
 # Live gathers by handle: what the custom op (which takes plain values) calls.
@@ -131,7 +140,8 @@ class LogitsGather:
 
     spec: a spec file's path, a spec's Lua source, or None with the fields
     given as keywords (vocab_size, tp, dtype, pad_to or padded_vocab,
-    max_tokens, timeout_ms, name; dtype may be a torch.dtype, tp defaults to
+    max_tokens, timeout_ms, name, and the epilogue's out_dtype, softcap,
+    scale, numerics, and topk; dtype may be a torch.dtype, tp defaults to
     the group's size). name: with a spec, the one to use of several it
     defines; with fields, the spec's name (default "logits"). group: a torch.distributed process group (default: the
     world). device: this rank's GPU (default: torch's current device).
@@ -192,6 +202,7 @@ class LogitsGather:
         self.vocab_size, self.shard = info.vocab_size, info.shard
         self.max_tokens, self.dtype = info.max_tokens, _BY_NAME[("bf16", "fp16", "fp32")[info.dtype]]
         self.out_dtype = _BY_NAME[("bf16", "fp16", "fp32")[info.out_dtype]]
+        self.k = info.topk
         with _lock:
             self._handle = f"klgen-{next(_handles)}"
             _live[self._handle] = self
@@ -213,6 +224,46 @@ class LogitsGather:
             return torch.ops.klgen.gather(shard, self._handle)
         torch.ops.klgen.gather_out(shard, out, self._handle)
         return out
+
+    # ---- greedy and top-k: the vocabulary never moves ----
+
+    def argmax(self, shard, *, values=False):
+        """Index of each row's largest logit (through the spec's epilogue) over
+        the whole vocabulary: [tokens] int64, as torch.argmax gives it (ties
+        to the lowest index, NaN largest). values=True: (index, value) with
+        the values in fp32."""
+        if not torch.compiler.is_compiling():
+            index, value = self._select(shard, 0, values)
+        else:
+            index, value = torch.ops.klgen.argmax(shard, self._handle)
+        return (index, value) if values else index
+
+    def topk(self, shard):
+        """A TopK of each row: the spec's k largest values and their indices,
+        and the log-sum-exp of the whole row (a spec with topk = K)."""
+        if not self.k:
+            raise Error(f"spec '{self.name}' has no topk field (add topk = K to it)")
+        if not torch.compiler.is_compiling():
+            return TopK(*self._select(shard, 1, True))
+        return TopK(*torch.ops.klgen.topk(shard, self._handle))
+
+    def _select(self, shard, topk, values):
+        self._check(shard, None)
+        shard = shard.contiguous()
+        tokens, k = shard.shape[0], self.k if topk else 1
+        shape = (tokens, k) if topk else (tokens,)
+        index = torch.empty(shape, dtype=torch.int64, device=self.device)
+        value = torch.empty(shape, dtype=torch.float32, device=self.device) if values else None
+        vp = value.data_ptr() if value is not None else None
+        stream = _raw_stream(self.device.index)
+        if topk:
+            lse = torch.empty((tokens,), dtype=torch.float32, device=self.device)
+            _capi.check(_capi.lib.kl_topk(self._ctx, shard.data_ptr(), index.data_ptr(), vp,
+                                          lse.data_ptr(), tokens, stream))
+            return value, index, lse
+        _capi.check(_capi.lib.kl_argmax(self._ctx, shard.data_ptr(), index.data_ptr(), vp, tokens,
+                                        stream))
+        return index, value
 
     def _check(self, shard, out):
         if self._ctx is None or not self._ctx.value:
@@ -306,14 +357,45 @@ def _gather_op(shard: torch.Tensor, handle: str) -> torch.Tensor:
     return _gather(handle)._run(shard, None)
 
 
-@_gather_op.register_fake
-def _(shard, handle):
-    g = _gather(handle)
+def _fake_check(shard, g):
     if shard.dtype != g.dtype:
         raise TypeError(f"shard has dtype {shard.dtype}, expected {g.dtype} (the spec's)")
     if shard.dim() != 2:
         raise ValueError(f"shard has {shard.dim()} dimensions, expected [tokens, {g.shard}]")
+
+
+@_gather_op.register_fake
+def _(shard, handle):
+    g = _gather(handle)
+    _fake_check(shard, g)
     return shard.new_empty((shard.shape[0], g.vocab_size), dtype=g.out_dtype)
+
+
+@torch.library.custom_op("klgen::argmax", mutates_args=())
+def _argmax_op(shard: torch.Tensor, handle: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _gather(handle)._select(shard, 0, True)
+
+
+@_argmax_op.register_fake
+def _(shard, handle):
+    _fake_check(shard, _gather(handle))
+    return (shard.new_empty((shard.shape[0],), dtype=torch.int64),
+            shard.new_empty((shard.shape[0],), dtype=torch.float32))
+
+
+@torch.library.custom_op("klgen::topk", mutates_args=())
+def _topk_op(shard: torch.Tensor, handle: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _gather(handle)._select(shard, 1, True)
+
+
+@_topk_op.register_fake
+def _(shard, handle):
+    g = _gather(handle)
+    _fake_check(shard, g)
+    tokens = shard.shape[0]
+    return (shard.new_empty((tokens, g.k), dtype=torch.float32),
+            shard.new_empty((tokens, g.k), dtype=torch.int64),
+            shard.new_empty((tokens,), dtype=torch.float32))
 
 
 @torch.library.custom_op("klgen::gather_out", mutates_args=("out",))

@@ -15,6 +15,18 @@ ranks (docs/DESIGN.md, "Measuring"). Paths:
 
 Then the eager host cost of one klgen call (no graph), in microseconds. A spec
 for more ranks than GPUs is measured at its per-rank shard on the GPUs present.
+
+--select measures instead, the same way, the fused epilogue and the sampling-
+ready gathers against the engines' torch ops:
+
+  plain          LogitsGather, no epilogue
+  fused          LogitsGather with out_dtype fp32 and softcap 30 (engine numerics)
+  plain+ops      plain, then vLLM's soft-cap ops: / 30, tanh, * 30, .float()
+  argmax         LogitsGather.argmax
+  gather+argmax  plain, then torch.argmax
+  NCCL pairs     torch.max of the shard, the (value, index) pairs through one
+                 all_gather_into_tensor, the final argmax across ranks
+  top-k          LogitsGather.topk (--topk, default 8), with the log-sum-exp
 """
 
 import argparse
@@ -43,6 +55,9 @@ def _args(argv):
     p.add_argument("--steps", type=int, default=200, help="steps per captured graph")
     p.add_argument("--replays", type=int, default=7)
     p.add_argument("--host-calls", type=int, default=2000, help="eager calls timed on the host")
+    p.add_argument("--select", action="store_true",
+                   help="the fused epilogue, argmax and top-k against torch ops instead")
+    p.add_argument("--topk", type=int, default=8, help="k for --select")
     a = p.parse_args(argv)
     a.tokens = [int(t) for t in a.tokens.split(",")]
     if not os.path.exists(a.spec):
@@ -105,11 +120,74 @@ def _worst(values):
     return t.tolist()
 
 
+SELECT = ("plain", "fused", "plain+ops", "argmax", "gather+argmax", "NCCL pairs", "top-k")
+
+
+def _pairs_argmax(x, offset, valid, every):
+    """The engines' greedy across ranks: each rank's (value, index), packed in
+    an int64, all-gathered, then the best rank's index (ties: lowest rank)."""
+    v, i = x[:, :valid].max(dim=1)
+    mine = torch.stack([v.float().view(torch.int32), (i + offset).to(torch.int32)], dim=1)
+    dist.all_gather_into_tensor(every, mine.view(torch.int64)[:, 0])
+    pairs = every.view(-1, x.shape[0], 1).view(torch.int32)
+    best = pairs[..., 0].view(torch.float32).argmax(dim=0)
+    return pairs[..., 1].gather(0, best[None])[0].long()
+
+
+def _select_main(rank, tp, a, info, dtype):
+    vocab, padded = (info.shard * tp, info.shard * tp) if info.tp != tp else (info.vocab_size,
+                                                                              info.shard * tp)
+    common = dict(vocab_size=vocab, padded_vocab=padded, dtype=dtype, max_tokens=max(a.tokens))
+    g = klgen.LogitsGather(name="plain", topk=a.topk, **common)
+    ge = klgen.LogitsGather(name="fused", out_dtype="fp32", softcap=30.0, **common)
+    offset, valid = rank * info.shard, min(info.shard, vocab - rank * info.shard)
+    rows = []
+    for T in a.tokens:
+        x = (torch.randn((T, info.shard), device="cuda") * 4).to(dtype)
+        every = torch.empty((tp * T,), dtype=torch.int64, device="cuda")
+
+        def ops():
+            y = g(x)
+            return (torch.tanh(y / 30.0) * 30.0).float()
+
+        want = torch.argmax(g(x), dim=1)
+        same = [torch.equal(ge(x), ops()), torch.equal(g.argmax(x), want),
+                torch.equal(_pairs_argmax(x, offset, valid, every), want),
+                torch.equal(g.topk(x).indices[:, 0], want)]
+        if not all(same):
+            raise SystemExit(f"klgen.bench: rank {rank}: results differ at {T} tokens: {same}")
+        fns = [lambda: g(x), lambda: ge(x), ops, lambda: g.argmax(x),
+               lambda: torch.argmax(g(x), dim=1), lambda: _pairs_argmax(x, offset, valid, every),
+               lambda: g.topk(x)]
+        graphs = _graphs(fns, a.steps)
+        rows.append((T, *_worst(_time(graphs, a.steps, a.replays))))
+        del graphs
+    if rank == 0:
+        print(f"klgen.bench --select: {info.name} shard ({info.shard} columns, {info.dtype}) at "
+              f"tp {tp} on {torch.cuda.get_device_name()}, torch {torch.__version__}; soft-cap 30, "
+              f"fp32 out; top-{a.topk}")
+        print(f"method: each variant captured {a.steps} steps deep in a CUDA graph per rank, "
+              f"replayed in turn, median of {a.replays} replays, max over ranks; us per step\n")
+        print(f"{'tokens':<8}" + "".join(f"{n:>15}" for n in SELECT) +
+              f"{'fused x':>9}{'x g+argmax':>12}{'x pairs':>9}")
+        for T, *t in rows:
+            print(f"{T:<8}" + "".join(f"{v:>15.2f}" for v in t) +
+                  f"{t[2] / t[1]:>8.2f}x{t[4] / t[3]:>11.2f}x{t[5] / t[3]:>8.2f}x")
+    g.close()
+    ge.close()
+
+
 def _rank_main(rank, world, a):
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world,
                             device_id=torch.device("cuda", rank))
     info = klgen.spec_info(a.spec, a.name)
+    if a.select:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[info.dtype]
+        _select_main(rank, world, a, info, dtype)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[info.dtype]
     tp = world
     # this rank's shard as the spec has it, at the group size present

@@ -48,6 +48,17 @@ def test_epilogue_fields():
         assert e.value.field == field, (bad, str(e.value))
 
 
+def test_topk_field():
+    info = klgen.spec_info(source="return { name = 'k', vocab_size = 163840, tp = 8, "
+                                  "dtype = 'bf16', max_tokens = 64, topk = 8 }")
+    assert info.topk == 8 and klgen.spec_info(source=GOOD).topk == 0
+    for bad in ("topk = 0", "topk = 65", "topk = 1.5", "topk = '8'", "topk = 300"):
+        with pytest.raises(klgen.SpecError) as e:
+            klgen.spec_info(source="return { name = 'g', vocab_size = 256, tp = 1, "
+                                   f"dtype = 'bf16', max_tokens = 1, {bad} }}")
+        assert e.value.field == "topk", (bad, str(e.value))
+
+
 def test_spec_names():
     assert klgen.spec_names(klgen.spec_path("deepseek_v3")) == [
         "deepseek_v3_tp2", "deepseek_v3_tp4", "deepseek_v3_tp8"]

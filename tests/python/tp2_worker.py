@@ -53,6 +53,99 @@ def same(a, b):
     return a.shape == b.shape and torch.equal(canon(a), canon(b))
 
 
+def hostile(x, step, rank, shard, vocab):
+    """Rows of kinds that break naive code (same kind on every rank for a row):
+    all equal, ties across ranks, a tie across the padding boundary, NaN, +Inf,
+    all -Inf, values that a soft-cap saturates, -0 against +0."""
+    cols = torch.arange(shard, device=x.device) + rank * shard
+    for t in range(x.shape[0]):
+        kind = (step * 7 + t * 3) % 10
+        row = x[t]
+        a, b = (step * 7919 + t * 104729) % vocab, (step * 6007 + t * 3331) % vocab
+        if kind == 1:
+            row.fill_(1.5)
+        elif kind == 2:
+            row[(cols == a) | (cols == b) | (cols == (a + shard) % vocab)] = 50.0
+        elif kind == 3:
+            row[(cols == vocab - 1) | (cols == vocab - 1 - shard)] = 50.0
+        elif kind == 4:
+            row[(cols == a) | (cols == b)] = float("nan")
+        elif kind == 5:
+            row[(cols == a) | (cols == b)] = float("inf")
+        elif kind == 6:
+            row.fill_(float("-inf"))
+        elif kind == 7:
+            row.copy_(200 + 1000 * torch.rand(shard, device=x.device).to(x.dtype))
+        elif kind == 8:
+            row.copy_(-1 - row.abs())
+            row[cols == a] = -0.0
+            row[cols == b] = 0.0
+        row[cols >= vocab] = float("nan") if t % 2 else float("inf")  # padding never counts
+    return x
+
+
+def select_reference(vals, k):
+    """argmax, top-k and log-sum-exp of fp32 rows, computed plainly: NaN largest
+    (the first one wins), ties to the lowest column, -0 == +0."""
+    idx = torch.arange(vals.shape[1], device=vals.device).expand_as(vals)
+    big = vals.shape[1]
+    nan = torch.isnan(vals)
+    first_nan = torch.where(nan, idx, big).min(dim=1).values
+    top = torch.where(nan, float("-inf"), vals).max(dim=1).values
+    first_top = torch.where(vals == top[:, None], idx, big).min(dim=1).values
+    argmax = torch.where(first_nan < big, first_nan, first_top)
+    order = torch.sort(vals, dim=1, descending=True, stable=True)
+    return argmax, order.values[:, :k], order.indices[:, :k], torch.logsumexp(vals.double(), dim=1)
+
+
+def sampling(rank, tp, steps):
+    """kl_argmax and kl_topk against select_reference on the gathered logits,
+    over `steps` steps; every 10th step past max_tokens, so NCCL serves it."""
+    cases = [
+        dict(vocab_size=163840, dtype=torch.bfloat16, max_tokens=8, topk=8, name="kimi_sel"),
+        dict(vocab_size=256000, dtype=torch.bfloat16, out_dtype="fp32", softcap=30.0, topk=8,
+             max_tokens=8, name="gemma_sel"),
+        dict(vocab_size=151655, dtype=torch.float16, softcap=30.0, scale=0.5, numerics="fp32",
+             topk=64, max_tokens=4, name="qwen_sel"),
+        dict(vocab_size=50257, dtype=torch.float32, topk=5, max_tokens=4, name="gpt2_sel"),
+    ]
+    for fields in cases:
+        with klgen.LogitsGather(**fields) as g:
+            bad = {"argmax": 0, "topk": 0, "lse": 0}
+            worst = 0.0
+            over = 0
+            n = steps if fields["name"] == "kimi_sel" else steps // 4
+            for step in range(n):
+                tokens = g.max_tokens + 3 if step % 10 == 7 else 1 + step % g.max_tokens
+                over += tokens > g.max_tokens
+                x = data(tokens, g.shard, g.dtype, 9000 + step * 2 + rank) * 8
+                x = hostile(x, step, rank, g.shard, g.vocab_size)
+                vals = g(x).float()
+                index, value = g.argmax(x, values=True)
+                top = g.topk(x)
+                want_i, want_v, want_ti, lse = select_reference(vals, g.k)
+                picked = vals.gather(1, want_i[:, None])[:, 0]
+                bad["argmax"] += not (torch.equal(index, want_i) and same_f32(value, picked))
+                bad["topk"] += not (torch.equal(top.indices, want_ti) and
+                                    same_f32(top.values, want_v))
+                finite = torch.isfinite(lse)
+                rel = ((top.lse.double() - lse).abs() / lse.abs().clamp(min=1.0))[finite]
+                worst = max(worst, rel.max().item() if rel.numel() else 0.0)
+                bad["lse"] += not (torch.equal(top.lse[~finite].double().nan_to_num(),
+                                               lse[~finite].nan_to_num()) and
+                                   (rel <= 1e-5).all().item())
+            st = g.stats()
+            say(not any(bad.values()) and st["nccl"] >= 3 * over and st["oneshot"] > 0,
+                f"sampling {fields['name']}: {n} steps (every 10th via NCCL): mismatches {bad}, "
+                f"lse worst {worst:.2g} relative; paths {st['oneshot']} one-shot, {st['nccl']} NCCL")
+
+
+def same_f32(a, b):
+    """fp32 values equal bit for bit, zeros of either sign alike, any NaN alike."""
+    return a.shape == b.shape and bool(((canon(a) == canon(b)) |
+                                        (torch.isnan(a) & torch.isnan(b))).all())
+
+
 def main():
     dist.init_process_group("nccl")
     rank, tp = dist.get_rank(), dist.get_world_size()
@@ -170,6 +263,7 @@ def main():
             st = e.stats()
             say(bad == 0 and st["nccl"] == 1 and st["oneshot"] == 3,
                 f"epilogue {fields['name']} ({fn.__name__}): one-shot and NCCL path, {bad} bad")
+    sampling(rank, tp, int(os.environ.get("KLGEN_TEST_STEPS", "2000")))
     # vLLM: the patched LogitsProcessor against the stock one (2-D and 3-D logits)
     g = gathers[1]  # gpt2: org vocab 50257, padded 50304
     lp = standins.VllmLogitsProcessor(g.vocab_size)

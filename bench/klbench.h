@@ -1,0 +1,82 @@
+/* What klbench's modules share: the bench and rank state, and the timing of
+ * captured graphs (klbench.c); the sampling table (select.c). */
+#ifndef KL_KLBENCH_H
+#define KL_KLBENCH_H
+
+#include <pthread.h>
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "bench_util.h"
+#include "klgen.h"
+#include "klrt/klrt.h"
+
+#define MAX_TOK 64
+#define MAX_RANKS 8
+#define HIDDEN 7168
+#define MAX_VARIANTS 8 /* graphs timed side by side (paths, end-to-end variants) */
+enum { P_ONESHOT, P_NOPDL, P_RING, P_SYMM, P_AUTO, NPATHS };
+enum { E_GEMM, E_ONESHOT, E_NOPDL, E_RING, NE2E };
+
+typedef struct bench {
+  const char *spec_path, *name, *csv, *plot, *tune, *templates;
+  char *source; /* rendered from `templates`, or NULL: the runtime renders */
+  int tokens[MAX_TOK], ntok, steps, replays, gemm, n;
+  kl_spec orig, spec;
+  kl_layout l;
+  char spec_src[1024], gpu[256], arch[16];
+  int sm_count;
+  ncclComm_t comms[MAX_RANKS];
+  kl_group *group;
+  pthread_barrier_t bar;
+  double t[NPATHS][MAX_TOK][MAX_RANKS];  /* µs per step, median over replays */
+  long long bad[MAX_TOK][MAX_RANKS];      /* elements where paths disagree */
+  int auto_path[MAX_TOK];                 /* 0 one-shot, 1 NCCL */
+  int e2e_tokens[2];
+  double e2e[NE2E][2][MAX_RANKS];
+  int symm_rank[MAX_RANKS], symm_ok; /* symm_ok: windows on every rank */
+  int failed;
+  int select, topk; /* --select: the sampling table instead (select.c), top-k's k */
+  struct select_bench *sel;
+} bench;
+
+typedef struct rank {
+  bench *b;
+  int r;
+  cudaStream_t s;
+  kl_ctx *ctx[4]; /* one-shot, no-PDL, auto, NCCL (one-shot declined) */
+  CUfunction relayout;
+  CUmodule mod;
+  void *in, *out[NPATHS], *symm;
+  size_t in_bytes, out_bytes, all_bytes;
+  ncclWindow_t win;
+  cudaEvent_t e0, e1;
+  struct select_rank *sel; /* --select */
+} rank;
+
+
+#define NCCL(call)                                                   \
+  do {                                                               \
+    ncclResult_t n_ = (call);                                        \
+    if (n_ != ncclSuccess) die(#call, ncclGetErrorString(n_));       \
+  } while (0)
+#define KL(call)                                                     \
+  do {                                                               \
+    if ((call) != KLRT_OK) die(#call, kl_last_error());              \
+  } while (0)
+
+/* For each of the n variants which[i]: `steps` calls of fn captured once and
+ * replayed in turn, every rank together; t[i]: median us per step. */
+typedef void (*step_fn)(rank *R, int p, int T);
+void time_graphs(rank *R, step_fn fn, const int *which, int n, int T, int replays, double *t);
+double worst(const double *v, int n);
+void progress(const bench *b, int i, const char *what);
+
+/* ---- select.c: --select ---- */
+void select_setup(bench *b);
+void select_rank(rank *R);   /* a rank thread's part: contexts, checks, timing */
+void select_report(bench *b, FILE *csv);
+
+#endif
