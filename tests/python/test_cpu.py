@@ -21,7 +21,9 @@ def test_spec_info_from_a_file():
     info = klgen.spec_info(KIMI)
     assert info == klgen.SpecInfo("kimi_k3_tp8", 163840, 163840, 20480, 8, "bf16", 64,
                                   info.buffer_bytes, "bf16")
-    assert info.buffer_bytes == 3 * 8 * 64 * 20480 * 2
+    # three rotating buffers of tp x max_tokens rows, for the logits and for
+    # argmax's candidate records (10 CTAs a row, one 16-byte record each)
+    assert info.buffer_bytes == 3 * 8 * 64 * (20480 * 2 + 10 * 16)
 
 
 def test_spec_info_from_source_and_by_name():
