@@ -126,8 +126,14 @@ def sampling(rank, tp, steps):
                 want_i, want_v, want_ti, lse = select_reference(vals, g.k)
                 picked = vals.gather(1, want_i[:, None])[:, 0]
                 bad["argmax"] += not (torch.equal(index, want_i) and same_f32(value, picked))
-                bad["topk"] += not (torch.equal(top.indices, want_ti) and
-                                    same_f32(top.values, want_v))
+                ok_topk = torch.equal(top.indices, want_ti) and same_f32(top.values, want_v)
+                bad["topk"] += not ok_topk
+                if not ok_topk and bad["topk"] == 1:
+                    t = int((top.indices != want_ti).any(dim=1).nonzero()[0])
+                    print(f"  {fields['name']} step {step} tokens {tokens} row {t} (kind "
+                          f"{(step * 7 + t * 3) % 10}): top-k {top.indices[t].tolist()} "
+                          f"{top.values[t].tolist()}, want {want_ti[t].tolist()} "
+                          f"{want_v[t].tolist()}", flush=True)
                 finite = torch.isfinite(lse)
                 rel = ((top.lse.double() - lse).abs() / lse.abs().clamp(min=1.0))[finite]
                 worst = max(worst, rel.max().item() if rel.numel() else 0.0)
