@@ -576,15 +576,7 @@ int main(int argc, char **argv) {
   const kl_cu *cu = gpu_require(1);
   kl_spec_list list;
   kl_err err;
-  if (kl_spec_load_file(argv[1], NULL, &list, &err)) {
-    fprintf(stderr, "%s\n", err.msg);
-    return 1;
-  }
-  CUdevice dev;
-  CUcontext cuctx;
-  CU_CHECK(cu, cuDeviceGet(&dev, 0));
-  CU_CHECK(cu, cuDevicePrimaryCtxRetain(&cuctx, dev));
-  CU_CHECK(cu, cuCtxSetCurrent(cuctx));
+  CUcontext cuctx = gpu_one_device(cu, argv[1], &list);
   int fails = 0;
   for (int i = 0; i < list.n; i++) {
     shared sh = {.file = argv[1], .spec = list.v[i], .cu = cu, .cuctx = cuctx};

@@ -36,6 +36,20 @@ int gpu_count_in_child(void) {
   return WEXITSTATUS(st);
 }
 
+CUcontext gpu_one_device(const kl_cu *cu, const char *file, kl_spec_list *list) {
+  kl_err err;
+  if (kl_spec_load_file(file, NULL, list, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    exit(1);
+  }
+  CUdevice dev;
+  CUcontext cuctx;
+  CU_CHECK(cu, cuDeviceGet(&dev, 0));
+  CU_CHECK(cu, cuDevicePrimaryCtxRetain(&cuctx, dev));
+  CU_CHECK(cu, cuCtxSetCurrent(cuctx));
+  return cuctx;
+}
+
 /* The same function on both sides: keep ref_value and VALUE_SRC in step. */
 static uint32_t mixh(uint32_t x) {
   x ^= x >> 16;

@@ -15,6 +15,10 @@ const kl_cu *gpu_require(int need);
 /* GPUs present, from a child process, so the caller may still fork ranks. */
 int gpu_count_in_child(void);
 
+/* The start of the one-GPU tests: the specs of `file` (exit 1 with the
+ * message if they do not load) and GPU 0's primary context, made current. */
+CUcontext gpu_one_device(const kl_cu *cu, const char *file, kl_spec_list *list);
+
 /* Kernels that make and check test data, from a step counter in device memory,
  * so a captured CUDA graph replays with new data every step:
  *   fill(shard, tokens, shard_cols, rank, step)
