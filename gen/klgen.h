@@ -92,7 +92,7 @@ typedef struct kl_layout {
   int relayout_block;   /* threads per CTA of the relayout kernel */
   int max_ctas;         /* CTAs per rank at max_tokens (before residency caps) */
   int64_t timeout_ns;
-  /* The sampling-ready gathers (kl_argmax, kl_topk: docs/DESIGN.md §10).
+  /* The sampling-ready gathers (kl_argmax, kl_topk: docs/DESIGN.md §11).
    * Each of sel_split CTAs reduces a part of a rank's row to one record of
    * candidates; records go through their own triple-buffered region of the
    * receive memory, after the gather's. */

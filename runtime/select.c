@@ -1,4 +1,4 @@
-/* kl_argmax and kl_topk (docs/DESIGN.md §10): the select kernel in one-shot
+/* kl_argmax and kl_topk (docs/DESIGN.md §11): the select kernel in one-shot
  * mode when it can serve the call; otherwise the same kernel in reduce mode,
  * an NCCL all-gather of the records, and the kernel in merge mode. Both paths
  * merge the same records with the same code, so they give the same results.
