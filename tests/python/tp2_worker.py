@@ -111,7 +111,8 @@ def sampling(rank, tp, steps):
     ]
     for fields in cases:
         with klgen.LogitsGather(**fields) as g:
-            bad = {"argmax": 0, "topk": 0, "lse": 0}
+            bad = {"gather": 0, "argmax": 0, "topk": 0, "lse": 0}
+            plain = "softcap" not in fields and "scale" not in fields and "out_dtype" not in fields
             worst = 0.0
             over = 0
             n = steps if fields["name"] == "kimi_sel" else steps // 4
@@ -120,7 +121,17 @@ def sampling(rank, tp, steps):
                 over += tokens > g.max_tokens
                 x = data(tokens, g.shard, g.dtype, 9000 + step * 2 + rank) * 8
                 x = hostile(x, step, rank, g.shard, g.vocab_size)
-                vals = g(x).float()
+                gathered = g(x)
+                if plain:  # the gathered logits themselves, against torch's all-gather
+                    ref = reference(x, tp, g.vocab_size)
+                    if not same(gathered, ref):
+                        bad["gather"] += 1
+                        if bad["gather"] == 1:
+                            i, j = (canon(gathered) != canon(ref)).nonzero()[0].tolist()
+                            print(f"  {fields['name']} step {step} tokens {tokens}: gathered "
+                                  f"[{i},{j}] {gathered[i, j].item()!r}, all-gather "
+                                  f"{ref[i, j].item()!r}", flush=True)
+                vals = gathered.float()
                 index, value = g.argmax(x, values=True)
                 top = g.topk(x)
                 want_i, want_v, want_ti, lse = select_reference(vals, g.k)
