@@ -132,10 +132,10 @@ typedef struct rank_ctx {
 } rank_ctx;
 
 /* Host buffers are pinned and allocated before creation. With pageable ones
- * (malloc) the copies back every step stalled a rank thread now and then for
- * the whole poll limit, while its peers spun, and a step timed out (3 of 5
- * runs on one H200; pinned: none in 4); a pageable copy goes through driver
- * staging that may wait on the device. */
+ * (malloc) a step timed out in 4 of 6 runs on one H200 (a rank thread stalled
+ * in the copies back while its peers spun); pinned, none in the next 4 (a
+ * later time-out, at max_tokens, was the residency cap: runtime/transport.c).
+ * A pageable copy goes through driver staging that may wait on the device. */
 typedef struct bufs {
   CUdeviceptr shard, out, ref, step, idx1, val1, idxk, valk, lse;
   void *h_out, *h_ref;
