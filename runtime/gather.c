@@ -9,13 +9,16 @@
 #include "rt.h"
 
 /* Same decision on every rank: no pointer, stream or timing enters it. */
-int kl_choose_path(const kl_ctx *c, int tokens, kl_decline *why) {
+int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why) {
   if (c->disabled) return *why = KL_DECLINE_DISABLED, PATH_NCCL;
   if (!c->ready) return *why = KL_DECLINE_NOT_READY, PATH_NCCL;
   if (tokens > c->spec.max_tokens) return *why = KL_DECLINE_TOKENS, PATH_NCCL;
-  if (c->nccl_everywhere && (long long)tokens * c->layout.shard_bytes > c->crossover)
-    return *why = KL_DECLINE_SIZE, PATH_NCCL;
+  if (c->nccl_everywhere && bytes > c->crossover) return *why = KL_DECLINE_SIZE, PATH_NCCL;
   return PATH_ONESHOT;
+}
+
+int kl_choose_path(const kl_ctx *c, int tokens, kl_decline *why) {
+  return kl_path_for(c, tokens, (long long)tokens * c->layout.shard_bytes, why);
 }
 
 int kl_capturing(const kl_ctx *c, CUstream s) {

@@ -184,7 +184,9 @@ enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
 /* The one-shot kernel on s, as every step launches it (PDL when c->pdl). */
 CUresult kl_launch_oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, int grid,
                            CUstream s);
-/* The dispatch rule (docs/DESIGN.md §8): PATH_ONESHOT, or PATH_NCCL with *why. */
+/* The dispatch rule (docs/DESIGN.md §8) for a step moving `bytes` per rank:
+ * PATH_ONESHOT, or PATH_NCCL with *why. kl_choose_path: the gather's step. */
+int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why);
 int kl_choose_path(const kl_ctx *c, int tokens, kl_decline *why);
 kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstream s);
 /* Before a call on s: s waits for the previous call's work when the streams

@@ -2,8 +2,8 @@
  * mode when it can serve the call; otherwise the same kernel in reduce mode,
  * an NCCL all-gather of the records, and the kernel in merge mode. Both paths
  * merge the same records with the same code, so they give the same results.
- * The choice follows the gather's rule (kl_choose_path) without the size
- * limit: records are a few bytes a row, never worth NCCL's latency. */
+ * The choice is the gather's rule (kl_path_for) without the size limit:
+ * records are a few bytes a row, never worth NCCL's latency. */
 #include <stdint.h>
 #include <string.h>
 
@@ -28,13 +28,6 @@ CUresult kl_launch_select(kl_ctx *c, CUfunction f, const kl_select_args *a, int 
                         .blockDimX = (unsigned)c->layout.sel_block, .blockDimY = 1,
                         .blockDimZ = 1, .hStream = s, .attrs = &attr, .numAttrs = pdl ? 1 : 0};
   return c->cu->cuLaunchKernelEx(&cfg, f, args, NULL);
-}
-
-static int select_path(const kl_ctx *c, int tokens, kl_decline *why) {
-  if (c->disabled) return *why = KL_DECLINE_DISABLED, PATH_NCCL;
-  if (!c->ready) return *why = KL_DECLINE_NOT_READY, PATH_NCCL;
-  if (tokens > c->spec.max_tokens) return *why = KL_DECLINE_TOKENS, PATH_NCCL;
-  return PATH_ONESHOT;
 }
 
 static kl_result launched(CUresult r, const char *what) {
@@ -133,7 +126,8 @@ kl_result kl_select_impl(kl_ctx *c, int topk, const void *in, int64_t *index, fl
   kl_select_args a = {(const void *)kin, (long long *)index, value, lse, NULL, NULL, NULL, tokens,
                       c->rank, 0, 0};
   kl_decline why = KL_DECLINE_COUNT;
-  if (select_path(c, tokens, &why) == PATH_ONESHOT) {
+  /* records are a few bytes a row: never over the size limit (bytes 0) */
+  if (kl_path_for(c, tokens, 0, &why) == PATH_ONESHOT) {
     c->stats.oneshot++;
     return oneshot(c, f, &a, s);
   }

@@ -310,6 +310,7 @@ static void dispatch(void) {
   CHECK(kl_choose_path(&c, 1, &why) == PATH_ONESHOT, "1 token: one-shot");
   CHECK(kl_choose_path(&c, 16, &why) == PATH_ONESHOT, "at the crossover: one-shot");
   CHECK(kl_choose_path(&c, 17, &why) == PATH_NCCL && why == KL_DECLINE_SIZE, "over: size");
+  CHECK(kl_path_for(&c, 17, 0, &why) == PATH_ONESHOT, "kl_argmax/kl_topk's records: no size");
   c.nccl_everywhere = 0;
   CHECK(kl_choose_path(&c, 17, &why) == PATH_ONESHOT, "no NCCL anywhere: no size decline");
   CHECK(kl_choose_path(&c, 65, &why) == PATH_NCCL && why == KL_DECLINE_TOKENS, "tokens");
