@@ -450,9 +450,10 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
 
 /* One step's call (kl_gather, kl_argmax, kl_topk): the context entered, the
  * stream ordered after the previous call, the call, and its mark. */
+enum step_kind { STEP_GATHER, STEP_ARGMAX, STEP_TOPK };
 typedef struct step_call {
   const char *fn;
-  int kind; /* 0 gather, 1 argmax, 2 topk */
+  enum step_kind kind;
   const void *in;
   void *out; /* gather: out; select: index */
   float *value, *lse;
@@ -460,8 +461,8 @@ typedef struct step_call {
 } step_call;
 
 static kl_result step_impl(kl_ctx *c, const step_call *k, CUstream s) {
-  if (k->kind == 0) return kl_gather_impl(c, k->in, k->out, k->tokens, s);
-  return kl_select_impl(c, k->kind == 2, k->in, k->out, k->value, k->lse, k->tokens, s);
+  if (k->kind == STEP_GATHER) return kl_gather_impl(c, k->in, k->out, k->tokens, s);
+  return kl_select_impl(c, k->kind == STEP_TOPK, k->in, k->out, k->value, k->lse, k->tokens, s);
 }
 
 static kl_result step(kl_ctx *c, const step_call *k, kl_stream stream) {
@@ -471,10 +472,10 @@ static kl_result step(kl_ctx *c, const step_call *k, kl_stream stream) {
   int pushed;
   if (!k->in || !k->out)
     res = kl_rt_fail(KLRT_EINVAL, "%s: %s is NULL", k->fn,
-                     k->in ? (k->kind ? "index" : "out") : "shard");
+                     k->in ? (k->kind == STEP_GATHER ? "out" : "index") : "shard");
   else if (k->tokens <= 0)
     res = kl_rt_fail(KLRT_EINVAL, "%s: tokens is %d (must be > 0)", k->fn, k->tokens);
-  else if (k->kind == 2 && !c->spec.topk)
+  else if (k->kind == STEP_TOPK && !c->spec.topk)
     res = kl_rt_fail(KLRT_EINVAL, "kl_topk: spec '%s' has no topk field (add topk = K to it)",
                      c->spec.name);
   else if (!(res = kl_ctx_enter(c, &pushed))) {
@@ -489,19 +490,19 @@ static kl_result step(kl_ctx *c, const step_call *k, kl_stream stream) {
 }
 
 kl_result kl_gather(kl_ctx *c, const void *in, void *out, int tokens, kl_stream stream) {
-  step_call k = {"kl_gather", 0, in, out, NULL, NULL, tokens};
+  step_call k = {"kl_gather", STEP_GATHER, in, out, NULL, NULL, tokens};
   return step(c, &k, stream);
 }
 
 kl_result kl_argmax(kl_ctx *c, const void *shard, int64_t *index, float *value, int tokens,
                     kl_stream stream) {
-  step_call k = {"kl_argmax", 1, shard, index, value, NULL, tokens};
+  step_call k = {"kl_argmax", STEP_ARGMAX, shard, index, value, NULL, tokens};
   return step(c, &k, stream);
 }
 
 kl_result kl_topk(kl_ctx *c, const void *shard, int64_t *index, float *value, float *lse,
                   int tokens, kl_stream stream) {
-  step_call k = {"kl_topk", 2, shard, index, value, lse, tokens};
+  step_call k = {"kl_topk", STEP_TOPK, shard, index, value, lse, tokens};
   return step(c, &k, stream);
 }
 

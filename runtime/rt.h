@@ -209,6 +209,8 @@ kl_result kl_copy(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstrea
 /* ---- select.c ---- */
 /* Bytes of select scratch for `tokens` rows: this rank's records, then all ranks'. */
 size_t kl_select_scratch_bytes(const kl_ctx *c, long long tokens);
+/* The select kernels' step slots: in the state block, after the one-shot kernel's. */
+unsigned long long *kl_select_slots(const kl_ctx *c);
 /* The select kernel f (c->argmax or c->topk) on s, one-shot (PDL when c->pdl). */
 CUresult kl_launch_select(kl_ctx *c, CUfunction f, const kl_select_args *a, int grid, CUstream s);
 /* kl_argmax (topk 0; lse NULL) or kl_topk (topk 1). value and lse may be NULL. */

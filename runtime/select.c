@@ -35,10 +35,14 @@ static kl_result launched(CUresult r, const char *what) {
   return kl_rt_fail(KLRT_ECUDA, "launching the select kernel (%s): %s", what, kl_cu_errstr(r));
 }
 
+unsigned long long *kl_select_slots(const kl_ctx *c) {
+  return (unsigned long long *)(c->state + sizeof(kl_state) + 8 * (size_t)c->layout.max_ctas);
+}
+
 static kl_result oneshot(kl_ctx *c, CUfunction f, kl_select_args *a, CUstream s) {
   a->mode = KL_SELECT_ONESHOT;
   a->state = (kl_state *)c->state;
-  a->slots = (unsigned long long *)(c->state + sizeof(kl_state) + 8 * (size_t)c->layout.max_ctas);
+  a->slots = kl_select_slots(c);
   a->nslots = c->sel_nslots;
   int grid = kl_layout_select_grid(&c->layout, a->tokens, c->sel_cap);
   return launched(kl_launch_select(c, f, a, grid, s), "one-shot");

@@ -252,7 +252,7 @@ static int warm_up(kl_ctx *c, char *why) {
    * once, on every rank alike. */
   kl_select_args sel = {0};
   sel.state = (kl_state *)c->state;
-  sel.slots = (unsigned long long *)(c->state + sizeof(kl_state) + 8 * (size_t)c->layout.max_ctas);
+  sel.slots = kl_select_slots(c);
   sel.rank = c->rank;
   sel.nslots = c->sel_nslots;
   CUfunction selects[2] = {c->argmax, c->topk};
