@@ -129,6 +129,7 @@ struct kl_ctx {
   unsigned char ipc_opened[KL_TP_MAX];
   int ready, disabled;
   int nccl_everywhere; /* every rank has a communicator: size declines are possible */
+  int select_everywhere; /* every rank loaded the select kernels: their NCCL path can run */
   long long crossover, crossover_cfg;
   const char *crossover_from; /* where this rank's limit came from */
   char cache_dir[4096];       /* "" when there is none */
@@ -167,6 +168,7 @@ typedef struct peer_info {
 } peer_info;
 typedef struct agree_info {
   int32_t mapped, disabled, has_nccl;
+  int32_t has_select; /* the select kernels loaded (their NCCL path runs them too) */
   int64_t crossover;
   char why[KL_PEER_WHY];
 } agree_info;

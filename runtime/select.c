@@ -49,10 +49,12 @@ static kl_result oneshot(kl_ctx *c, CUfunction f, kl_select_args *a, CUstream s)
 }
 
 static kl_result nccl_path(kl_ctx *c, CUfunction f, kl_select_args *a, CUstream s) {
-  if (!f)
+  /* Agreed at creation, so every rank refuses alike: a rank that returned
+   * here while its peers entered the all-gather would leave them waiting. */
+  if (!c->select_everywhere)
     return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: the NCCL path of kl_argmax/kl_topk needs the "
-                      "generated select kernel, which did not build here (%s)", c->rank,
-                      c->stats.not_ready);
+                      "generated select kernels on every rank, and some rank could not build "
+                      "them (%s)", c->rank, c->stats.not_ready);
   if (!c->nccl && c->nranks > 1)
     return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: the one-shot path cannot serve this call "
                       "and the context has no NCCL communicator for the fallback", c->rank);

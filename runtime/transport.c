@@ -299,7 +299,7 @@ static kl_result check_agreement(const kl_ctx *c, agree_info *agree) {
   for (int r = 0; r < c->nranks; r++) {
     agree_info *a = &agree[r];
     a->why[KL_PEER_WHY - 1] = 0;
-    if ((a->mapped | a->disabled | a->has_nccl) & ~1)
+    if ((a->mapped | a->disabled | a->has_nccl | a->has_select) & ~1)
       return kl_rt_fail(KLRT_ESPEC, "rank %d sent a malformed agreement record", r);
     if (a->crossover < 0)
       return kl_rt_fail(KLRT_EINVAL, "rank %d reports a crossover of %lld bytes (must be >= 0)",
@@ -329,6 +329,7 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   mine.mapped = map_all(c, all, mine.why) == 0;
   mine.disabled = (int32_t)kl_param_int(KL_P_DISABLE, NULL);
   mine.has_nccl = c->nccl != NULL || c->nranks == 1;
+  mine.has_select = c->argmax != NULL;
   mine.crossover = kl_crossover(c->arch, c->nranks, c->layout.shard_bytes, c->crossover_cfg,
                                 c->cache_dir[0] ? c->cache_dir : NULL, &c->crossover_from);
   if (kl_exchange_all(&c->ex, &mine, agree, sizeof mine, why) != 0) {
@@ -337,11 +338,12 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   }
   if ((res = check_agreement(c, agree)) != KLRT_OK) goto out;
   c->ready = 1;
-  c->nccl_everywhere = 1;
+  c->nccl_everywhere = c->select_everywhere = 1;
   c->crossover = agree[0].crossover;
   for (int r = 0; r < c->nranks; r++) {
     c->disabled |= agree[r].disabled;
     c->nccl_everywhere &= agree[r].has_nccl;
+    c->select_everywhere &= agree[r].has_select;
     if (agree[r].crossover < c->crossover) c->crossover = agree[r].crossover;
     if (!agree[r].mapped && c->ready) {
       c->ready = 0;

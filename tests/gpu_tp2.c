@@ -176,6 +176,11 @@ static void test_not_ready_anywhere(rank_env *e, const char *file, const char *n
   long long bad = step_vs_nccl(e, c, 1, 0, 0) + step_vs_nccl(e, c, 3, 0, 0);
   EXPECT(e, bad == 0, "not ready: %lld mismatches", bad);
   expect_path(e, c, 0, 2, KL_DECLINE_NOT_READY, "not ready");
+  /* kl_argmax's NCCL path runs the select kernels on every rank: both ranks
+   * refuse alike (rank 0 entering the all-gather alone would wait forever) */
+  kl_result a = kl_argmax(c, (void *)e->shard, (int64_t *)e->out, NULL, 1, e->s);
+  EXPECT(e, a == KLRT_EUNAVAILABLE && strstr(kl_last_error(), "some rank could not build"),
+         "argmax without select kernels on rank 1: %s (%s)", kl_result_name(a), kl_last_error());
   kl_ctx_destroy(c);
   printf("rank %d: JIT failed on rank 1 only -> not ready on both (%s), NCCL serves: %s\n",
          e->rank, st.not_ready, bad ? "FAIL" : "ok");
