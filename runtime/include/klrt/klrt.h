@@ -155,7 +155,10 @@ kl_result kl_argmax(kl_ctx *ctx, const void *shard, int64_t *index, float *value
  * log-sum-exp of the whole row (fp32 from a float64 sum of the ranks'
  * partials): NaN if the row has a NaN, +Inf if it has +Inf, -Inf if all are
  * -Inf. KLRT_EINVAL for a spec without topk. index, value and lse must not
- * overlap each other or the shard (the shard is copied if it does). */
+ * overlap each other or the shard (the shard is copied if it does).
+ * Both: KLRT_EUNAVAILABLE on every rank, alike, when the one-shot path cannot
+ * serve and some rank could not build the select kernels (the NCCL path runs
+ * them too). */
 kl_result kl_topk(kl_ctx *ctx, const void *shard, int64_t *index, float *value, float *lse,
                   int tokens, kl_stream stream);
 
