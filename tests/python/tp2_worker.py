@@ -87,6 +87,10 @@ def hostile(x, step, rank, shard, vocab):
 def select_reference(vals, k):
     """argmax, top-k and log-sum-exp of fp32 rows, computed plainly: NaN largest
     (the first one wins), ties to the lowest column, -0 == +0."""
+    # torch.sort orders floats by their bits: NaNs of different payloads (a
+    # planted NaN, a NaN that went through * 8) or zeros of different signs
+    # would not tie. One NaN and one zero make them ties, as kl_topk has them.
+    vals = torch.where(torch.isnan(vals), float("nan"), torch.where(vals == 0, 0.0, vals))
     idx = torch.arange(vals.shape[1], device=vals.device).expand_as(vals)
     big = vals.shape[1]
     nan = torch.isnan(vals)
