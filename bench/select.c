@@ -197,6 +197,36 @@ static void spec_with(const bench *b, const char *extra, char *buf, size_t n) {
   snprintf(buf, n, "%.*s, %s }", (int)(len - 2), b->spec_src, extra);
 }
 
+/* A context for the bench's spec with `extra` fields; with --templates, its
+ * kernels are rendered from those templates, as the gather table's are. */
+static kl_ctx *select_ctx(const bench *b, const char *extra, const kl_config *cfg) {
+  char src[1200];
+  kl_ctx *ctx = NULL;
+  spec_with(b, extra, src, sizeof src);
+  if (!b->templates) {
+    KL(kl_ctx_create_string(&ctx, src, NULL, cfg));
+    return ctx;
+  }
+  kl_spec_list list;
+  kl_layout l;
+  kl_err e;
+  char *code;
+  if (kl_spec_load_string("select spec", src, strlen(src), NULL, &list, &e)) die("select spec", e.msg);
+  const kl_spec *s = &list.v[0];
+  if (kl_layout_derive(s, &l, &e) || kl_render(s, &l, b->templates, &code, &e)) die("--templates", e.msg);
+  kl_generated g = {.abi = 3, .name = s->name, .vocab_size = s->vocab_size, .pad_to = s->pad_to,
+                    .padded_vocab = l.padded_vocab, .tp = s->tp, .dtype = (int)s->dtype,
+                    .max_tokens = s->max_tokens, .timeout_ms = s->timeout_ms,
+                    .vec_bytes = l.vec_bytes, .block = l.block, .source = code,
+                    .source_len = strlen(code), .out_dtype = (int)s->out_dtype,
+                    .numerics = (int)s->numerics, .softcap = s->softcap, .scale = s->scale,
+                    .topk = s->topk};
+  KL(kl_ctx_create_generated(&ctx, &g, cfg));
+  free(code);
+  kl_spec_list_free(&list);
+  return ctx;
+}
+
 static void *dev(size_t bytes) {
   void *p;
   CUDA(cudaMalloc(&p, bytes));
@@ -276,15 +306,12 @@ void select_rank(rank *R) {
   struct select_rank S;
   memset(&S, 0, sizeof S);
   R->sel = &S;
-  char src[1200];
   kl_config cfg = {.size = sizeof(kl_config), .rank = R->r, .nranks = b->n, .device = R->r,
                    .nccl = b->comms[R->r], .group = b->group, .crossover_bytes = 1LL << 40};
   char topk[32];
   snprintf(topk, sizeof topk, "topk = %d", b->topk);
-  spec_with(b, topk, src, sizeof src);
-  KL(kl_ctx_create_string(&S.sel, src, NULL, &cfg));
-  spec_with(b, "out_dtype = 'fp32', softcap = 30.0", src, sizeof src);
-  KL(kl_ctx_create_string(&S.epi, src, NULL, &cfg));
+  S.sel = select_ctx(b, topk, &cfg);
+  S.epi = select_ctx(b, "out_dtype = 'fp32', softcap = 30.0", &cfg);
   load_ops(R);
   alloc_select(R);
   for (int k = 0; k < 2000; k++) sel_step(R, k % NV, b->tokens[0]); /* clocks up */
