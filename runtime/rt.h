@@ -124,7 +124,7 @@ struct kl_ctx {
     kl_select_args a;
     CUdeviceptr peers[KL_TP_MAX];
   } sprm;
-  int sel_cap;    /* select CTAs per rank that stay co-resident (as cta_cap) */
+  int argmax_cap, topk_cap; /* select CTAs per rank that stay co-resident (as cta_cap), per kernel */
   int sel_nslots; /* the largest select grid launched */
   unsigned char ipc_opened[KL_TP_MAX];
   int ready, disabled;

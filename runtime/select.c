@@ -44,7 +44,7 @@ static kl_result oneshot(kl_ctx *c, CUfunction f, kl_select_args *a, CUstream s)
   a->state = (kl_state *)c->state;
   a->slots = kl_select_slots(c);
   a->nslots = c->sel_nslots;
-  int grid = kl_layout_select_grid(&c->layout, a->tokens, c->sel_cap);
+  int grid = kl_layout_select_grid(&c->layout, a->tokens, f == c->topk ? c->topk_cap : c->argmax_cap);
   return launched(kl_launch_select(c, f, a, grid, s), "one-shot");
 }
 

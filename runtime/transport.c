@@ -279,17 +279,18 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
   int on_device = ranks_on_device(c, all);
   if (!queues_ok(c, on_device, why)) return -1;
   c->cta_cap = residency_cap(c, c->oneshot, c->layout.block, on_device);
-  c->sel_cap = residency_cap(c, c->argmax, c->layout.sel_block, on_device);
-  if (c->topk) {
-    int cap = residency_cap(c, c->topk, c->layout.sel_block, on_device);
-    if (cap < c->sel_cap) c->sel_cap = cap;
-  }
-  if (c->cta_cap < 1 || c->sel_cap < 1) {
+  /* Each select kernel has its own cap (the top-k kernel, with more
+   * registers, may fit fewer CTAs); they share the step slots, so there are
+   * as many as the larger grid has CTAs. */
+  c->argmax_cap = residency_cap(c, c->argmax, c->layout.sel_block, on_device);
+  c->topk_cap = c->topk ? residency_cap(c, c->topk, c->layout.sel_block, on_device) : c->argmax_cap;
+  if (c->cta_cap < 1 || c->argmax_cap < 1 || c->topk_cap < 1) {
     snprintf(why, KL_PEER_WHY, "rank %d: the one-shot kernels cannot be resident", c->rank);
     return -1;
   }
   c->nslots = kl_layout_grid(&c->layout, (int)c->spec.max_tokens, c->cta_cap);
-  c->sel_nslots = kl_layout_select_grid(&c->layout, (int)c->spec.max_tokens, c->sel_cap);
+  c->sel_nslots = kl_layout_select_grid(&c->layout, (int)c->spec.max_tokens,
+                                        c->argmax_cap > c->topk_cap ? c->argmax_cap : c->topk_cap);
   memcpy(c->sprm.peers, c->prm.peers, sizeof c->sprm.peers);
   return warm_up(c, why);
 }
