@@ -12,8 +12,9 @@
  *
  * Every step, every rank: test data made on the device from (step, token,
  * column), with hostile rows (all equal, ties across ranks and across the
- * padding boundary, NaN, +Inf, all -Inf, soft-cap saturation, -0 against +0;
- * padding columns hold NaN or +Inf, which must never count); kl_gather,
+ * padding boundary, NaN, +Inf, all -Inf, soft-cap saturation, -0 against +0,
+ * every value of a 16-bit dtype in turn; padding columns hold NaN or +Inf,
+ * which must never count); kl_gather,
  * kl_argmax and kl_topk on it; and a reference kernel that applies the
  * epilogue the way the engine's separate torch ops do, from the same data.
  * The host then checks, bit for bit: the gathered logits against the
@@ -41,8 +42,9 @@ static const char *const kernels_src =
     "typedef unsigned int u32;\n"
     "__device__ u32 mixh(u32 x) { x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15;\n"
     "  x *= 0x846ca68bu; x ^= x >> 16; return x; }\n"
+    "__device__ float from_bits(u32 b);\n"
     "__device__ float row_value(u32 step, u32 t, long long j) {\n"
-    "  u32 kind = mixh(step * 0x9E3779B1u + t * 0x85EBCA77u) % 10u;\n"
+    "  u32 kind = mixh(step * 0x9E3779B1u + t * 0x85EBCA77u) % 11u;\n"
     "  u32 h = mixh(step * 0x27d4eb2fu + t * 0x165667b1u + (u32)j * 0x9E3779B1u);\n"
     "  float u = (float)(h >> 8) * (1.0f / 16777216.0f);\n"
     "  if (j >= VOCAB) return __int_as_float((h & 1) ? 0x7fc00000 : 0x7f800000);\n"
@@ -57,6 +59,8 @@ static const char *const kernels_src =
     "  case 7: return __int_as_float(0xff800000);\n"
     "  case 8: return 200.f + 1000.f * u;\n"
     "  case 9: return j == a ? -0.f : j == b ? 0.f : -1.f - 8.f * u;\n"
+    /* every value of a 16-bit dtype, in column order (random bits for fp32) */
+    "  case 10: return ELEM == 4 ? __uint_as_float(h) : from_bits((u32)j & 0xffffu);\n"
     "  default: return 16.f * u - 8.f;\n"
     "  }\n"
     "}\n"
