@@ -117,6 +117,17 @@ static void derive_spec(bench *b, int gpus) {
            kl_dtype_name(b->spec.dtype), (long long)b->spec.max_tokens);
 }
 
+kl_generated bench_generated(const kl_spec *s, const kl_layout *l, const char *source) {
+  kl_generated g = {.abi = 3, .name = s->name, .vocab_size = s->vocab_size, .pad_to = s->pad_to,
+                    .padded_vocab = l->padded_vocab, .tp = s->tp, .dtype = (int)s->dtype,
+                    .max_tokens = s->max_tokens, .timeout_ms = s->timeout_ms,
+                    .vec_bytes = l->vec_bytes, .block = l->block, .source = source,
+                    .source_len = strlen(source), .out_dtype = (int)s->out_dtype,
+                    .numerics = (int)s->numerics, .softcap = s->softcap, .scale = s->scale,
+                    .topk = s->topk};
+  return g;
+}
+
 static void make_contexts(rank *R) {
   bench *b = R->b;
   kl_config base = {.size = sizeof(kl_config), .rank = R->r, .nranks = b->n, .device = R->r, .nccl = b->comms[R->r],
@@ -126,12 +137,7 @@ static void make_contexts(rank *R) {
   np.no_pdl = 1;
   nc.crossover_bytes = 1; /* every step over the crossover: the NCCL fallback */
   if (b->source) {
-    kl_generated g = {.abi = 1, .name = b->spec.name, .vocab_size = b->spec.vocab_size,
-                      .pad_to = b->spec.pad_to, .padded_vocab = b->l.padded_vocab,
-                      .tp = b->spec.tp, .dtype = (int)b->spec.dtype,
-                      .max_tokens = b->spec.max_tokens, .timeout_ms = b->spec.timeout_ms,
-                      .vec_bytes = b->l.vec_bytes, .block = b->l.block, .source = b->source,
-                      .source_len = strlen(b->source)};
+    kl_generated g = bench_generated(&b->spec, &b->l, b->source);
     KL(kl_ctx_create_generated(&R->ctx[0], &g, &os));
     KL(kl_ctx_create_generated(&R->ctx[1], &g, &np));
     KL(kl_ctx_create_generated(&R->ctx[2], &g, &base));

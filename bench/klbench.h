@@ -67,6 +67,10 @@ typedef struct rank {
     if ((call) != KLRT_OK) die(#call, kl_last_error());              \
   } while (0)
 
+/* What kl_ctx_create_generated takes for a spec, its layout and a source
+ * rendered from --templates (borrowed: source must outlive the call). */
+kl_generated bench_generated(const kl_spec *s, const kl_layout *l, const char *source);
+
 /* For each of the n variants which[i]: `steps` calls of fn captured once and
  * replayed in turn, every rank together; t[i]: median us per step. */
 typedef void (*step_fn)(rank *R, int p, int T);

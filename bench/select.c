@@ -214,13 +214,7 @@ static kl_ctx *select_ctx(const bench *b, const char *extra, const kl_config *cf
   if (kl_spec_load_string("select spec", src, strlen(src), NULL, &list, &e)) die("select spec", e.msg);
   const kl_spec *s = &list.v[0];
   if (kl_layout_derive(s, &l, &e) || kl_render(s, &l, b->templates, &code, &e)) die("--templates", e.msg);
-  kl_generated g = {.abi = 3, .name = s->name, .vocab_size = s->vocab_size, .pad_to = s->pad_to,
-                    .padded_vocab = l.padded_vocab, .tp = s->tp, .dtype = (int)s->dtype,
-                    .max_tokens = s->max_tokens, .timeout_ms = s->timeout_ms,
-                    .vec_bytes = l.vec_bytes, .block = l.block, .source = code,
-                    .source_len = strlen(code), .out_dtype = (int)s->out_dtype,
-                    .numerics = (int)s->numerics, .softcap = s->softcap, .scale = s->scale,
-                    .topk = s->topk};
+  kl_generated g = bench_generated(s, &l, code);
   KL(kl_ctx_create_generated(&ctx, &g, cfg));
   free(code);
   kl_spec_list_free(&list);
