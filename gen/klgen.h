@@ -98,11 +98,14 @@ typedef struct kl_layout {
    * receive memory, after the gather's. */
   int sel_k;            /* candidates per record: max(1, topk) */
   int sel_block;        /* threads per CTA of the select kernels */
-  int sel_cpt;          /* 16-byte input chunks per thread */
-  int sel_split;        /* CTAs (records) per rank row */
+  int sel_cpt;          /* kl_topk: 16-byte input chunks per thread */
+  int sel_split;        /* kl_topk: CTAs (records) per rank row */
+  int am_cpt;           /* kl_argmax: the same */
+  int am_split;
+  int rec_split;        /* records per rank row the region holds: the larger split */
   int rec_chunks;       /* 16-byte chunks per record */
   int64_t sel_offset;   /* byte offset of the select region in the receive memory */
-  int64_t sel_slot_bytes;   /* one rank's slot: max_tokens x sel_split records */
+  int64_t sel_slot_bytes;   /* one rank's slot: max_tokens x rec_split records */
   int64_t sel_buffer_bytes; /* one of three: tp slots */
   int64_t recv_bytes;   /* total_bytes + 3 x sel_buffer_bytes: what each rank allocates */
   int sel_max_ctas;     /* select CTAs at max_tokens (before residency caps) */
@@ -143,7 +146,7 @@ int kl_layout_grid(const kl_layout *l, int tokens, int cap);
  * thread, at most cap (> 0) CTAs, which then loop. */
 int kl_layout_relayout_grid(const kl_layout *l, int64_t out_bytes, int cap);
 /* CTAs of a one-shot select launch for `tokens` rows, at most cap (0: none). */
-int kl_layout_select_grid(const kl_layout *l, int tokens, int cap);
+int kl_layout_select_grid(const kl_layout *l, int tokens, int cap, int topk);
 
 /* ---- rendering (render.c) ---- */
 /* Templates come from the binary (dir == NULL) or from a directory. */

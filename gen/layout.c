@@ -19,6 +19,10 @@
  * of a token in shared memory: at most MERGE_CHUNKS 16-byte chunks. */
 #define SEL_BLOCK 256
 #define SEL_SPLIT_MAX 16
+/* kl_argmax's CTAs read at least this many chunks a thread. Kimi TP8's shard
+ * (2560 chunks) in 5 CTAs, not 10: 64 tokens 5.4 -> 3.9 us, 1 token 2.36 ->
+ * 2.44 (klbench --select, 2 x H200); 2 CTAs: 3.4 and 2.9. */
+#define AM_CPT_MIN 2
 #define MERGE_CHUNKS 2560
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -89,11 +93,20 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
   l->sel_cpt = (int)((l->row_chunks + per_cta - 1) / per_cta);
   int64_t cta_chunks = (int64_t)SEL_BLOCK * l->sel_cpt;
   l->sel_split = (int)((l->row_chunks + cta_chunks - 1) / cta_chunks);
+  /* kl_argmax: at least AM_CPT_MIN chunks a thread, so half the CTAs at
+   * most. Its per-element work is a float compare, so a CTA's share costs
+   * little, and the grid is what a step of many tokens pays for. */
+  l->am_cpt = l->sel_cpt < AM_CPT_MIN ? AM_CPT_MIN : l->sel_cpt;
+  cta_chunks = (int64_t)SEL_BLOCK * l->am_cpt;
+  l->am_split = (int)((l->row_chunks + cta_chunks - 1) / cta_chunks);
+  l->rec_split = l->sel_split > l->am_split ? l->sel_split : l->am_split;
   l->sel_offset = l->total_bytes;
-  l->sel_slot_bytes = s->max_tokens * l->sel_split * l->rec_chunks * CHUNK;
+  l->sel_slot_bytes = s->max_tokens * l->rec_split * l->rec_chunks * CHUNK;
   l->sel_buffer_bytes = l->sel_slot_bytes * s->tp;
   l->recv_bytes = l->total_bytes + 3 * l->sel_buffer_bytes;
-  l->sel_max_ctas = kl_layout_select_grid(l, (int)s->max_tokens, 0);
+  int am = kl_layout_select_grid(l, (int)s->max_tokens, 0, 0);
+  int tk = kl_layout_select_grid(l, (int)s->max_tokens, 0, 1);
+  l->sel_max_ctas = am > tk ? am : tk;
 }
 
 int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
@@ -126,7 +139,7 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   }
   derive_select(s, l);
   if (l->recv_bytes > KL_BUFFER_CAP) {
-    int64_t per_token = 3 * s->tp * (l->row_chunks + (int64_t)l->sel_split * l->rec_chunks) * CHUNK;
+    int64_t per_token = 3 * s->tp * (l->row_chunks + (int64_t)l->rec_split * l->rec_chunks) * CHUNK;
     return kl_spec_fail(err, s, KL_F_MAX_TOKENS,
                         "one-shot buffers would take %lld MiB per rank (3 x tp x max_tokens x "
                         "(shard bytes + candidate records)), over the %lld MiB cap; max_tokens "
@@ -157,8 +170,8 @@ int kl_layout_relayout_grid(const kl_layout *l, int64_t out_bytes, int cap) {
   return g < 1 ? 1 : (int)g;
 }
 
-int kl_layout_select_grid(const kl_layout *l, int tokens, int cap) {
-  int64_t g = (int64_t)tokens * l->sel_split;
+int kl_layout_select_grid(const kl_layout *l, int tokens, int cap, int topk) {
+  int64_t g = (int64_t)tokens * (topk ? l->sel_split : l->am_split);
   if (cap > 0 && g > cap) g = cap;
   return g < 1 ? 1 : (int)g;
 }

@@ -130,6 +130,9 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_int(L, "SEL_BLOCK", l->sel_block);
   set_int(L, "SEL_CPT", l->sel_cpt);
   set_int(L, "SEL_SPLIT", l->sel_split);
+  set_int(L, "AM_CPT", l->am_cpt);
+  set_int(L, "AM_SPLIT", l->am_split);
+  set_int(L, "REC_SPLIT", l->rec_split);
   set_int(L, "REC_CHUNKS", l->rec_chunks);
   set_int(L, "SEL_OFFSET", l->sel_offset);
   set_int(L, "RECV_BYTES", l->recv_bytes);

@@ -9,8 +9,10 @@
 
 #include "rt.h"
 
+/* A rank's records for `tokens` rows: the region's split, which is the
+ * larger one, so one scratch serves both kernels. */
 static size_t record_bytes(const kl_ctx *c, long long tokens) {
-  return (size_t)tokens * (size_t)c->layout.sel_split * (size_t)c->layout.rec_chunks * 16;
+  return (size_t)tokens * (size_t)c->layout.rec_split * (size_t)c->layout.rec_chunks * 16;
 }
 
 size_t kl_select_scratch_bytes(const kl_ctx *c, long long tokens) {
@@ -44,7 +46,8 @@ static kl_result oneshot(kl_ctx *c, CUfunction f, kl_select_args *a, CUstream s)
   a->state = (kl_state *)c->state;
   a->slots = kl_select_slots(c);
   a->nslots = c->sel_nslots;
-  int grid = kl_layout_select_grid(&c->layout, a->tokens, f == c->topk ? c->topk_cap : c->argmax_cap);
+  int topk = f == c->topk;
+  int grid = kl_layout_select_grid(&c->layout, a->tokens, topk ? c->topk_cap : c->argmax_cap, topk);
   return launched(kl_launch_select(c, f, a, grid, s), "one-shot");
 }
 
@@ -67,7 +70,8 @@ static kl_result nccl_path(kl_ctx *c, CUfunction f, kl_select_args *a, CUstream 
   CUdeviceptr mine = c->sel_scratch, all = c->sel_scratch + rec;
   a->mode = KL_SELECT_REDUCE;
   a->rec = (void *)mine;
-  if ((res = launched(kl_launch_select(c, f, a, a->tokens * c->layout.sel_split, s), "reduce")))
+  int split = f == c->topk ? c->layout.sel_split : c->layout.am_split;
+  if ((res = launched(kl_launch_select(c, f, a, a->tokens * split, s), "reduce")))
     return res;
   if (c->nranks == 1) {
     if ((res = kl_copy(c, all, mine, rec, s))) return res;

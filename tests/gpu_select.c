@@ -90,11 +90,12 @@ static const char *const kernels_src =
     "}\n"
     /* the engine's ops, one at a time: logits / c (x * (1/c)), tanh, * c,
      * * scale, each rounded to the model dtype; or fp32 throughout */
-    "extern \"C\" __global__ void ref(void *out, int tokens, const u32 *step) {\n"
+    /* keep0: an input -0 stays -0 (the NCCL path of a spec without epilogue) */
+    "extern \"C\" __global__ void ref(void *out, int tokens, const u32 *step, int keep0) {\n"
     "  long long n = (long long)tokens * VOCAB;\n"
     "  for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n; i += gridDim.x * 256LL) {\n"
     "    float x = from_bits(to_bits(row_value(*step, (u32)(i / VOCAB), i % VOCAB)));\n"
-    "    if (__float_as_uint(x) == 0x80000000u) x = 0.f;  /* the gather reads -0 as +0 */\n"
+    "    if (__float_as_uint(x) == 0x80000000u && !keep0) x = 0.f;  /* read as +0 */\n"
     "    if (ENGINE) {\n"
     "      if (CAP > 0) { x = rnd(x * (1.0f / CAP)); x = rnd(tanhf(x)); x = rnd(x * CAP); }\n"
     "      if (SCALE != 1) x = rnd(x * SCALE);\n"
@@ -202,7 +203,10 @@ static int one_step(rank_ctx *r, kl_ctx *ctx, bufs *b, int tokens) {
   const kl_cu *cu = sh->cu;
   unsigned rank = (unsigned)r->rank;
   void *fa[] = {&b->shard, &tokens, &rank, &b->step};
-  void *ra[] = {&b->ref, &tokens, &b->step};
+  /* The one-shot path and the epilogue read -0 as +0; the NCCL path of a
+   * spec without epilogue moves it as it is (README, "Using it"). */
+  int keep0 = !sh->l.epilogue && (tokens > sh->spec.max_tokens || getenv("KLGEN_DISABLE"));
+  void *ra[] = {&b->ref, &tokens, &b->step, &keep0};
   void *ba[] = {&b->step};
   if (launch(cu, b->k.fill, (long long)tokens * sh->l.shard, fa, b->s))
     return fail(r, "fill", "launch failed");
@@ -281,6 +285,8 @@ static void check_token(rank_ctx *r, bufs *b, int t, uint32_t step) {
   int n = 0;
   for (long long j = 0; j < V; j++) {
     float x = out_at(sh, b->h_out, row + j);
+    /* an input -0 in out (the NCCL path, no epilogue): kl_argmax/kl_topk read +0 */
+    if (!sh->l.epilogue && bits(x) == 0x80000000u) x = 0.f;
     if (n == K && !before(x, j, val[K - 1], idx[K - 1])) continue;
     int p = n < K ? n++ : K - 1;
     while (p > 0 && before(x, j, val[p - 1], idx[p - 1])) val[p] = val[p - 1], idx[p] = idx[p - 1], p--;

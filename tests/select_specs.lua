@@ -16,6 +16,9 @@ return {
   -- TP2, a long shard row (CTAs read several chunks per thread), engine soft-cap in bf16
   { name = "tp2_sel", vocab_size = 131072, tp = 2, dtype = "bf16", max_tokens = 8,
     softcap = 50.0, topk = 1 },
+  -- fp16 at TP2 with a small k: the merge's 32-bit round keys from fp16 values
+  { name = "llama2_sel_tp2", vocab_size = 32000, tp = 2, dtype = "fp16", max_tokens = 8,
+    topk = 4 },
   -- DeepSeek-V3's vocabulary at TP2: fp32 out through fp32 numerics
   { name = "tp2_sel8", vocab_size = 129280, tp = 2, dtype = "bf16", max_tokens = 16,
     out_dtype = "fp32", softcap = 30.0, numerics = "fp32", topk = 8 },

@@ -311,12 +311,17 @@ static void topk(void) {
               lay.sel_buffer_bytes == 8LL * 64 * 10 * 5 * 16,
           "topk 8 layout: k %d rec %d split %d cpt %d", lay.sel_k, lay.rec_chunks, lay.sel_split,
           lay.sel_cpt);
+  /* kl_argmax reads two chunks a thread in half the CTAs; the region holds the larger split */
+  CHECK(lay.am_cpt == 2 && lay.am_split == 5 && lay.rec_split == 10,
+        "argmax split: cpt %d split %d region %d", lay.am_cpt, lay.am_split, lay.rec_split);
   /* no topk: argmax records (one chunk); a long row spreads over more chunks a thread */
   if (load_layout("return { name = 'k', vocab_size = 262144, tp = 1, dtype = 'fp32', "
                   "max_tokens = 4 }", &s, &lay) == 0)
-    CHECK(s.topk == 0 && lay.sel_k == 1 && lay.rec_chunks == 1 && lay.sel_split <= 16 &&
-              (int64_t)lay.sel_split * lay.sel_cpt * lay.sel_block * 16 >= lay.shard_bytes,
-          "argmax layout: split %d cpt %d", lay.sel_split, lay.sel_cpt);
+    CHECK(s.topk == 0 && lay.sel_k == 1 && lay.rec_chunks == 1 && lay.am_split <= 16 &&
+              (int64_t)lay.am_split * lay.am_cpt * lay.sel_block * 16 >= lay.shard_bytes &&
+              (int64_t)(lay.am_split - 1) * lay.am_cpt * lay.sel_block * 16 < lay.shard_bytes &&
+              lay.rec_split >= lay.am_split,
+          "argmax layout: split %d cpt %d", lay.am_split, lay.am_cpt);
   /* the merge's records fit its shared memory at the largest k and tp */
   if (load_layout("return { name = 'k', vocab_size = 163840, tp = 64, dtype = 'bf16', "
                   "max_tokens = 4, topk = 64 }", &s, &lay) == 0)
