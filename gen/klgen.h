@@ -89,6 +89,7 @@ typedef struct kl_layout {
   int64_t total_bytes;  /* all three: what each rank allocates */
   uint32_t sentinel32;  /* -0.0 in every element of a 32-bit word: "not arrived" */
   int block;            /* threads per CTA of the one-shot kernel */
+  int chunk_threads;    /* its threads per 16-byte chunk: 4 with an epilogue, else 1 */
   int relayout_block;   /* threads per CTA of the relayout kernel */
   int max_ctas;         /* CTAs per rank at max_tokens (before residency caps) */
   int64_t timeout_ns;

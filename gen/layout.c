@@ -12,6 +12,11 @@
 #define DEFAULT_TIMEOUT_MS 10000
 #define CHUNK 16   /* bytes: one Lamport vector, one volatile poll */
 #define BLOCK 128  /* threads per CTA: small CTAs spread the pushes over more SMs */
+/* With an epilogue, CHUNK_THREADS threads share a 16-byte chunk, each a
+ * 4-byte part: the epilogue of the chunk that arrives last is what a step
+ * waits for after its poll, and a thread computes it for two elements, not
+ * eight. Measured in docs/TUNING.md. */
+#define EPI_CHUNK_THREADS 4
 #define RELAYOUT_BLOCK 256
 /* Select kernels (kl_argmax, kl_topk): one CTA reads SEL_BLOCK x cpt chunks of
  * a row, so a row is spread over up to SEL_SPLIT_MAX CTAs: at one token the
@@ -125,6 +130,8 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   l->shard_bytes = l->shard * l->elem_bytes;
   l->vec_bytes = vector_width(l->shard_bytes, s->vocab_size * l->elem_bytes, l->elem_bytes);
   derive_epilogue(s, l);
+  /* parts of 4 bytes need 4-byte aligned rows (vec_bytes) */
+  l->chunk_threads = l->epilogue && l->vec_bytes >= 4 ? EPI_CHUNK_THREADS : 1;
   l->row_chunks = (l->shard_bytes + CHUNK - 1) / CHUNK;
   l->slot_bytes = s->max_tokens * l->row_chunks * CHUNK;
   l->buffer_bytes = l->slot_bytes * s->tp;
@@ -153,10 +160,11 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   return 0;
 }
 
-/* One thread per 16-byte chunk of a shard row: it pushes that chunk to every
- * peer, then polls the same chunk of every rank's slot. */
+/* One thread per 16-byte chunk of a shard row (chunk_threads per chunk with
+ * an epilogue, a part each): it pushes that chunk to every peer, then polls
+ * the same chunk of every rank's slot. */
 int kl_layout_grid(const kl_layout *l, int tokens, int cap) {
-  int64_t items = (int64_t)tokens * l->row_chunks;
+  int64_t items = (int64_t)tokens * l->row_chunks * l->chunk_threads;
   int64_t g = (items + l->block - 1) / l->block;
   if (g < 1) g = 1;
   if (cap > 0 && g > cap) g = cap;

@@ -93,6 +93,7 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_int(L, "BUFFER_BYTES", l->buffer_bytes);
   set_int(L, "TOTAL_BYTES", l->total_bytes);
   set_int(L, "BLOCK", l->block);
+  set_int(L, "CHUNK_THREADS", l->chunk_threads);
   set_int(L, "RELAYOUT_BLOCK", l->relayout_block);
   set_int(L, "MAX_CTAS", l->max_ctas);
   set_int(L, "TIMEOUT_NS", l->timeout_ns);
