@@ -118,13 +118,14 @@ static void derive_spec(bench *b, int gpus) {
 }
 
 kl_generated bench_generated(const kl_spec *s, const kl_layout *l, const char *source) {
-  kl_generated g = {.abi = 3, .name = s->name, .vocab_size = s->vocab_size, .pad_to = s->pad_to,
+  kl_generated g = {.abi = 4, .name = s->name, .vocab_size = s->vocab_size, .pad_to = s->pad_to,
                     .padded_vocab = l->padded_vocab, .tp = s->tp, .dtype = (int)s->dtype,
                     .max_tokens = s->max_tokens, .timeout_ms = s->timeout_ms,
                     .vec_bytes = l->vec_bytes, .block = l->block, .source = source,
                     .source_len = strlen(source), .out_dtype = (int)s->out_dtype,
                     .numerics = (int)s->numerics, .softcap = s->softcap, .scale = s->scale,
-                    .topk = s->topk};
+                    .topk = s->topk, .chunk_threads = l->chunk_threads,
+                    .argmax_split = l->am_split, .topk_split = l->sel_split};
   return g;
 }
 

@@ -413,8 +413,8 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
   CHECK_OUT_CFG(ctx, cfg_in);
   if (!g || !g->name || !g->source)
     return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_generated: gen, its name or source is NULL");
-  if (g->abi < 1 || g->abi > 3)
-    return kl_rt_fail(KLRT_ESPEC, "generated header ABI %d is not 1, 2 or 3", g->abi);
+  if (g->abi < 1 || g->abi > 4)
+    return kl_rt_fail(KLRT_ESPEC, "generated header ABI %d is not 1 to 4", g->abi);
   if (g->dtype < 0 || g->dtype > 2 || g->source_len != strlen(g->source) ||
       (g->abi >= 2 && (g->out_dtype < 0 || g->out_dtype > 2)))
     return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' is malformed", g->name);
@@ -445,6 +445,15 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
     return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' was made by an incompatible klgen "
                       "(vec %d/%d, block %d/%d); regenerate it", g->name, g->vec_bytes,
                       l.vec_bytes, g->block, l.block);
+  /* Before abi 4 every kernel had one thread a chunk and one split. */
+  int ct = g->abi >= 4 ? g->chunk_threads : 1;
+  int am = g->abi >= 4 ? g->argmax_split : l.sel_split;
+  int tk = g->abi >= 4 ? g->topk_split : l.sel_split;
+  if (ct != l.chunk_threads || am != l.am_split || (s.topk && tk != l.sel_split))
+    return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' was made by an incompatible klgen "
+                      "(threads a chunk %d/%d, argmax split %d/%d, top-k split %d/%d); "
+                      "regenerate it", g->name, ct, l.chunk_threads, am, l.am_split, tk,
+                      l.sel_split);
   return create(ctx, &s, g->source, cfg);
 }
 

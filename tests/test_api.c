@@ -92,18 +92,23 @@ static void generated(void) {
   kl_group_create(&grp, 8);
   kl_config cfg = {.size = sizeof(kl_config), .rank = 0, .nranks = 8, .device = 0, .group = grp};
   const char *src = "extern \"C\" __global__ void k() {}";
-  kl_generated g = {1, "kimi_k3_tp8", 163840, 64, 163840, 8, 0, 64, 1000, 16, 128, src, 0, 0, 0, 0, 0, 0};
+  kl_generated g = {1, "kimi_k3_tp8", 163840, 64, 163840, 8, 0, 64, 1000, 16, 128, src, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   g.source_len = strlen(src);
   EXPECT_ERR(kl_ctx_create_generated(&c, NULL, &cfg), KLRT_EINVAL, "NULL");
-  g.abi = 4;
-  EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "ABI 4 is not 1, 2 or 3");
+  g.abi = 5;
+  EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "ABI 5 is not 1 to 4");
   g.abi = 1, g.dtype = 7;
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "malformed");
   g.dtype = 0, g.source_len = 3;
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "malformed");
   g.source_len = strlen(src), g.vec_bytes = 8;
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "incompatible klgen");
-  g.vec_bytes = 16, g.tp = 3;
+  /* an older header: its kernels have one split for both select kernels */
+  g.vec_bytes = 16;
+  EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "argmax split 10/5");
+  g.abi = 4, g.chunk_threads = 4, g.argmax_split = 5, g.topk_split = 10;
+  EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "threads a chunk 4/1");
+  g.chunk_threads = 1, g.tp = 3;
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "not divisible by tp 3");
   g.tp = 8, g.name = "bad-name";
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "not a C identifier");

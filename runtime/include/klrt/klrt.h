@@ -86,10 +86,12 @@ typedef struct kl_config {
 #define KL_CONFIG_INIT {sizeof(kl_config), 0, 0, 0, NULL, NULL, NULL, NULL, NULL, 0, 0}
 
 /* What klgen's generated header carries (KL_<NAME>_GENERATED initializes it).
- * name and source must outlive kl_ctx_create_generated only. abi 1 headers
- * (no epilogue fields) and abi 2 headers (no topk) are still accepted. */
+ * name and source must outlive kl_ctx_create_generated only. Headers of abi
+ * 1 (no epilogue fields), 2 (no topk) and 3 (no launch shapes) are still
+ * accepted where this runtime launches their kernels the way they were made:
+ * one thread a chunk (no epilogue) and one split for both select kernels. */
 typedef struct kl_generated {
-  int abi; /* 3 */
+  int abi; /* 4 */
   const char *name;
   long long vocab_size, pad_to, padded_vocab;
   int tp, dtype; /* 0 bf16, 1 fp16, 2 fp32 */
@@ -102,6 +104,9 @@ typedef struct kl_generated {
   double softcap, scale;   /* 0: none */
   /* abi 3 */
   int topk; /* 0: none */
+  /* abi 4: launch shapes the kernels were generated for */
+  int chunk_threads;      /* one-shot threads per 16-byte chunk */
+  int argmax_split, topk_split; /* select CTAs per rank row */
 } kl_generated;
 
 /* A group for nranks threads of this process (1..64). Thread-safe. */
