@@ -34,6 +34,19 @@ int main(void) {
   CHECK(kl_layout_grid(&l, 1, 0) == 20, "grid 1 token");
   CHECK(kl_layout_grid(&l, 64, 0) == 1280, "grid 64 tokens");
   CHECK(kl_layout_grid(&l, 64, 100) == 100, "grid capped");
+  CHECK(l.chunk_threads == 1, "no epilogue: a thread a chunk, got %d", l.chunk_threads);
+  /* With an epilogue, four threads a chunk (a 4-byte part each): four times the grid. */
+  kl_spec se = spec("kimi_epi", 163840, 64, 0, 8, KL_BF16, 64);
+  se.out_dtype = KL_FP32, se.softcap = 30.0;
+  kl_layout le = derive(se);
+  CHECK(le.epilogue && le.chunk_threads == 4 && kl_layout_grid(&le, 1, 0) == 80 &&
+            le.max_ctas == 4 * l.max_ctas,
+        "epilogue: threads a chunk %d, grid %d, max %d", le.chunk_threads,
+        kl_layout_grid(&le, 1, 0), le.max_ctas);
+  /* ... but not where rows are only 2-byte aligned (parts are 4-byte loads) */
+  kl_spec sg = spec("gpt2_epi", 50257, 64, 0, 4, KL_FP16, 8);
+  sg.out_dtype = KL_FP16, sg.scale = 2.0;
+  CHECK(derive(sg).chunk_threads == 1, "2-byte rows: a thread a chunk");
   /* relayout: one 16-byte vector per thread, 256 threads per CTA */
   CHECK(l.relayout_block == 256, "relayout block %d", l.relayout_block);
   CHECK(kl_layout_relayout_grid(&l, 163840 * 2, 1000) == 80, "relayout grid 1 token");
