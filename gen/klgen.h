@@ -148,6 +148,10 @@ int kl_layout_grid(const kl_layout *l, int tokens, int cap);
 int kl_layout_relayout_grid(const kl_layout *l, int64_t out_bytes, int cap);
 /* CTAs of a one-shot select launch for `tokens` rows, at most cap (0: none). */
 int kl_layout_select_grid(const kl_layout *l, int tokens, int cap, int topk);
+/* Step slots both select kernels need at `tokens` (the larger grid; topk:
+ * whether kl_topk exists), each grid at most its cap (0: none). */
+int kl_layout_select_slots(const kl_layout *l, int tokens, int argmax_cap, int topk_cap,
+                           int topk);
 
 /* ---- rendering (render.c) ---- */
 /* Templates come from the binary (dir == NULL) or from a directory. */

@@ -109,9 +109,7 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
   l->sel_slot_bytes = s->max_tokens * l->rec_split * l->rec_chunks * CHUNK;
   l->sel_buffer_bytes = l->sel_slot_bytes * s->tp;
   l->recv_bytes = l->total_bytes + 3 * l->sel_buffer_bytes;
-  int am = kl_layout_select_grid(l, (int)s->max_tokens, 0, 0);
-  int tk = kl_layout_select_grid(l, (int)s->max_tokens, 0, 1);
-  l->sel_max_ctas = am > tk ? am : tk;
+  l->sel_max_ctas = kl_layout_select_slots(l, (int)s->max_tokens, 0, 0, s->topk > 0);
 }
 
 int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
@@ -182,4 +180,12 @@ int kl_layout_select_grid(const kl_layout *l, int tokens, int cap, int topk) {
   int64_t g = (int64_t)tokens * (topk ? l->sel_split : l->am_split);
   if (cap > 0 && g > cap) g = cap;
   return g < 1 ? 1 : (int)g;
+}
+
+/* The select kernels share their step slots: as many as the larger grid. */
+int kl_layout_select_slots(const kl_layout *l, int tokens, int argmax_cap, int topk_cap,
+                           int topk) {
+  int am = kl_layout_select_grid(l, tokens, argmax_cap, 0);
+  int tk = topk ? kl_layout_select_grid(l, tokens, topk_cap, 1) : 0;
+  return am > tk ? am : tk;
 }

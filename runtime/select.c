@@ -70,8 +70,8 @@ static kl_result nccl_path(kl_ctx *c, CUfunction f, kl_select_args *a, CUstream 
   CUdeviceptr mine = c->sel_scratch, all = c->sel_scratch + rec;
   a->mode = KL_SELECT_REDUCE;
   a->rec = (void *)mine;
-  int split = f == c->topk ? c->layout.sel_split : c->layout.am_split;
-  if ((res = launched(kl_launch_select(c, f, a, a->tokens * split, s), "reduce")))
+  int grid = kl_layout_select_grid(&c->layout, a->tokens, 0, f == c->topk);
+  if ((res = launched(kl_launch_select(c, f, a, grid, s), "reduce")))
     return res;
   if (c->nranks == 1) {
     if ((res = kl_copy(c, all, mine, rec, s))) return res;

@@ -289,9 +289,8 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
     return -1;
   }
   c->nslots = kl_layout_grid(&c->layout, (int)c->spec.max_tokens, c->cta_cap);
-  int am = kl_layout_select_grid(&c->layout, (int)c->spec.max_tokens, c->argmax_cap, 0);
-  int tk = c->topk ? kl_layout_select_grid(&c->layout, (int)c->spec.max_tokens, c->topk_cap, 1) : 0;
-  c->sel_nslots = am > tk ? am : tk;
+  c->sel_nslots = kl_layout_select_slots(&c->layout, (int)c->spec.max_tokens, c->argmax_cap,
+                                         c->topk_cap, c->topk != NULL);
   memcpy(c->sprm.peers, c->prm.peers, sizeof c->sprm.peers);
   return warm_up(c, why);
 }

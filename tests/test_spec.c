@@ -314,6 +314,11 @@ static void topk(void) {
   /* kl_argmax reads two chunks a thread in half the CTAs; the region holds the larger split */
   CHECK(lay.am_cpt == 2 && lay.am_split == 5 && lay.rec_split == 10,
         "argmax split: cpt %d split %d region %d", lay.am_cpt, lay.am_split, lay.rec_split);
+  /* the kernels share step slots: as many as the larger grid, each capped */
+  CHECK(lay.sel_max_ctas == 64 * 10 && kl_layout_select_slots(&lay, 64, 400, 600, 1) == 600 &&
+            kl_layout_select_slots(&lay, 64, 400, 100, 1) == 320 &&
+            kl_layout_select_slots(&lay, 64, 0, 0, 0) == 64 * 5,
+        "select slots: %d", lay.sel_max_ctas);
   /* no topk: argmax records (one chunk); a long row spreads over more chunks a thread */
   if (load_layout("return { name = 'k', vocab_size = 262144, tp = 1, dtype = 'fp32', "
                   "max_tokens = 4 }", &s, &lay) == 0)
