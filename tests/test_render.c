@@ -118,7 +118,7 @@ static void epilogue(void) {
   src = render_spec("return { name = 'k', vocab_size = 256000, tp = 8, dtype = 'bf16', "
                     "max_tokens = 8, topk = 12 }");
   CHECK(src && strstr(src, "kl_k_argmax(") && strstr(src, "kl_k_topk(") &&
-            strstr(src, "TOPK = 12;") && strstr(src, "select_body<TOPK, true>"),
+            strstr(src, "TOPK = 12;") && strstr(src, "topk_body(prm)"),
         "a spec with topk 12: both select kernels");
   free(src);
 }
