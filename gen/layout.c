@@ -84,8 +84,11 @@ static void derive_epilogue(const kl_spec *s, kl_layout *l) {
   l->out_vec_bytes = s->vocab_size % epc == 0 && l->shard % epc == 0 ? 16 : l->out_elem_bytes;
 }
 
-/* Records of candidates: sel_k (value, index) keys of two words each, then
- * (for topk) the log-sum-exp partial: two words. */
+/* Records of candidates: room for sel_k keys of two words each and (for topk)
+ * two words of log-sum-exp partial. kl_argmax's record is one such key;
+ * kl_topk's is smaller when its values are 16-bit (one-word keys and a
+ * one-word partial, templates/select.cu.tmpl), and its one-shot records are
+ * packed at their own size inside this stride. */
 static void derive_select(const kl_spec *s, kl_layout *l) {
   l->sel_k = s->topk > 0 ? s->topk : 1;
   int words = 2 * l->sel_k + (s->topk > 0 ? 2 : 0);
