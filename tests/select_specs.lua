@@ -22,4 +22,8 @@ return {
   -- DeepSeek-V3's vocabulary at TP2: fp32 out through fp32 numerics
   { name = "tp2_sel8", vocab_size = 129280, tp = 2, dtype = "bf16", max_tokens = 16,
     out_dtype = "fp32", softcap = 30.0, numerics = "fp32", topk = 8 },
+  -- klbench --select's top-8 (Kimi's TP8 shard at TP2), padded (40950 -> 40960):
+  -- 32-bit keys kept from the scan, 20 records merged in one warp's registers
+  { name = "kimi_sel_tp2", vocab_size = 40950, pad_to = 64, tp = 2, dtype = "bf16",
+    max_tokens = 16, topk = 8 },
 }
