@@ -9,6 +9,9 @@
 #include <string.h>
 
 #include "rt.h"
+#ifdef KL_TESTING
+#include "klrt_testing.h"
+#endif
 
 /* Live contexts, so that a call after destroy is an error, not a crash. */
 #define LIVE_MAX 1024
@@ -644,6 +647,50 @@ kl_result kl_ctx_status(kl_ctx *c) {
                       (long long)(c->layout.timeout_ns / 1000000));
   return KLRT_OK;
 }
+
+#ifdef KL_TESTING
+/* n step slots at dev: each one's step count moved to the largest value <=
+ * near with the same residue modulo 3; the tokens of the last step kept. */
+static kl_result move_slots(kl_ctx *c, CUdeviceptr dev, int n, uint32_t near, uint32_t *set) {
+  uint64_t *slots = calloc((size_t)n, sizeof *slots);
+  if (!slots) return kl_rt_fail(KLRT_ENOMEM, "out of memory");
+  CUresult r = c->cu->cuMemcpyDtoH(slots, dev, (size_t)n * 8);
+  uint32_t to = 0;
+  for (int i = 0; i < n && r == CUDA_SUCCESS; i++) {
+    uint32_t step = (uint32_t)slots[i], first = (uint32_t)slots[0];
+    if (i > 0 && step != first) {
+      free(slots);
+      return kl_rt_fail(KLRT_ESTATE, "step slots disagree (%u, %u)", first, step);
+    }
+    to = near - (uint32_t)((near % 3 + 3 - step % 3) % 3);
+    slots[i] = (slots[i] & 0xffffffff00000000ull) | to;
+  }
+  if (r == CUDA_SUCCESS) r = c->cu->cuMemcpyHtoD(dev, slots, (size_t)n * 8);
+  free(slots);
+  if (r != CUDA_SUCCESS) return kl_rt_fail(KLRT_ECUDA, "step slots: %s", kl_cu_errstr(r));
+  if (set) *set = to;
+  return KLRT_OK;
+}
+
+kl_result kl_testing_set_steps(kl_ctx *c, uint32_t near, uint32_t *gather_step,
+                               uint32_t *select_step) {
+  if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_testing_set_steps: ctx is NULL");
+  kl_result res = ctx_acquire(c, 0, "kl_testing_set_steps");
+  if (res) return res;
+  int pushed;
+  if (!c->state) res = kl_rt_fail(KLRT_ESTATE, "the one-shot path has no state here");
+  else if (!(res = kl_ctx_enter(c, &pushed))) {
+    CUresult r = c->cu->cuCtxSynchronize();
+    if (r != CUDA_SUCCESS) res = kl_rt_fail(KLRT_ECUDA, "%s", kl_cu_errstr(r));
+    if (!res) res = move_slots(c, c->state + sizeof(kl_state), c->nslots, near, gather_step);
+    if (!res)
+      res = move_slots(c, (CUdeviceptr)kl_select_slots(c), c->sel_nslots, near, select_step);
+    kl_ctx_leave(c, pushed);
+  }
+  ctx_release(c);
+  return res;
+}
+#endif
 
 kl_result kl_ctx_destroy(kl_ctx *c) {
   if (!c) return KLRT_OK;

@@ -12,7 +12,8 @@
   X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)    \
   X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent)         \
   X(cuCtxGetDevice) X(cuCtxEnablePeerAccess) X(cuCtxSynchronize)                       \
-  X(cuMemAlloc) X(cuMemFree) X(cuMemsetD32) X(cuMemsetD32Async) X(cuMemcpyHtoD)         \
+  X(cuMemAlloc) X(cuMemFree) X(cuMemsetD32) X(cuMemsetD32Async) X(cuMemsetD8Async)     \
+  X(cuMemcpyHtoD)                                                                      \
   X(cuMemcpyDtoH) X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)            \
   X(cuMemcpy2DAsync) X(cuMemAllocHost) X(cuMemFreeHost)                                \
   X(cuPointerGetAttribute)                                                             \

@@ -1,0 +1,26 @@
+/* Test-only hooks of libklrt: compiled into the tests' copy of the library
+ * (klrt_testing, KL_TESTING) and never into the installed one. */
+#ifndef KLRT_TESTING_H
+#define KLRT_TESTING_H
+
+#include <stdint.h>
+
+#include "klrt/klrt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Moves the context's step counters (the one-shot kernel's and the select
+ * kernels', each on its own) to the largest value <= near that keeps its
+ * residue modulo 3, so the three buffers keep their roles: tests start them
+ * just below the point where they wrap. Waits for the context's work; call it
+ * on every rank between the same two steps. *gather_step and *select_step
+ * (NULL: not written) get the values set. */
+kl_result kl_testing_set_steps(kl_ctx *ctx, uint32_t near, uint32_t *gather_step,
+                               uint32_t *select_step);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

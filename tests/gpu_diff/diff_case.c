@@ -1,0 +1,652 @@
+/* One case: its ranks as threads (all on one GPU, or one a GPU), the steps
+ * the main thread plans, and the comparison of every rank's outputs with the
+ * reference. The main thread plans a step and makes its input, the ranks run
+ * it, the main thread computes the reference meanwhile and then compares. */
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "diff_env.h"
+#include "klrt_testing.h"
+
+/* Where the step counters wrap: a multiple of 3 (kl_abi.h), else 2^32. */
+#ifdef KL_STEP_WRAP
+#define WRAP_AT ((uint64_t)KL_STEP_WRAP)
+#else
+#define WRAP_AT (1ull << 32)
+#endif
+
+enum { OP_GATHER, OP_ARGMAX, OP_TOPK, OP_COUNT };
+static const char *const op_names[] = {"kl_gather", "kl_argmax", "kl_topk"};
+enum { PATH_UNKNOWN = -1, PATH_ONESHOT = 0, PATH_NCCL = 1 };
+static const char *const path_names[] = {"one-shot", "NCCL"};
+
+typedef struct step_plan {
+  int tokens;
+  int nops, ops[OP_COUNT];
+  int overlap;      /* outputs overlap the shard: it is uploaded again before each op */
+  size_t in_at, out_at; /* byte offsets of the shard and of out in the arena */
+  size_t sel_at[5]; /* argmax index, value; top-k index, value, lse */
+  int value, lse;   /* ask for them (else NULL) */
+  int replay;       /* launch the captured graph instead of calling */
+  int capture;      /* capture this step into the graph; nothing runs */
+} step_plan;
+
+typedef struct rank_report {
+  kl_result rc[OP_COUNT];
+  char err[OP_COUNT][240];
+  int path[OP_COUNT];
+  int cuda_failed;
+  char cuda_err[200];
+} rank_report;
+
+typedef struct case_run {
+  diff_env *env;
+  const diff_case *c;
+  int tp;
+  kl_group *group;
+  ncclComm_t comms[DIFF_MAX_RANKS];
+  pthread_barrier_t all;   /* the ranks and the main thread */
+  pthread_barrier_t ranks; /* the ranks alone */
+  step_plan plan;
+  int done;
+  uint32_t wrap_near;
+  kl_result create_rc[DIFF_MAX_RANKS];
+  char create_err[DIFF_MAX_RANKS][300];
+  kl_result destroy_rc[DIFF_MAX_RANKS];
+  rank_report rep[DIFF_MAX_RANKS];
+  long long crossover; /* the limit the ranks agreed on (rank 0's stats) */
+} case_run;
+
+typedef struct rank_arg {
+  case_run *run;
+  int rank;
+} rank_arg;
+
+/* ---- the failure report ---- */
+
+static void failf(diff_env *env, const diff_case *c, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void failf(diff_env *env, const diff_case *c, const char *fmt, ...) {
+  if (env->case_failures++ == 0) {
+    printf("FAIL case seed %llu: %s\n", (unsigned long long)c->seed, c->lua);
+    printf("  knobs: disable %d, crossover %lld, steps %d, graph %d, wrap %d, extra tokens %d, "
+           "nccl %d\n", c->disable, c->crossover, c->steps, c->graph, c->wrap, c->extra_tokens,
+           c->has_nccl);
+  }
+  if (env->case_failures > DIFF_DETAIL_LINES) return;
+  va_list ap;
+  va_start(ap, fmt);
+  printf("  ");
+  vprintf(fmt, ap);
+  printf("\n");
+  va_end(ap);
+}
+
+/* ---- the ranks ---- */
+
+static CUdeviceptr at(const diff_slot *s, size_t off) { return s->arena + off; }
+
+static int cu_ok(rank_report *rep, CUresult r, const char *what) {
+  if (r == CUDA_SUCCESS) return 1;
+  if (!rep->cuda_failed)
+    snprintf(rep->cuda_err, sizeof rep->cuda_err, "%s: %s", what, kl_cu_errstr(r));
+  rep->cuda_failed = 1;
+  return 0;
+}
+
+static size_t in_bytes(const case_run *run, int tokens) {
+  return (size_t)tokens * (size_t)run->c->layout.shard_bytes;
+}
+static size_t out_bytes(const case_run *run, int tokens) {
+  return (size_t)tokens * (size_t)run->c->spec.vocab_size * (size_t)run->c->layout.out_elem_bytes;
+}
+
+/* The selection outputs' sizes: argmax index, value; top-k index, value, lse. */
+static void sel_sizes(const case_run *run, int tokens, size_t sz[5]) {
+  size_t k = (size_t)run->c->spec.topk;
+  sz[0] = 8 * (size_t)tokens, sz[1] = 4 * (size_t)tokens;
+  sz[2] = 8 * k * (size_t)tokens, sz[3] = 4 * k * (size_t)tokens, sz[4] = 4 * (size_t)tokens;
+}
+
+static kl_result call_op(case_run *run, kl_ctx *ctx, const diff_slot *s, int op, CUstream st) {
+  const step_plan *p = &run->plan;
+  void *in = (void *)at(s, p->in_at);
+  switch (op) {
+  case OP_GATHER: return kl_gather(ctx, in, (void *)at(s, p->out_at), p->tokens, st);
+  case OP_ARGMAX:
+    return kl_argmax(ctx, in, (int64_t *)at(s, p->sel_at[0]),
+                     p->value ? (float *)at(s, p->sel_at[1]) : NULL, p->tokens, st);
+  default:
+    return kl_topk(ctx, in, (int64_t *)at(s, p->sel_at[2]),
+                   p->value ? (float *)at(s, p->sel_at[3]) : NULL,
+                   p->lse ? (float *)at(s, p->sel_at[4]) : NULL, p->tokens, st);
+  }
+}
+
+/* Fills every output of the step with a canary, so an output a call leaves
+ * unwritten shows (the shard is uploaded after: it may overlap). */
+static void canary(case_run *run, const diff_slot *s, rank_report *rep) {
+  const kl_cu *cu = run->env->cu;
+  const step_plan *p = &run->plan;
+  size_t sz[5];
+  sel_sizes(run, p->tokens, sz);
+  cu_ok(rep, cu->cuMemsetD8Async(at(s, p->out_at), 0xa5, out_bytes(run, p->tokens), s->s), "canary");
+  for (int i = 0; i < 5; i++)
+    if (sz[i]) cu_ok(rep, cu->cuMemsetD8Async(at(s, p->sel_at[i]), 0xa5, sz[i], s->s), "canary");
+}
+
+static void upload(case_run *run, const diff_slot *s, rank_report *rep) {
+  cu_ok(rep, run->env->cu->cuMemcpyHtoDAsync(at(s, run->plan.in_at), s->h_in,
+                                             in_bytes(run, run->plan.tokens), s->s), "upload");
+}
+
+static void download(case_run *run, const diff_slot *s, rank_report *rep) {
+  const kl_cu *cu = run->env->cu;
+  const step_plan *p = &run->plan;
+  size_t sz[5];
+  sel_sizes(run, p->tokens, sz);
+  cu_ok(rep, cu->cuMemcpyDtoHAsync(s->h_out, at(s, p->out_at), out_bytes(run, p->tokens), s->s),
+        "download");
+  void *dst[5] = {s->h_idx1, s->h_val1, s->h_idxk, s->h_valk, s->h_lse};
+  for (int i = 0; i < 5; i++)
+    if (sz[i]) cu_ok(rep, cu->cuMemcpyDtoHAsync(dst[i], at(s, p->sel_at[i]), sz[i], s->s), "download");
+  cu_ok(rep, cu->cuStreamSynchronize(s->s), "stream");
+}
+
+static int path_of(const kl_stats *a, const kl_stats *b) {
+  if (b->oneshot == a->oneshot + 1 && b->nccl == a->nccl) return PATH_ONESHOT;
+  if (b->nccl == a->nccl + 1 && b->oneshot == a->oneshot) return PATH_NCCL;
+  return PATH_UNKNOWN;
+}
+
+static void run_ops(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report *rep) {
+  const step_plan *p = &run->plan;
+  for (int i = 0; i < p->nops; i++) {
+    int op = p->ops[i];
+    if (p->overlap && i > 0) upload(run, s, rep); /* the last op wrote over it */
+    kl_stats a = KL_STATS_INIT, b = KL_STATS_INIT;
+    kl_ctx_stats(ctx, &a);
+    rep->rc[op] = call_op(run, ctx, s, op, s->s);
+    if (rep->rc[op] != KLRT_OK) snprintf(rep->err[op], sizeof rep->err[op], "%s", kl_last_error());
+    kl_ctx_stats(ctx, &b);
+    rep->path[op] = path_of(&a, &b);
+  }
+}
+
+/* The step captured into *ge: every rank finishes its work first, and
+ * instantiation waits until every rank has captured (it may synchronize
+ * the device, which must not wait for a peer's spinning kernel). */
+static void capture(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report *rep,
+                    CUgraphExec *ge) {
+  const kl_cu *cu = run->env->cu;
+  cu_ok(rep, cu->cuStreamSynchronize(s->s), "stream");
+  pthread_barrier_wait(&run->ranks);
+  CUgraph g = NULL;
+  if (cu_ok(rep, cu->cuStreamBeginCapture(s->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture")) {
+    run_ops(run, ctx, s, rep);
+    cu_ok(rep, cu->cuStreamEndCapture(s->s, &g), "end capture");
+  }
+  pthread_barrier_wait(&run->ranks);
+  if (!g || !cu_ok(rep, cu->cuGraphInstantiate(ge, g, 0), "instantiate")) *ge = NULL;
+  if (g) cu->cuGraphDestroy(g);
+  pthread_barrier_wait(&run->ranks);
+}
+
+static void run_step(case_run *run, int rank, kl_ctx *ctx, CUgraphExec *ge) {
+  const diff_slot *s = &run->env->slots[rank];
+  rank_report *rep = &run->rep[rank];
+  const step_plan *p = &run->plan;
+  memset(rep, 0, sizeof *rep);
+  for (int i = 0; i < OP_COUNT; i++) rep->path[i] = PATH_UNKNOWN, rep->rc[i] = -1;
+  if (p->capture) {
+    capture(run, ctx, s, rep, ge);
+    return;
+  }
+  canary(run, s, rep);
+  upload(run, s, rep);
+  if (p->replay) {
+    if (*ge) cu_ok(rep, run->env->cu->cuGraphLaunch(*ge, s->s), "graph launch");
+    for (int i = 0; i < p->nops; i++) rep->rc[p->ops[i]] = *ge ? KLRT_OK : KLRT_ESTATE;
+  } else {
+    run_ops(run, ctx, s, rep);
+  }
+  download(run, s, rep);
+}
+
+static void *rank_main(void *arg) {
+  rank_arg *ra = arg;
+  case_run *run = ra->run;
+  int rank = ra->rank;
+  const diff_case *c = run->c;
+  diff_env *env = run->env;
+  const diff_slot *s = &env->slots[rank];
+  env->cu->cuCtxSetCurrent(s->cuctx);
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.rank = rank;
+  cfg.nranks = run->tp;
+  cfg.device = s->device;
+  cfg.group = run->tp > 1 ? run->group : NULL;
+  cfg.nccl = c->has_nccl ? run->comms[rank] : NULL;
+  cfg.cache_dir = env->cache_dir;
+  cfg.crossover_bytes = c->crossover;
+  kl_ctx *ctx = NULL;
+  run->create_rc[rank] = kl_ctx_create_string(&ctx, c->lua, NULL, &cfg);
+  if (run->create_rc[rank] != KLRT_OK)
+    snprintf(run->create_err[rank], sizeof run->create_err[rank], "%s", kl_last_error());
+  if (ctx && rank == 0) {
+    kl_stats st = KL_STATS_INIT;
+    if (kl_ctx_stats(ctx, &st) == KLRT_OK) run->crossover = st.crossover_bytes;
+  }
+  pthread_barrier_wait(&run->all);
+  if (ctx && c->wrap) {
+    uint32_t g = 0, sel = 0;
+    if (kl_testing_set_steps(ctx, run->wrap_near, &g, &sel) != KLRT_OK)
+      snprintf(run->create_err[rank], sizeof run->create_err[rank], "set steps: %s",
+               kl_last_error());
+  }
+  pthread_barrier_wait(&run->all);
+  CUgraphExec ge = NULL;
+  for (;;) {
+    pthread_barrier_wait(&run->all); /* the plan is out */
+    if (run->done) break;
+    if (ctx) run_step(run, rank, ctx, &ge);
+    pthread_barrier_wait(&run->all); /* the results are in */
+  }
+  if (ge) env->cu->cuGraphExecDestroy(ge);
+  run->destroy_rc[rank] = ctx ? kl_ctx_destroy(ctx) : KLRT_OK;
+  return NULL;
+}
+
+/* ---- the main thread: plans, inputs, reference, comparison ---- */
+
+typedef diff_ref_bufs ref_step;
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* An offset for a buffer of element size `elem`: aligned most of the time,
+ * else off by whole elements, now and then by any byte count. */
+static size_t misalign(rng *r, size_t elem) {
+  double u = rng_unit(r);
+  if (u < 0.65) return 0;
+  if (u < 0.95) return elem * (size_t)rng_range(r, 1, 15);
+  return (size_t)rng_range(r, 1, 15);
+}
+
+/* An output placed on the shard: out (the gather's) or an index (argmax's or
+ * top-k's). The runtime must stage the shard; the test uploads it again
+ * before each op, and runs the op whose output overlaps last, so that no
+ * upload lands on an output that is still to be read back. */
+static void overlap(case_run *run, rng *r, step_plan *p, size_t ib, size_t ob) {
+  int op = (int)rng_below(r, 3);
+  int present = -1;
+  for (int i = 0; i < p->nops; i++)
+    if (p->ops[i] == op) present = i;
+  if (present < 0 || (op == OP_TOPK && !run->c->spec.topk)) return;
+  p->overlap = 1;
+  p->ops[present] = p->ops[p->nops - 1];
+  p->ops[p->nops - 1] = op;
+  if (op == OP_GATHER) {
+    size_t oelem = (size_t)run->c->layout.out_elem_bytes;
+    size_t lo = p->in_at + 1 > ob ? p->in_at + 1 - ob : 0, hi = p->in_at + ib - 1;
+    size_t o = (lo + (size_t)rng_below(r, (uint64_t)(hi - lo + 1))) / oelem * oelem;
+    p->out_at = o < lo ? o + oelem : o;
+  } else {
+    p->sel_at[op == OP_ARGMAX ? 0 : 2] = align_up(p->in_at + ib / 3, 8);
+  }
+}
+
+static void plan_step(case_run *run, rng *r, step_plan *p, int tokens, int allow_overlap) {
+  const diff_case *c = run->c;
+  const diff_env *env = run->env;
+  memset(p, 0, sizeof *p);
+  p->tokens = tokens;
+  p->ops[p->nops++] = OP_GATHER;
+  if (rng_chance(r, 0.8)) p->ops[p->nops++] = OP_ARGMAX;
+  if (c->spec.topk && rng_chance(r, 0.8)) p->ops[p->nops++] = OP_TOPK;
+  for (int i = p->nops - 1; i > 0; i--) { /* in any order */
+    int j = (int)rng_below(r, (uint64_t)i + 1), t = p->ops[i];
+    p->ops[i] = p->ops[j], p->ops[j] = t;
+  }
+  p->value = rng_chance(r, 0.85);
+  p->lse = rng_chance(r, 0.85);
+  size_t elem = (size_t)c->layout.elem_bytes, oelem = (size_t)c->layout.out_elem_bytes;
+  size_t ib = in_bytes(run, tokens), ob = out_bytes(run, tokens);
+  p->in_at = misalign(r, elem);
+  p->out_at = env->out_area + misalign(r, oelem);
+  size_t sz[5];
+  sel_sizes(run, tokens, sz);
+  size_t base = env->sel_area;
+  for (int i = 0; i < 5; i++) {
+    p->sel_at[i] = base + (rng_chance(r, 0.3) ? (i == 0 || i == 2 ? 8 : 4) * (size_t)rng_range(r, 1, 7) : 0);
+    base = align_up(p->sel_at[i] + sz[i] + 1, 256);
+  }
+  if (allow_overlap && rng_chance(r, 0.12)) overlap(run, r, p, ib, ob);
+}
+static void make_inputs(case_run *run, rng *r, ref_step *ref, int tokens) {
+  const diff_case *c = run->c;
+  int64_t padded = c->layout.padded_vocab, shard = c->layout.shard;
+  int elem = c->layout.elem_bytes;
+  for (int t = 0; t < tokens; t++)
+    diff_fill_row(r, (int)c->spec.dtype, (int)rng_below(r, (uint64_t)diff_row_kinds()),
+                  ref->rows + (size_t)t * (size_t)padded, c->spec.vocab_size, padded);
+  for (int k = 0; k < run->tp; k++) {
+    unsigned char *h = run->env->slots[k].h_in;
+    for (int t = 0; t < tokens; t++) {
+      const uint32_t *src = ref->rows + (size_t)t * (size_t)padded + (size_t)k * (size_t)shard;
+      for (int64_t j = 0; j < shard; j++) {
+        size_t at_ = ((size_t)t * (size_t)shard + (size_t)j) * (size_t)elem;
+        if (elem == 2) {
+          uint16_t v = (uint16_t)src[j];
+          memcpy(h + at_, &v, 2);
+        } else {
+          memcpy(h + at_, &src[j], 4);
+        }
+      }
+    }
+  }
+}
+
+static uint32_t neg_zero(int dtype) { return dtype == KL_FP32 ? 0x80000000u : 0x8000u; }
+
+/* The epilogue's outputs, with tanhf from the device. */
+static void reference_values(case_run *run, ref_step *ref, int tokens) {
+  const diff_case *c = run->c;
+  diff_env *env = run->env;
+  epilogue e;
+  epilogue_of(&c->spec, &e);
+  int64_t vocab = c->spec.vocab_size, padded = c->layout.padded_vocab;
+  size_t n = (size_t)tokens * (size_t)vocab;
+  for (int t = 0; t < tokens; t++)
+    for (int64_t j = 0; j < vocab; j++) {
+      uint32_t b = ref->rows[(size_t)t * (size_t)padded + (size_t)j];
+      if (b == neg_zero(e.dtype)) b = 0; /* the selections read -0 as +0, as the gather has it */
+      float x = elem_to_f(e.dtype, b);
+      size_t i = (size_t)t * (size_t)vocab + (size_t)j;
+      ref->vals[i] = x;
+      if (e.has_cap) env->h_targ[i] = epilogue_arg(&e, x);
+    }
+  if (!e.on) return;
+  if (e.has_cap) diff_device_tanh(env, n);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t o = epilogue_finish(&e, ref->vals[i], e.has_cap ? env->h_tout[i] : 0.0f);
+    ref->gbits[i] = o;
+    ref->vals[i] = e.out_dtype == KL_FP32 ? elem_to_f(KL_FP32, o) : elem_to_f(e.dtype, o);
+  }
+}
+
+static void reference_selections(case_run *run, ref_step *ref, int tokens) {
+  const diff_case *c = run->c;
+  int64_t vocab = c->spec.vocab_size;
+  int k = c->spec.topk;
+  for (int t = 0; t < tokens; t++) {
+    const float *v = ref->vals + (size_t)t * (size_t)vocab;
+    ref_topk(v, vocab, 1, &ref->idx1[t], &ref->val1[t]);
+    if (k) {
+      ref_topk(v, vocab, k, ref->idxk + (size_t)t * (size_t)k, ref->valk + (size_t)t * (size_t)k);
+      ref->lse[t] = ref_lse(v, vocab);
+    }
+  }
+}
+
+/* The path the dispatch rule gives (docs/DESIGN.md §8): the same on every rank. */
+static int expected_path(const case_run *run, int op, int tokens, long long crossover) {
+  const diff_case *c = run->c;
+  if (c->disable || tokens > c->spec.max_tokens) return PATH_NCCL;
+  int nccl_everywhere = run->tp == 1 || c->has_nccl;
+  long long bytes = (long long)tokens * c->layout.shard_bytes;
+  if (op == OP_GATHER && nccl_everywhere && bytes > crossover) return PATH_NCCL;
+  return PATH_ONESHOT;
+}
+
+static int is_nan_bits(uint32_t b, int elem) {
+  return elem == 4 ? (b & 0x7fffffffu) > 0x7f800000u : (b & 0x7fffu) > 0x7c00u;
+}
+
+static int is_nan16(uint32_t b, int dtype) {
+  return dtype == KL_BF16 ? (b & 0x7fffu) > 0x7f80u : (b & 0x7fffu) > 0x7c00u;
+}
+
+static long long check_gather(case_run *run, const ref_step *ref, int rank, int path, int tokens,
+                              char *first, size_t n) {
+  const diff_case *c = run->c;
+  epilogue e;
+  epilogue_of(&c->spec, &e);
+  const unsigned char *got = run->env->slots[rank].h_out;
+  int oelem = c->layout.out_elem_bytes;
+  int64_t vocab = c->spec.vocab_size, padded = c->layout.padded_vocab;
+  long long bad = 0;
+  for (int t = 0; t < tokens; t++)
+    for (int64_t j = 0; j < vocab; j++) {
+      size_t i = (size_t)t * (size_t)vocab + (size_t)j;
+      uint32_t g = 0, want;
+      memcpy(&g, got + i * (size_t)oelem, (size_t)oelem);
+      int ok;
+      if (e.on) {
+        want = ref->gbits[i];
+        ok = g == want || (oelem == 4 ? is_nan_bits(g, 4) && is_nan_bits(want, 4)
+                                      : is_nan16(g, e.dtype) && is_nan16(want, e.dtype));
+      } else {
+        want = ref->rows[(size_t)t * (size_t)padded + (size_t)j];
+        /* the one-shot path reads -0 as +0 (its sentinel); NCCL moves bits */
+        if (path == PATH_ONESHOT && want == neg_zero(e.dtype)) want = 0;
+        ok = g == want;
+      }
+      if (!ok && bad++ == 0)
+        snprintf(first, n, "row %d col %lld: got 0x%x, want 0x%x", t, (long long)j, g, want);
+    }
+  return bad;
+}
+
+static long long check_selection(case_run *run, const ref_step *ref, int rank, int op, int tokens,
+                                 char *first, size_t n) {
+  const diff_case *c = run->c;
+  const diff_slot *s = &run->env->slots[rank];
+  const step_plan *p = &run->plan;
+  int k = op == OP_TOPK ? c->spec.topk : 1;
+  const int64_t *gi = op == OP_TOPK ? s->h_idxk : s->h_idx1;
+  const uint32_t *gv = op == OP_TOPK ? s->h_valk : s->h_val1;
+  const int64_t *wi = op == OP_TOPK ? ref->idxk : ref->idx1;
+  const uint32_t *wv = op == OP_TOPK ? ref->valk : ref->val1;
+  long long bad = 0;
+  for (int t = 0; t < tokens; t++) {
+    for (int q = 0; q < k; q++) {
+      size_t i = (size_t)t * (size_t)k + (size_t)q;
+      int ok = gi[i] == wi[i] && (!p->value || gv[i] == wv[i]);
+      if (!ok && bad++ == 0)
+        snprintf(first, n, "row %d [%d]: got index %lld value 0x%08x, want %lld 0x%08x", t, q,
+                 (long long)gi[i], p->value ? gv[i] : 0u, (long long)wi[i], p->value ? wv[i] : 0u);
+    }
+    if (op == OP_TOPK && p->lse) {
+      float got;
+      memcpy(&got, &s->h_lse[t], 4);
+      if (!lse_close(got, ref->lse[t]) && bad++ == 0)
+        snprintf(first, n, "row %d: lse %.9g, want %.12g", t, (double)got, ref->lse[t]);
+    }
+  }
+  return bad;
+}
+
+/* Every rank's outputs of the step against the reference. */
+static void compare(case_run *run, const ref_step *ref, long long crossover, const char *label) {
+  diff_env *env = run->env;
+  const diff_case *c = run->c;
+  const step_plan *p = &run->plan;
+  for (int rank = 0; rank < run->tp; rank++) {
+    const rank_report *rep = &run->rep[rank];
+    if (rep->cuda_failed) failf(env, c, "%s rank %d: %s", label, rank, rep->cuda_err);
+    for (int i = 0; i < p->nops; i++) {
+      int op = p->ops[i];
+      int want_path = expected_path(run, op, p->tokens, crossover);
+      if (rep->rc[op] != KLRT_OK) {
+        failf(env, c, "%s rank %d: %s returned %s: %s", label, rank, op_names[op],
+              kl_result_name(rep->rc[op]), rep->err[op]);
+        continue;
+      }
+      if (p->capture) continue; /* nothing ran */
+      if (!p->replay && rep->path[op] != want_path)
+        failf(env, c, "%s rank %d: %s took the %s path, the rule says %s", label, rank,
+              op_names[op], rep->path[op] < 0 ? "unknown" : path_names[rep->path[op]],
+              path_names[want_path]);
+      char first[200] = "";
+      long long bad = op == OP_GATHER
+                          ? check_gather(run, ref, rank, want_path, p->tokens, first, sizeof first)
+                          : check_selection(run, ref, rank, op, p->tokens, first, sizeof first);
+      env->cov.calls++;
+      env->cov.path[want_path]++;
+      if (bad)
+        failf(env, c, "%s rank %d: %s (%s path, tokens %d%s): %lld wrong, first %s", label, rank,
+              op_names[op], path_names[want_path], p->tokens, p->overlap ? ", overlapping" : "",
+              bad, first);
+    }
+  }
+}
+
+/* One step: plan out, ranks run it while the reference is computed, compare. */
+static void step(case_run *run, rng *r, ref_step *ref, long long crossover, const char *label) {
+  if (!run->plan.capture) {
+    make_inputs(run, r, ref, run->plan.tokens);
+    reference_values(run, ref, run->plan.tokens);
+  }
+  diff_watchdog_note(run->env, label);
+  pthread_barrier_wait(&run->all); /* go */
+  if (!run->plan.capture) reference_selections(run, ref, run->plan.tokens);
+  pthread_barrier_wait(&run->all); /* done */
+  compare(run, ref, crossover, label);
+}
+
+static int draw_tokens(const diff_case *c, rng *r) {
+  int max = (int)c->spec.max_tokens;
+  if (c->extra_tokens > 0 && rng_chance(r, 0.25)) return max + (int)rng_range(r, 1, c->extra_tokens);
+  double u = rng_unit(r);
+  return u < 0.2 ? 1 : u < 0.35 ? max : (int)rng_range(r, 1, max);
+}
+
+static void run_steps(case_run *run, rng *r, ref_step *ref, long long crossover) {
+  const diff_case *c = run->c;
+  char label[64];
+  int steps = c->wrap ? 8 : c->steps;
+  for (int s = 0; s < steps; s++) {
+    int tokens = c->wrap && rng_chance(r, 0.8) ? (int)rng_range(r, 1, c->spec.max_tokens)
+                                               : draw_tokens(c, r);
+    plan_step(run, r, &run->plan, tokens, 1);
+    snprintf(label, sizeof label, "step %d", s);
+    step(run, r, ref, crossover, label);
+    run->env->cov.steps++;
+  }
+  if (!c->graph) return;
+  /* A step captured in a graph and replayed with new inputs; between
+   * replays, eager steps of other sizes (larger ones regrow the scratch a
+   * graph on the NCCL path points into). */
+  int gt = c->extra_tokens >= 2 && rng_chance(r, 0.5) ? (int)c->spec.max_tokens + 1 : draw_tokens(c, r);
+  step_plan g;
+  plan_step(run, r, &g, gt, 0);
+  run->plan = g;
+  step(run, r, ref, crossover, "graph warm-up");
+  run->plan = g;
+  run->plan.capture = 1;
+  step(run, r, ref, crossover, "capture");
+  for (int k = 0; k < 3; k++) {
+    run->plan = g;
+    run->plan.replay = 1;
+    snprintf(label, sizeof label, "replay %d", k);
+    step(run, r, ref, crossover, label);
+    run->env->cov.replays++;
+    if (rng_chance(r, 0.6)) {
+      int tokens = gt < c->spec.max_tokens + c->extra_tokens
+                       ? (int)rng_range(r, gt + 1, c->spec.max_tokens + c->extra_tokens)
+                       : draw_tokens(c, r);
+      plan_step(run, r, &run->plan, tokens, 1);
+      snprintf(label, sizeof label, "between replays %d", k);
+      step(run, r, ref, crossover, label);
+    }
+  }
+}
+
+static int make_comms(case_run *run) {
+  const diff_case *c = run->c;
+  if (!c->has_nccl) return 0;
+  int devs[DIFF_MAX_RANKS];
+  for (int i = 0; i < run->tp; i++) devs[i] = run->env->slots[i].device;
+  return run->env->comm_init_all(run->comms, run->tp, devs) == ncclSuccess ? 0 : -1;
+}
+
+void diff_run_case(diff_env *env, const diff_case *c) {
+  env->case_failures = 0;
+  case_run *run = calloc(1, sizeof *run);
+  ref_step *ref = &env->ref;
+  run->env = env;
+  run->c = c;
+  run->tp = c->valid ? c->spec.tp : 1;
+  if (!c->valid) { /* the tp the text says, for an invalid spec: parse it back */
+    const char *p = strstr(c->lua, "tp = ");
+    run->tp = p ? atoi(p + 5) : 1;
+  }
+  rng r = rng_for(c->seed, 2);
+  if (c->disable) setenv("KLGEN_DISABLE", "1", 1);
+  else unsetenv("KLGEN_DISABLE");
+  if (run->tp > 1 && kl_group_create(&run->group, run->tp) != KLRT_OK) {
+    failf(env, c, "kl_group_create: %s", kl_last_error());
+    free(run);
+    return;
+  }
+  if (c->valid && make_comms(run) != 0) {
+    failf(env, c, "NCCL communicators could not be made");
+    kl_group_destroy(run->group);
+    free(run);
+    return;
+  }
+  run->wrap_near = (uint32_t)(WRAP_AT - 1 - (uint64_t)rng_below(&r, 3));
+  pthread_barrier_init(&run->all, NULL, (unsigned)run->tp + 1);
+  pthread_barrier_init(&run->ranks, NULL, (unsigned)run->tp);
+  pthread_t th[DIFF_MAX_RANKS];
+  rank_arg args[DIFF_MAX_RANKS];
+  for (int k = 0; k < run->tp; k++) {
+    args[k] = (rank_arg){run, k};
+    pthread_create(&th[k], NULL, rank_main, &args[k]);
+  }
+  pthread_barrier_wait(&run->all); /* created */
+  int created = 0;
+  for (int k = 0; k < run->tp; k++) created += run->create_rc[k] == KLRT_OK;
+  if (!c->valid) {
+    env->cov.invalid++;
+    for (int k = 0; k < run->tp; k++)
+      if (run->create_rc[k] != KLRT_ESPEC)
+        failf(env, c, "rank %d: an invalid spec gave %s, not KLRT_ESPEC", k,
+              kl_result_name(run->create_rc[k]));
+  } else if (created != run->tp) {
+    for (int k = 0; k < run->tp; k++)
+      if (run->create_rc[k] != KLRT_OK)
+        failf(env, c, "rank %d: creation: %s: %s", k, kl_result_name(run->create_rc[k]),
+              run->create_err[k]);
+  }
+  pthread_barrier_wait(&run->all); /* counters moved (wrap) */
+  long long crossover = 0;
+  if (c->valid && created == run->tp) {
+    for (int k = 0; k < run->tp; k++)
+      if (run->create_err[k][0]) failf(env, c, "rank %d: %s", k, run->create_err[k]);
+    crossover = run->crossover;
+    env->cov.cases_run++;
+    env->cov.wrap += c->wrap;
+    env->cov.disabled += c->disable;
+    env->cov.graphs += c->graph;
+    env->cov.tp[c->spec.tp]++;
+    if (c->spec.topk) env->cov.topk++;
+    run_steps(run, &r, ref, crossover);
+  }
+  run->done = 1;
+  pthread_barrier_wait(&run->all);
+  for (int k = 0; k < run->tp; k++) pthread_join(th[k], NULL);
+  for (int k = 0; k < run->tp; k++)
+    if (run->destroy_rc[k] != KLRT_OK)
+      failf(env, c, "rank %d: kl_ctx_destroy: %s", k, kl_result_name(run->destroy_rc[k]));
+  if (c->has_nccl && c->valid)
+    for (int k = 0; k < run->tp; k++) env->comm_destroy(run->comms[k]);
+  kl_group_destroy(run->group);
+  pthread_barrier_destroy(&run->all);
+  pthread_barrier_destroy(&run->ranks);
+  free(run);
+}

@@ -1,0 +1,74 @@
+/* What the suite's run holds across cases: per rank a stream, a device arena
+ * and pinned host buffers (made once: allocating while ranks spin would wait
+ * for them), the device tanhf, the communicators, the coverage counters. */
+#ifndef KL_DIFF_ENV_H
+#define KL_DIFF_ENV_H
+
+#include <nccl.h>
+
+#include "cu.h"
+#include "diff.h"
+#include "../gpu_util.h" /* CU_CHECK */
+#include "klrt/klrt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define DIFF_MAX_RANKS 16
+#define DIFF_DETAIL_LINES 12 /* failure lines printed per case */
+
+typedef struct diff_slot {
+  int device;
+  CUcontext cuctx;
+  CUstream s;
+  CUdeviceptr arena;
+  unsigned char *h_in, *h_out;
+  int64_t *h_idx1, *h_idxk;
+  uint32_t *h_val1, *h_valk, *h_lse;
+} diff_slot;
+
+typedef struct diff_coverage {
+  long cases_run, invalid, steps, calls, replays, graphs, wrap, disabled, topk;
+  long path[2]; /* calls by path: one-shot, NCCL */
+  long tp[DIFF_MAX_RANKS + 1];
+} diff_coverage;
+
+typedef struct diff_ref_bufs {
+  uint32_t *rows;
+  float *vals;
+  uint32_t *gbits;
+  int64_t idx1[DIFF_MAX_ROWS];
+  uint32_t val1[DIFF_MAX_ROWS];
+  int64_t *idxk;
+  uint32_t *valk;
+  double lse[DIFF_MAX_ROWS];
+} diff_ref_bufs;
+
+typedef struct diff_env {
+  const kl_cu *cu;
+  int devices;
+  nccl_mode nccl;
+  ncclResult_t (*comm_init_all)(ncclComm_t *comms, int n, const int *devs);
+  void (*comm_destroy)(ncclComm_t comm);
+  const char *cache_dir;
+  size_t out_area, sel_area, arena_bytes; /* arena: [shard | out | selections] */
+  diff_slot slots[DIFF_MAX_RANKS];
+  diff_ref_bufs ref;
+  /* tanhf on the device, for the reference's epilogue */
+  CUcontext ctx0;
+  CUstream ts;
+  CUmodule tmod;
+  CUfunction tanh_fn;
+  CUdeviceptr targ, tout;
+  float *h_targ, *h_tout;
+  int case_failures; /* failure lines of the case running */
+  diff_coverage cov;
+} diff_env;
+
+/* diff_case.c */
+void diff_run_case(diff_env *env, const diff_case *c);
+/* diff_main.c */
+void diff_device_tanh(diff_env *env, size_t n); /* h_tout[i] = tanhf(h_targ[i]) */
+void diff_watchdog_note(diff_env *env, const char *where);
+
+#endif

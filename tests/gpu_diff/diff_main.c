@@ -1,0 +1,434 @@
+/* gpu_diff: the randomized differential suite.
+ *
+ *   gpu_diff [--seed N] [--cases M] [--minutes T] [--nccl standin:LIB | real | none] [-v]
+ *
+ * Case i of a run is the case of seed N + i (default N: 1): a random spec
+ * (vocab 1..300000, tp 1..16, every dtype, padding up to whole ranks of it,
+ * the epilogue's fields, topk 1..64, now and then an invalid one) and random
+ * steps (tokens up to past max_tokens, hostile rows, misaligned and
+ * overlapping outputs, KLGEN_DISABLE, a small crossover, a CUDA graph
+ * replayed between eager steps of other sizes, step counters started at
+ * their wrap). Every call of kl_gather, kl_argmax and kl_topk on every rank
+ * is compared with a reference computed on the host from the input
+ * (diff_ref.c), and its path with the dispatch rule. A failure prints the
+ * seed and the spec; `gpu_diff --seed S --cases 1` replays case S.
+ *
+ * Ranks are threads. With one GPU they share it (CUDA_DEVICE_MAX_CONNECTIONS
+ * is set to 32 here), and the NCCL path runs on the stand-in library
+ * (--nccl standin:LIB, nccl_standin.c), because NCCL refuses two ranks on one
+ * GPU. --nccl real: NCCL itself, ranks on two GPUs (tp 1 or 2). Exit 77
+ * without a GPU; 0 when every case passed.
+ *
+ * Specs are compiled ahead by worker processes into the run's JIT cache (a
+ * compile takes a second; a case runs in less), so the runtime finds them
+ * there. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "diff_env.h"
+#include "rt.h"
+
+#define WORKERS_MAX 32
+#define CASE_DEADLINE_S 240 /* a case past this hangs: report it and stop */
+
+typedef struct options {
+  uint64_t seed;
+  long cases;
+  double minutes;
+  nccl_mode nccl;
+  const char *lib;
+  int verbose;
+} options;
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int usage(void) {
+  fprintf(stderr, "usage: gpu_diff [--seed N] [--cases M] [--minutes T] "
+                  "[--nccl standin:LIB | real | none] [-v]\n");
+  return 2;
+}
+
+static int parse(int argc, char **argv, options *o) {
+  *o = (options){1, 100, 0, NCCL_NONE, NULL, 0};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "-v")) o->verbose = 1;
+    else if (!strcmp(a, "--seed") && v) o->seed = strtoull(v, NULL, 0), i++;
+    else if (!strcmp(a, "--cases") && v) o->cases = atol(v), i++;
+    else if (!strcmp(a, "--minutes") && v) o->minutes = atof(v), i++;
+    else if (!strcmp(a, "--nccl") && v) {
+      i++;
+      if (!strncmp(v, "standin:", 8)) o->nccl = NCCL_STANDIN, o->lib = v + 8;
+      else if (!strcmp(v, "real")) o->nccl = NCCL_REAL, o->lib = "libnccl.so.2";
+      else if (!strcmp(v, "none")) o->nccl = NCCL_NONE;
+      else return usage();
+    } else return usage();
+  }
+  return o->cases > 0 ? 0 : usage();
+}
+
+/* ---- the architecture, asked in a child so workers can fork before CUDA ---- */
+
+static int probe_arch(char *arch, size_t n, int *devices) {
+  int fd[2];
+  if (pipe(fd)) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fd[0]);
+    int info[3] = {0, 0, 0};
+    const kl_cu *cu = kl_cu_get(NULL);
+    CUdevice d;
+    if (cu && cu->cuDeviceGet(&d, 0) == CUDA_SUCCESS) {
+      cu->cuDeviceGetAttribute(&info[0], CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d);
+      cu->cuDeviceGetAttribute(&info[1], CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d);
+      cu->cuDeviceGetCount(&info[2]);
+    }
+    _exit(write(fd[1], info, sizeof info) == (ssize_t)sizeof info ? 0 : 1);
+  }
+  close(fd[1]);
+  int info[3] = {0, 0, 0};
+  ssize_t got = read(fd[0], info, sizeof info);
+  close(fd[0]);
+  waitpid(pid, NULL, 0);
+  if (got != (ssize_t)sizeof info || info[2] == 0) return -1;
+  snprintf(arch, n, "sm_%d%d", info[0], info[1]);
+  *devices = info[2];
+  return 0;
+}
+
+/* ---- compile workers: case i's kernels into the cache before it runs ---- */
+
+typedef struct compiled {
+  int32_t index, ok;
+  char msg[240];
+} compiled;
+
+typedef struct workers {
+  int n;
+  pid_t pid[WORKERS_MAX];
+  int fd[WORKERS_MAX];
+} workers;
+
+static void compile_case(const options *o, long i, int devices, const char *arch, const char *dir,
+                         compiled *out) {
+  diff_case c;
+  char why[600];
+  out->index = (int32_t)i, out->ok = 1, out->msg[0] = 0;
+  if (diff_draw(o->seed + (uint64_t)i, devices, o->nccl, &c, why, sizeof why) != 0 || !c.valid)
+    return; /* the case reports it */
+  char *src = NULL;
+  kl_err err = {{0}};
+  kl_binary bin;
+  int hit = 0;
+  if (kl_render(&c.spec, &c.layout, NULL, &src, &err) != 0 ||
+      kl_jit_cubin(src, c.spec.name, arch, dir, &bin, &hit, &err) != 0) {
+    out->ok = 0;
+    snprintf(out->msg, sizeof out->msg, "%.230s", err.msg);
+  } else {
+    kl_binary_free(&bin);
+  }
+  free(src);
+}
+
+static void start_workers(workers *w, const options *o, int devices, const char *arch,
+                          const char *dir) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  w->n = (int)(cpus > 4 ? cpus - 3 : 1);
+  if (w->n > WORKERS_MAX) w->n = WORKERS_MAX;
+  if (w->n > o->cases) w->n = (int)o->cases;
+  for (int k = 0; k < w->n; k++) {
+    int fd[2];
+    if (pipe(fd)) exit(1);
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(fd[0]);
+      for (long i = k; i < o->cases; i += w->n) {
+        compiled c;
+        compile_case(o, i, devices, arch, dir, &c);
+        if (write(fd[1], &c, sizeof c) != (ssize_t)sizeof c) _exit(1);
+      }
+      _exit(0);
+    }
+    close(fd[1]);
+    w->pid[k] = pid, w->fd[k] = fd[0];
+  }
+}
+
+/* Waits until case i is compiled; 0, or -1 with the compiler's message. */
+static int wait_compiled(workers *w, long i, char *why, size_t n) {
+  int k = (int)(i % w->n);
+  compiled c;
+  for (;;) {
+    ssize_t got = read(w->fd[k], &c, sizeof c);
+    if (got == -1 && errno == EINTR) continue;
+    if (got != (ssize_t)sizeof c) {
+      snprintf(why, n, "compile worker %d stopped before case %ld", k, i);
+      return -1;
+    }
+    if (c.index == i) break;
+  }
+  if (c.ok) return 0;
+  snprintf(why, n, "%s", c.msg);
+  return -1;
+}
+
+static void stop_workers(workers *w) {
+  for (int k = 0; k < w->n; k++) {
+    kill(w->pid[k], SIGTERM);
+    waitpid(w->pid[k], NULL, 0);
+    close(w->fd[k]);
+  }
+}
+
+/* ---- the watchdog: a case that hangs is reported with its seed ---- */
+
+static _Atomic double deadline;
+static char where[160], current_lua[1024];
+static _Atomic unsigned long long current_seed;
+
+void diff_watchdog_note(diff_env *env, const char *w) {
+  (void)env;
+  snprintf(where, sizeof where, "%s", w);
+}
+
+static void *watchdog(void *arg) {
+  (void)arg;
+  for (;;) {
+    sleep(1);
+    double d = deadline;
+    if (d > 0 && now_s() > d) {
+      printf("FAIL case seed %llu hung (over %d s, at %s): %s\n", current_seed, CASE_DEADLINE_S,
+             where, current_lua);
+      printf("gpu_diff: 0 passed, 1 failed\n");
+      fflush(stdout);
+      _exit(1);
+    }
+  }
+  return NULL;
+}
+
+/* ---- device resources made once ---- */
+
+static const char *const tanh_src =
+    "extern \"C\" __global__ void tanh_map(const float *x, float *y, unsigned long long n) {\n"
+    "  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += gridDim.x * 256ull)\n"
+    "    y[i] = tanhf(x[i]);\n"
+    "}\n";
+
+void diff_device_tanh(diff_env *env, size_t n) {
+  const kl_cu *cu = env->cu;
+  unsigned long long nn = n;
+  void *args[] = {&env->targ, &env->tout, &nn};
+  unsigned grid = (unsigned)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024);
+  cu->cuCtxPushCurrent(env->ctx0);
+  CU_CHECK(cu, cuMemcpyHtoDAsync(env->targ, env->h_targ, n * 4, env->ts));
+  CU_CHECK(cu, cuLaunchKernel(env->tanh_fn, grid ? grid : 1, 1, 1, 256, 1, 1, 0, env->ts, args, NULL));
+  CU_CHECK(cu, cuMemcpyDtoHAsync(env->h_tout, env->tout, n * 4, env->ts));
+  CU_CHECK(cu, cuStreamSynchronize(env->ts));
+  CUcontext dummy;
+  cu->cuCtxPopCurrent(&dummy);
+}
+
+static void *pinned(const kl_cu *cu, size_t bytes) {
+  void *p = NULL;
+  CU_CHECK(cu, cuMemAllocHost(&p, bytes));
+  return p;
+}
+
+static void setup(diff_env *env, const char *arch) {
+  const kl_cu *cu = env->cu;
+  size_t data = (size_t)DIFF_ELEM_BUDGET * 4 + 4096;
+  size_t sel = 5 * ((size_t)DIFF_MAX_ROWS * 64 * 8 + 4096);
+  env->out_area = data, env->sel_area = 2 * data, env->arena_bytes = 2 * data + sel;
+  for (int k = 0; k < DIFF_MAX_RANKS; k++) {
+    diff_slot *s = &env->slots[k];
+    CUdevice dev;
+    s->device = env->devices == 2 ? k % 2 : 0;
+    CU_CHECK(cu, cuDeviceGet(&dev, s->device));
+    CU_CHECK(cu, cuDevicePrimaryCtxRetain(&s->cuctx, dev));
+    CU_CHECK(cu, cuCtxSetCurrent(s->cuctx));
+    CU_CHECK(cu, cuStreamCreate(&s->s, CU_STREAM_NON_BLOCKING));
+    CU_CHECK(cu, cuMemAlloc(&s->arena, env->arena_bytes));
+    s->h_in = pinned(cu, data);
+    s->h_out = pinned(cu, data);
+    s->h_idx1 = pinned(cu, 8 * DIFF_MAX_ROWS);
+    s->h_val1 = pinned(cu, 4 * DIFF_MAX_ROWS);
+    s->h_idxk = pinned(cu, 8 * 64 * DIFF_MAX_ROWS);
+    s->h_valk = pinned(cu, 4 * 64 * DIFF_MAX_ROWS);
+    s->h_lse = pinned(cu, 4 * DIFF_MAX_ROWS);
+  }
+  env->ctx0 = env->slots[0].cuctx;
+  CU_CHECK(cu, cuCtxSetCurrent(env->ctx0));
+  CU_CHECK(cu, cuStreamCreate(&env->ts, CU_STREAM_NON_BLOCKING));
+  CU_CHECK(cu, cuMemAlloc(&env->targ, (size_t)DIFF_ELEM_BUDGET * 4));
+  CU_CHECK(cu, cuMemAlloc(&env->tout, (size_t)DIFF_ELEM_BUDGET * 4));
+  env->h_targ = pinned(cu, (size_t)DIFF_ELEM_BUDGET * 4);
+  env->h_tout = pinned(cu, (size_t)DIFF_ELEM_BUDGET * 4);
+  kl_binary bin;
+  kl_err err;
+  if (kl_nvrtc_compile(tanh_src, "tanh_map", arch, &bin, &err)) {
+    fprintf(stderr, "gpu_diff: %s\n", err.msg);
+    exit(1);
+  }
+  CU_CHECK(cu, cuModuleLoadData(&env->tmod, bin.data));
+  CU_CHECK(cu, cuModuleGetFunction(&env->tanh_fn, env->tmod, "tanh_map"));
+  kl_binary_free(&bin);
+  diff_ref_bufs *r = &env->ref;
+  r->rows = malloc((size_t)DIFF_ELEM_BUDGET * 4);
+  r->vals = malloc((size_t)DIFF_ELEM_BUDGET * 4);
+  r->gbits = malloc((size_t)DIFF_ELEM_BUDGET * 4);
+  r->idxk = malloc(8 * 64 * DIFF_MAX_ROWS);
+  r->valk = malloc(4 * 64 * DIFF_MAX_ROWS);
+  if (!r->rows || !r->vals || !r->gbits || !r->idxk || !r->valk) exit(1);
+}
+
+/* ---- communicators ---- */
+
+static ncclResult_t (*lib_init_all)(ncclComm_t *, int, const int *);
+static ncclResult_t (*lib_destroy)(ncclComm_t);
+static ncclComm_t real_comms[2]; /* NCCL's: made once (slow), kept for every tp 2 case */
+
+static ncclResult_t standin_init(ncclComm_t *comms, int n, const int *devs) {
+  return lib_init_all(comms, n, devs);
+}
+static void standin_destroy(ncclComm_t c) { lib_destroy(c); }
+
+static ncclResult_t real_init(ncclComm_t *comms, int n, const int *devs) {
+  if (n != 2) return ncclInvalidUsage;
+  if (!real_comms[0]) {
+    ncclResult_t r = lib_init_all(real_comms, 2, devs);
+    if (r != ncclSuccess) return r;
+  }
+  comms[0] = real_comms[0], comms[1] = real_comms[1];
+  return ncclSuccess;
+}
+static void real_destroy(ncclComm_t c) { (void)c; }
+
+static int load_nccl(diff_env *env, const options *o) {
+  env->nccl = o->nccl;
+  if (o->nccl == NCCL_NONE) return 0;
+  void *lib = dlopen(o->lib, RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) {
+    fprintf(stderr, "gpu_diff: cannot load %s: %s\n", o->lib, dlerror());
+    return -1;
+  }
+  *(void **)&lib_init_all = dlsym(lib, "ncclCommInitAll");
+  *(void **)&lib_destroy = dlsym(lib, "ncclCommDestroy");
+  if (!lib_init_all || !lib_destroy) return -1;
+  /* libklrt loads the same library: by path for the stand-in (it has another
+   * soname), by soname for NCCL (already in the process) */
+  if (o->nccl == NCCL_STANDIN) setenv("KLGEN_NCCL_LIBRARY", o->lib, 1);
+  env->comm_init_all = o->nccl == NCCL_STANDIN ? standin_init : real_init;
+  env->comm_destroy = o->nccl == NCCL_STANDIN ? standin_destroy : real_destroy;
+  return 0;
+}
+
+/* ---- the run ---- */
+
+static void summary(const diff_env *env, long run, long failed, double secs, const options *o) {
+  const diff_coverage *v = &env->cov;
+  printf("gpu_diff: seeds %llu..%llu: %ld cases in %.1f s (%.1f cases/min): %ld ran, %ld invalid "
+         "specs refused, %ld steps, %ld calls (%ld one-shot, %ld NCCL), %ld graphs (%ld replays), "
+         "%ld at the counters' wrap, %ld with KLGEN_DISABLE, %ld with topk\n",
+         (unsigned long long)o->seed, (unsigned long long)(o->seed + (uint64_t)run - 1), run, secs,
+         60.0 * (double)run / (secs > 0 ? secs : 1), v->cases_run, v->invalid, v->steps, v->calls,
+         v->path[0], v->path[1], v->graphs, v->replays, v->wrap, v->disabled, v->topk);
+  printf("gpu_diff: tp");
+  for (int t = 1; t <= DIFF_MAX_RANKS; t++)
+    if (v->tp[t]) printf(" %d:%ld", t, v->tp[t]);
+  printf("\n");
+  printf("gpu_diff: %ld passed, %ld failed\n", run - failed, failed);
+}
+
+static void remove_dir(const char *dir) {
+  char cmd[4200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "gpu_diff: could not remove %s\n", dir);
+}
+
+int main(int argc, char **argv) {
+  options o;
+  if (parse(argc, argv, &o)) return 2;
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1); /* ranks share a GPU */
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  char arch[16];
+  int devices = 0;
+  if (probe_arch(arch, sizeof arch, &devices) != 0) {
+    printf("SKIP: no GPU\n");
+    return 77;
+  }
+  diff_env env;
+  memset(&env, 0, sizeof env);
+  env.devices = o.nccl == NCCL_REAL ? 2 : 1;
+  if (env.devices > devices) {
+    printf("SKIP: --nccl real needs 2 GPUs, found %d\n", devices);
+    return 77;
+  }
+  char dir[] = "/tmp/gpu_diff.XXXXXX";
+  if (!mkdtemp(dir)) return 1;
+  env.cache_dir = dir;
+  workers w;
+  start_workers(&w, &o, env.devices, arch, dir); /* before CUDA starts here */
+  const char *why = NULL;
+  env.cu = kl_cu_get(&why);
+  if (!env.cu || load_nccl(&env, &o)) {
+    fprintf(stderr, "gpu_diff: %s\n", why ? why : "cannot load NCCL");
+    stop_workers(&w);
+    return 1;
+  }
+  setup(&env, arch);
+  pthread_t wd;
+  pthread_create(&wd, NULL, watchdog, NULL);
+  printf("gpu_diff: %s, %d GPU(s), NCCL %s, seeds from %llu, %ld cases, %d compile workers\n", arch,
+         env.devices, o.nccl == NCCL_NONE ? "none" : o.lib, (unsigned long long)o.seed, o.cases,
+         w.n);
+  double t0 = now_s();
+  long failed = 0, run = 0;
+  for (long i = 0; i < o.cases; i++) {
+    if (o.minutes > 0 && now_s() - t0 > 60.0 * o.minutes) break;
+    diff_case c;
+    char msg[600];
+    uint64_t seed = o.seed + (uint64_t)i;
+    current_seed = seed;
+    run++;
+    int drawn = diff_draw(seed, env.devices, o.nccl, &c, msg, sizeof msg);
+    snprintf(current_lua, sizeof current_lua, "%s", c.lua);
+    if (drawn != 0 || wait_compiled(&w, i, msg, sizeof msg) != 0) {
+      printf("FAIL case seed %llu: %s\n  %s\n", (unsigned long long)seed, c.lua, msg);
+      failed++;
+      continue;
+    }
+    deadline = now_s() + CASE_DEADLINE_S;
+    diff_run_case(&env, &c);
+    deadline = 0;
+    if (env.case_failures) {
+      failed++;
+      printf("  replay: gpu_diff --seed %llu --cases 1 --nccl %s%s\n", (unsigned long long)seed,
+             o.nccl == NCCL_STANDIN ? "standin:" : "", o.nccl == NCCL_STANDIN ? o.lib
+                                                       : o.nccl == NCCL_REAL ? "real" : "none");
+    } else if (o.verbose) {
+      printf("ok %llu: %s\n", (unsigned long long)seed, c.lua);
+    }
+    if ((i + 1) % 50 == 0)
+      printf("gpu_diff: %ld cases, %ld failed, %.1f cases/min\n", i + 1, failed,
+             60.0 * (double)(i + 1) / (now_s() - t0));
+  }
+  summary(&env, run, failed, now_s() - t0, &o);
+  stop_workers(&w);
+  remove_dir(dir);
+  return failed ? 1 : 0;
+}

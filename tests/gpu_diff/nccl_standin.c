@@ -1,0 +1,229 @@
+/* A stand-in for the few NCCL calls libklrt makes, for ranks that share one GPU.
+ *
+ * NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so with one GPU
+ * the NCCL paths (the relayout kernel, the select kernels' reduce and merge)
+ * could not run at all. libklrt loads NCCL at run time (KLGEN_NCCL_LIBRARY),
+ * so the tests load this library instead: ncclCommInitAll makes a group of
+ * communicators over ranks that are threads of this process on one device,
+ * and ncclAllGather is one kernel per rank that meets its peers in device
+ * memory, copies every rank's send buffer into recv in rank order, and leaves
+ * only when every rank has read its buffer. Like NCCL's, a call is enqueued
+ * and returns, and a captured graph replays it: each rank counts its calls in
+ * device memory, so the k-th call of every rank meets the k-th of the others.
+ *
+ * Test-only: it is built beside the tests and never installed. */
+#include <nccl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cu.h"
+#include "klgen.h"
+
+#define STANDIN_MAX_RANKS 64
+#define STANDIN_THREADS 1024
+#define STANDIN_TIMEOUT_NS 30000000000ull /* a peer that never comes: give up, say so */
+
+/* Per rank, in device memory: the board the kernels meet on (kl_abi-like
+ * 64-bit words, zeroed at creation). arrive[r]/leave[r]: the last call rank r
+ * entered / finished reading in; calls[r]: calls rank r has completed;
+ * send[r]: rank r's send buffer of its current call. */
+static const char *const kernel_src =
+    "typedef unsigned long long u64;\n"
+    "struct Board { u64 arrive[64], leave[64], calls[64], send[64]; };\n"
+    "__device__ u64 now() { u64 t; asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t)); return t; }\n"
+    "__device__ u64 ld_acquire(const u64 *p) { u64 v;\n"
+    "  asm volatile(\"ld.acquire.gpu.global.u64 %0, [%1];\" : \"=l\"(v) : \"l\"(p) : \"memory\"); return v; }\n"
+    "__device__ void st_release(u64 *p, u64 v) {\n"
+    "  asm volatile(\"st.release.gpu.global.u64 [%0], %1;\" :: \"l\"(p), \"l\"(v) : \"memory\"); }\n"
+    /* thread 0 waits until every rank's word reaches e; false on time-out */
+    "__device__ bool meet(const u64 *w, int n, u64 e, unsigned *fault) {\n"
+    "  const u64 t0 = now();\n"
+    "  for (int r = 0; r < n; ++r)\n"
+    "    while (ld_acquire(&w[r]) < e)\n"
+    "      if (now() - t0 > TIMEOUT_NS) { atomicAdd(fault, 1u); return false; }\n"
+    "  return true;\n"
+    "}\n"
+    "extern \"C\" __global__ void __launch_bounds__(THREADS)\n"
+    "allgather(const char *send, char *recv, u64 bytes, int rank, int n, Board *b, unsigned *fault) {\n"
+    "  __shared__ u64 e;\n"
+    "  __shared__ const char *src[64];\n"
+    "  __shared__ int ok;\n"
+    "  if (threadIdx.x == 0) {\n"
+    "    e = b->calls[rank] + 1;\n"
+    "    b->send[rank] = (u64)send;\n"
+    "    st_release(&b->arrive[rank], e);\n"
+    "    ok = meet(b->arrive, n, e, fault);\n"
+    "  }\n"
+    "  __syncthreads();\n"
+    "  if (threadIdx.x < n) src[threadIdx.x] = (const char *)ld_acquire(&b->send[threadIdx.x]);\n"
+    "  __syncthreads();\n"
+    "  if (ok) {\n"
+    "    bool v16 = (bytes % 16 == 0) && ((u64)recv % 16 == 0);\n"
+    "    for (int r = 0; r < n; ++r) v16 = v16 && ((u64)src[r] % 16 == 0);\n"
+    "    for (int r = 0; r < n; ++r) {\n"
+    "      char *dst = recv + (u64)r * bytes;\n"
+    "      if (v16)\n"
+    "        for (u64 i = threadIdx.x; i < bytes / 16; i += THREADS)\n"
+    "          ((uint4 *)dst)[i] = ((const uint4 *)src[r])[i];\n"
+    "      else\n"
+    "        for (u64 i = threadIdx.x; i < bytes; i += THREADS) dst[i] = src[r][i];\n"
+    "    }\n"
+    "  }\n"
+    "  __syncthreads();\n"
+    "  if (threadIdx.x == 0) {\n"
+    "    __threadfence();\n"
+    "    st_release(&b->leave[rank], e);\n"
+    /* nobody reuses a send buffer before every rank has read it */
+    "    if (ok) meet(b->leave, n, e, fault);\n"
+    "    b->calls[rank] = e;\n"
+    "  }\n"
+    "}\n";
+
+typedef struct standin_group {
+  int n;
+  int refs;
+  CUcontext ctx;
+  CUmodule mod;
+  CUfunction fn;
+  CUdeviceptr board;
+} standin_group;
+
+struct ncclComm {
+  standin_group *g;
+  int rank;
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned *faults; /* host-mapped: peers that never came, over every group */
+
+/* Peers that never came to a call, over the process's groups (read by the tests). */
+unsigned kl_standin_timeouts(void) { return faults ? *(volatile unsigned *)faults : 0u; }
+
+static int load_kernel(const kl_cu *cu, standin_group *g) {
+  CUdevice dev;
+  int maj = 0, min = 0;
+  if (cu->cuCtxGetDevice(&dev) != CUDA_SUCCESS) return -1;
+  cu->cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+  cu->cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+  char arch[16], head[160];
+  snprintf(arch, sizeof arch, "sm_%d%d", maj, min);
+  snprintf(head, sizeof head, "#define THREADS %d\n#define TIMEOUT_NS %lluull\n", STANDIN_THREADS,
+           STANDIN_TIMEOUT_NS);
+  char *src = malloc(strlen(head) + strlen(kernel_src) + 1);
+  if (!src) return -1;
+  strcpy(src, head);
+  strcat(src, kernel_src);
+  kl_binary bin;
+  kl_err err;
+  int rc = kl_nvrtc_compile(src, "nccl_standin", arch, &bin, &err);
+  free(src);
+  if (rc) {
+    fprintf(stderr, "nccl stand-in: %s\n", err.msg);
+    return -1;
+  }
+  rc = cu->cuModuleLoadData(&g->mod, bin.data) != CUDA_SUCCESS ||
+       cu->cuModuleGetFunction(&g->fn, g->mod, "allgather") != CUDA_SUCCESS;
+  kl_binary_free(&bin);
+  return rc ? -1 : 0;
+}
+
+/* Every device in devlist must be the same one: the ranks share it. */
+ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
+  const kl_cu *cu = kl_cu_get(NULL);
+  if (!cu || !comms || ndev < 1 || ndev > STANDIN_MAX_RANKS) return ncclInvalidArgument;
+  int dev0 = devlist ? devlist[0] : 0;
+  for (int i = 0; i < ndev; i++)
+    if ((devlist ? devlist[i] : 0) != dev0) return ncclInvalidUsage;
+  standin_group *g = calloc(1, sizeof *g);
+  if (!g) return ncclSystemError;
+  g->n = ndev;
+  CUdevice dev;
+  CUcontext dummy;
+  size_t board = 4 * STANDIN_MAX_RANKS * sizeof(uint64_t);
+  if (cu->cuDeviceGet(&dev, dev0) != CUDA_SUCCESS ||
+      cu->cuDevicePrimaryCtxRetain(&g->ctx, dev) != CUDA_SUCCESS) {
+    free(g);
+    return ncclUnhandledCudaError;
+  }
+  cu->cuCtxPushCurrent(g->ctx);
+  int bad = load_kernel(cu, g) != 0 || cu->cuMemAlloc(&g->board, board) != CUDA_SUCCESS ||
+            cu->cuMemsetD32(g->board, 0, board / 4) != CUDA_SUCCESS;
+  pthread_mutex_lock(&mu);
+  if (!bad && !faults) {
+    void *p = NULL;
+    bad = cu->cuMemAllocHost(&p, sizeof *faults) != CUDA_SUCCESS;
+    if (!bad) faults = p, *faults = 0;
+  }
+  pthread_mutex_unlock(&mu);
+  if (!bad) bad = cu->cuCtxSynchronize() != CUDA_SUCCESS;
+  cu->cuCtxPopCurrent(&dummy);
+  if (bad) {
+    cu->cuDevicePrimaryCtxRelease(dev);
+    free(g);
+    return ncclUnhandledCudaError;
+  }
+  for (int i = 0; i < ndev; i++) {
+    comms[i] = calloc(1, sizeof *comms[i]);
+    if (!comms[i]) return ncclSystemError; /* a test library: the leak is the test's end */
+    comms[i]->g = g;
+    comms[i]->rank = i;
+  }
+  g->refs = ndev;
+  return ncclSuccess;
+}
+
+/* The last comm of a group frees it: after every rank's work is done (the
+ * caller's duty, as with NCCL). */
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (!comm) return ncclInvalidArgument;
+  standin_group *g = comm->g;
+  free(comm);
+  pthread_mutex_lock(&mu);
+  int last = --g->refs == 0;
+  pthread_mutex_unlock(&mu);
+  if (!last) return ncclSuccess;
+  const kl_cu *cu = kl_cu_get(NULL);
+  CUcontext dummy;
+  CUdevice dev;
+  cu->cuCtxPushCurrent(g->ctx);
+  cu->cuCtxGetDevice(&dev);
+  cu->cuMemFree(g->board);
+  cu->cuModuleUnload(g->mod);
+  cu->cuCtxPopCurrent(&dummy);
+  cu->cuDevicePrimaryCtxRelease(dev);
+  free(g);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
+  if (!comm || !count) return ncclInvalidArgument;
+  *count = comm->g->n;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
+  if (!comm || !rank) return ncclInvalidArgument;
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t r) {
+  return r == ncclSuccess ? "no error" : "nccl stand-in: error";
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type,
+                           ncclComm_t comm, cudaStream_t stream) {
+  if (!comm || type != ncclUint8) return ncclInvalidArgument;
+  const kl_cu *cu = kl_cu_get(NULL);
+  standin_group *g = comm->g;
+  uint64_t bytes = count;
+  int rank = comm->rank, n = g->n;
+  unsigned *fault = faults;
+  void *args[] = {&send, &recv, &bytes, &rank, &n, &g->board, &fault};
+  CUresult r = cu->cuLaunchKernel(g->fn, 1, 1, 1, STANDIN_THREADS, 1, 1, 0, (CUstream)stream, args,
+                                  NULL);
+  return r == CUDA_SUCCESS ? ncclSuccess : ncclUnhandledCudaError;
+}

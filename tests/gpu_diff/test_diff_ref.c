@@ -1,0 +1,180 @@
+/* CPU test of the differential suite's own parts, which need no GPU: the
+ * reference's conversions against the compiler's _Float16 and an independent
+ * bf16 rounding, its selections against a sort, the drawn specs (every one
+ * meant valid loads; invalid ones are refused), and NVRTC on a sample of drawn
+ * specs, so a template that breaks on some spec fails here, not on a GPU.
+ *
+ *   test_diff_ref [COMPILE_SAMPLE]   (default 12 specs compiled for sm_90) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "diff.h"
+
+static int failures;
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (!(cond) && failures++ < 20) {                      \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__);          \
+      printf(__VA_ARGS__);                                 \
+      printf("\n");                                        \
+    }                                                      \
+  } while (0)
+
+
+static void fp16_all(void) {
+  for (uint32_t h = 0; h < 65536; h++) {
+    _Float16 x;
+    uint16_t hb = (uint16_t)h;
+    memcpy(&x, &hb, 2);
+    float want = (float)x, got = fp16_to_f(hb);
+    CHECK(want != want ? got != got : f32_bits(got) == f32_bits(want), "fp16 0x%04x: %a, want %a", h,
+          (double)got, (double)want);
+  }
+}
+
+static uint16_t fp16_ref(float f) {
+  _Float16 x = (_Float16)f;
+  uint16_t h;
+  memcpy(&h, &x, 2);
+  return h;
+}
+
+/* bf16 by choosing between the two neighbours in double, ties to even. */
+static uint16_t bf16_ref(float f) {
+  if (f != f) return 0x7fc0;
+  if (isinf(f)) return (uint16_t)(f32_bits(f) >> 16);
+  uint32_t b = f32_bits(f), lo = b & 0xffff0000u, hi = lo + 0x10000u;
+  double dlo = fabs((double)f32_of(lo) - (double)f), dhi;
+  if ((hi & 0x7f800000u) == 0x7f800000u && (lo & 0x7fffffffu) == 0x7f7f0000u) {
+    /* past the largest finite: the next value is Inf, halfway at 2^128 - 2^119 */
+    dhi = fabs(ldexp(1.0, 128) - fabs((double)f));
+    hi = (lo & 0x80000000u) | 0x7f800000u;
+  } else {
+    dhi = fabs((double)f32_of(hi) - (double)f);
+  }
+  if (dlo < dhi || (dlo == dhi && ((lo >> 16) & 1u) == 0)) return (uint16_t)(lo >> 16);
+  return (uint16_t)(hi >> 16);
+}
+
+static void conversions(void) {
+  rng r = rng_for(7, 7);
+  for (long i = 0; i < 20000000; i++) {
+    uint32_t b = (uint32_t)rng_next(&r);
+    if (i % 4 == 1) b = (b & 0xffff0000u) | 0x8000u;           /* bf16 ties */
+    if (i % 4 == 2) b = (b & 0xffffe000u) | 0x1000u;           /* fp16 ties */
+    if (i % 4 == 3) b = (b & 0x80ffffffu) | (0x33u + (uint32_t)rng_below(&r, 0x15)) << 23; /* fp16 subnormals */
+    float f = f32_of(b);
+    if (f != f) continue;
+    uint16_t h = f_to_fp16(f), w = fp16_ref(f);
+    CHECK(h == w, "f_to_fp16(%a) = 0x%04x, want 0x%04x", (double)f, h, w);
+    uint16_t g = f_to_bf16(f), v = bf16_ref(f);
+    CHECK(g == v, "f_to_bf16(%a) = 0x%04x, want 0x%04x", (double)f, g, v);
+  }
+  CHECK(f_to_fp16(65519.996f) == 0x7bff && f_to_fp16(65520.0f) == 0x7c00, "fp16 overflow");
+  CHECK(f_to_bf16(f32_of(0x7f7fffffu)) == 0x7f80, "bf16 overflow to Inf");
+  CHECK(f_to_fp16(f32_of(0x7fc00001u)) & 0x7c00 && f_to_bf16(f32_of(0xffc00001u)) & 0x7f80, "NaN");
+}
+
+/* Selections against a full sort by a comparator written from the rules:
+ * NaN above everything, -0 == +0 (float compares), ties to the lower column. */
+typedef struct item {
+  float v;
+  int col;
+} item;
+
+static int by_rules(const void *a, const void *b) {
+  const item *x = a, *y = b;
+  int xn = x->v != x->v, yn = y->v != y->v;
+  if (xn != yn) return xn ? -1 : 1;
+  if (!xn && x->v != y->v) return x->v > y->v ? -1 : 1;
+  return x->col - y->col;
+}
+
+static void selections(void) {
+  static const float pool[] = {1.0f, -1.0f, 0.0f, -0.0f, INFINITY, -INFINITY, NAN, 2.5f, 1e-40f};
+  rng r = rng_for(9, 9);
+  for (int trial = 0; trial < 3000; trial++) {
+    int n = (int)rng_range(&r, 1, 300), k = (int)rng_range(&r, 1, n < 64 ? n : 64);
+    float v[300];
+    item sorted[300];
+    for (int j = 0; j < n; j++) {
+      v[j] = rng_chance(&r, 0.5) ? pool[rng_below(&r, 9)] : (float)rng_range(&r, -5, 5);
+      if (v[j] != v[j] && rng_chance(&r, 0.5)) v[j] = f32_of(0xffc12345u);
+      sorted[j] = (item){v[j], j};
+    }
+    qsort(sorted, (size_t)n, sizeof *sorted, by_rules);
+    int64_t idx[64];
+    uint32_t val[64];
+    ref_topk(v, n, k, idx, val);
+    for (int q = 0; q < k; q++) {
+      int64_t want = sorted[q].col;
+      uint32_t wv = v[want] != v[want] ? 0x7fc00000u : f32_bits(v[want]);
+      CHECK(idx[q] == want && val[q] == wv, "trial %d [%d]: %lld, want %lld", trial, q,
+            (long long)idx[q], (long long)want);
+    }
+    /* the argmax is torch.argmax: the first NaN, else the first largest */
+    ref_topk(v, n, 1, idx, val);
+    int64_t first = 0;
+    for (int j = 1; j < n; j++) {
+      int nan_j = v[j] != v[j], nan_f = v[first] != v[first];
+      if (!nan_f && (nan_j || v[j] > v[first])) first = j;
+    }
+    CHECK(idx[0] == first, "argmax trial %d: %lld, want %lld", trial, (long long)idx[0],
+          (long long)first);
+  }
+  float row[3] = {1.0f, 2.0f, 3.0f};
+  CHECK(fabs(ref_lse(row, 3) - 3.40760596444438) < 1e-12, "lse");
+  CHECK(lse_close(3.4076061f, 3.40760596444438) && !lse_close(3.41f, 3.40760596444438), "close");
+  float inf_row[2] = {-INFINITY, -INFINITY};
+  CHECK(ref_lse(inf_row, 2) == -INFINITY, "lse of -Inf");
+}
+
+/* Drawn specs: the ones meant valid load, the others do not (diff_draw
+ * checks both); each rank is at most 16; compile a sample with NVRTC. */
+static void draws(int sample) {
+  int valid = 0, invalid = 0, topk = 0, epi = 0, compiled = 0;
+  for (uint64_t seed = 1; seed <= 4000; seed++) {
+    diff_case c;
+    char why[600];
+    int rc = diff_draw(seed, 1, NCCL_STANDIN, &c, why, sizeof why);
+    CHECK(rc == 0, "seed %llu: %s", (unsigned long long)seed, why);
+    if (rc) continue;
+    if (!c.valid) {
+      invalid++;
+      continue;
+    }
+    valid++;
+    topk += c.spec.topk > 0;
+    epi += c.layout.epilogue;
+    CHECK(c.spec.tp >= 1 && c.spec.tp <= 16, "tp %d", c.spec.tp);
+    CHECK((c.spec.max_tokens + c.extra_tokens) * c.layout.padded_vocab <= DIFF_ELEM_BUDGET &&
+              c.spec.max_tokens + c.extra_tokens <= DIFF_MAX_ROWS,
+          "seed %llu: over the budget", (unsigned long long)seed);
+    if (compiled < sample && seed % 97 == 0) {
+      char *src = NULL;
+      kl_err err;
+      kl_binary bin;
+      int ok = kl_render(&c.spec, &c.layout, NULL, &src, &err) == 0 &&
+               kl_nvrtc_compile(src, c.spec.name, "sm_90", &bin, &err) == 0;
+      CHECK(ok, "seed %llu: %s: %s", (unsigned long long)seed, c.lua, err.msg);
+      if (ok) kl_binary_free(&bin);
+      free(src);
+      compiled++;
+    }
+  }
+  printf("draws: %d valid (%d with topk, %d with an epilogue), %d invalid; %d compiled\n", valid,
+         topk, epi, invalid, compiled);
+  CHECK(invalid > 0 && invalid < valid / 10, "invalid specs: %d of %d", invalid, valid);
+  CHECK(topk > valid / 2 && epi > valid / 3, "coverage");
+}
+
+int main(int argc, char **argv) {
+  fp16_all();
+  conversions();
+  selections();
+  draws(argc > 1 ? atoi(argv[1]) : 12);
+  printf("test_diff_ref: %s\n", failures ? "FAILED" : "ok");
+  return failures ? 1 : 0;
+}
