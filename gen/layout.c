@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kl_abi.h"
 #include "klgen.h"
 
 #define DEFAULT_PAD 64 /* vLLM's DEFAULT_VOCAB_PADDING_SIZE */
@@ -111,7 +112,9 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
   l->sel_offset = l->total_bytes;
   l->sel_slot_bytes = s->max_tokens * l->rec_split * l->rec_chunks * CHUNK;
   l->sel_buffer_bytes = l->sel_slot_bytes * s->tp;
-  l->recv_bytes = l->total_bytes + 3 * l->sel_buffer_bytes;
+  /* the group's fault word (kl_abi.h) after the buffers, where peers can write it */
+  l->fault_offset = l->total_bytes + 3 * l->sel_buffer_bytes;
+  l->recv_bytes = l->fault_offset + KL_FAULT_BYTES;
   l->sel_max_ctas = kl_layout_select_slots(l, (int)s->max_tokens, 0, 0, s->topk > 0);
 }
 

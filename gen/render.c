@@ -137,6 +137,7 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_int(L, "REC_CHUNKS", l->rec_chunks);
   set_int(L, "SEL_OFFSET", l->sel_offset);
   set_int(L, "RECV_BYTES", l->recv_bytes);
+  set_int(L, "FAULT_OFFSET", l->fault_offset);
   set_int(L, "SEL_MAX_CTAS", l->sel_max_ctas);
   kl_entry_name(s, "argmax", buf, sizeof buf);
   set_str(L, "ARGMAX", buf);

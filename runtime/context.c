@@ -248,6 +248,8 @@ static void release(kl_ctx *c) {
     CUdeviceptr bufs[] = {c->scratch, c->stage_in, c->stage_out, c->sel_scratch};
     for (int i = 0; i < 4; i++)
       if (bufs[i]) c->cu->cuMemFree(bufs[i]);
+    for (int i = 0; i < c->nretired; i++) c->cu->cuMemFree(c->retired[i]);
+    free(c->retired);
     if (c->mod) c->cu->cuModuleUnload(c->mod);
     if (c->stream) c->cu->cuStreamDestroy(c->stream);
     if (c->order_event) c->cu->cuEventDestroy(c->order_event);
@@ -265,6 +267,8 @@ static kl_result alloc_scratch(kl_ctx *c) {
   CUresult r = c->cu->cuMemAlloc(&c->scratch, bytes);
   if (r == CUDA_SUCCESS) c->scratch_bytes = bytes;
   if (r == CUDA_SUCCESS) r = c->cu->cuMemAlloc(&c->sel_scratch, sel);
+  /* records leave padding words unwritten; NCCL copies them (kl_ensure) */
+  if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD32(c->sel_scratch, 0, sel / 4);
   if (r != CUDA_SUCCESS)
     return kl_rt_fail(KLRT_ENOMEM, "NCCL scratch (%zu + %zu bytes): %s", bytes, sel,
                       kl_cu_errstr(r));
@@ -409,6 +413,14 @@ kl_result kl_ctx_create_string(kl_ctx **ctx, const char *src, const char *name,
   return create_loaded(ctx, rc, &err, &l, name, cfg);
 }
 
+/* The kernel ABI (kl_abi.h's KL_ABI_VERSION) a rendered source was made
+ * with; 0 if it says none. */
+static int source_abi(const char *source) {
+  static const char key[] = "#define KL_ABI_VERSION ";
+  const char *p = strstr(source, key);
+  return p ? atoi(p + sizeof key - 1) : 0;
+}
+
 /* A header from klgen: the spec is re-validated and the layout re-derived, and
  * must match what the header was generated with (an older klgen, a hand edit). */
 kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
@@ -457,6 +469,13 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
                       "(threads a chunk %d/%d, argmax split %d/%d, top-k split %d/%d); "
                       "regenerate it", g->name, ct, l.chunk_threads, am, l.am_split, tk,
                       l.sel_split);
+  /* Its kernels were rendered from some klgen's kl_abi.h: this runtime
+   * launches them with its own. */
+  int abi = source_abi(g->source);
+  if (abi != KL_ABI_VERSION)
+    return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' carries kernels of kernel ABI %d, "
+                      "and this libklrt (%s) launches ABI %d: regenerate it with this klgen",
+                      g->name, abi, KLRT_VERSION, KL_ABI_VERSION);
   return create(ctx, &s, g->source, cfg);
 }
 
@@ -490,6 +509,8 @@ static kl_result step(kl_ctx *c, const step_call *k, kl_stream stream) {
   else if (k->kind == STEP_TOPK && !c->spec.topk)
     res = kl_rt_fail(KLRT_EINVAL, "kl_topk: spec '%s' has no topk field (add topk = K to it)",
                      c->spec.name);
+  else if (c->mirror && *c->mirror) /* a time-out in the group: nothing is enqueued again */
+    res = kl_fault_error(c, *c->mirror);
   else if (!(res = kl_ctx_enter(c, &pushed))) {
     int outside = 0; /* not capturing a graph */
     res = kl_order_streams(c, (CUstream)stream, &outside);
@@ -624,28 +645,32 @@ kl_result kl_ctx_stats(const kl_ctx *c, kl_stats *stats) {
   return write_out(stats, &mine, sizeof mine, "stats");
 }
 
+kl_result kl_fault_error(const kl_ctx *c, uint64_t f) {
+  return kl_rt_fail(KLRT_EDEVICE, "rank %d: the group is dead: rank %u's one-shot step %u timed "
+                    "out waiting for rank %u (after %lld ms), and every output since is poison "
+                    "(NaN, index -1); destroy the context", c->rank, KL_FAULT_RANK(f),
+                    KL_FAULT_STEP(f), KL_FAULT_PEER(f), (long long)(c->layout.timeout_ns / 1000000));
+}
+
 kl_result kl_ctx_status(kl_ctx *c) {
   if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_status: ctx is NULL");
   kl_result res = ctx_acquire(c, 0, "kl_ctx_status");
   if (res) return res;
   if (!c->state) return ctx_release(c), KLRT_OK; /* one-shot never ran here */
-  kl_state st;
+  /* The mirror, else the word itself: a peer may have set it while no
+   * kernel of this rank has run since. */
+  uint64_t f = *c->mirror;
   int pushed;
   CUresult r = CUDA_SUCCESS;
-  if (!(res = kl_ctx_enter(c, &pushed))) {
-    r = c->cu->cuMemcpyDtoHAsync(&st, c->state, sizeof st, c->stream);
+  if (!f && !(res = kl_ctx_enter(c, &pushed))) {
+    r = c->cu->cuMemcpyDtoHAsync(&f, c->recv + (size_t)c->layout.fault_offset, sizeof f, c->stream);
     if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
     kl_ctx_leave(c, pushed);
   }
   ctx_release(c);
   if (res) return res;
   if (r != CUDA_SUCCESS) return kl_rt_fail(KLRT_ECUDA, "reading the device state: %s", kl_cu_errstr(r));
-  if (st.error != 0)
-    return kl_rt_fail(KLRT_EDEVICE, "rank %d: one-shot step %u timed out waiting for rank %u "
-                      "(after %lld ms); the context must be destroyed", c->rank, st.err_step,
-                      st.err_peer,
-                      (long long)(c->layout.timeout_ns / 1000000));
-  return KLRT_OK;
+  return f ? kl_fault_error(c, f) : KLRT_OK;
 }
 
 #ifdef KL_TESTING
@@ -655,10 +680,10 @@ static kl_result move_slots(kl_ctx *c, CUdeviceptr dev, int n, uint32_t near, ui
   uint64_t *slots = calloc((size_t)n, sizeof *slots);
   if (!slots) return kl_rt_fail(KLRT_ENOMEM, "out of memory");
   CUresult r = c->cu->cuMemcpyDtoH(slots, dev, (size_t)n * 8);
-  uint32_t to = 0;
+  uint32_t to = 0, first = (uint32_t)slots[0];
   for (int i = 0; i < n && r == CUDA_SUCCESS; i++) {
-    uint32_t step = (uint32_t)slots[i], first = (uint32_t)slots[0];
-    if (i > 0 && step != first) {
+    uint32_t step = (uint32_t)slots[i];
+    if (step != first) {
       free(slots);
       return kl_rt_fail(KLRT_ESTATE, "step slots disagree (%u, %u)", first, step);
     }

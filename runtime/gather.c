@@ -27,11 +27,14 @@ int kl_capturing(const kl_ctx *c, CUstream s) {
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/* A buffer of at least `need` bytes, allocated for `size` (>= need) so that
- * it grows at most once per size class: cuMemFree waits for the whole device,
- * and with several ranks on one GPU that wait is on peers spinning for this
- * rank. Never while the stream is being captured (an allocation there would
- * not be replayed, and may be illegal). */
+/* A buffer of at least `need` bytes, allocated for `size` (>= need, and at
+ * least twice the old one, so it grows a few times at most). Never while
+ * the stream is being captured (an allocation there would not be replayed).
+ * The old buffer is kept until destroy, not freed: a captured graph may
+ * still point into it, and cuMemFree waits for the whole device, which with
+ * several ranks on one GPU is a wait on peers spinning for this rank. New
+ * memory is zeroed (on s), so no kernel or copy ever reads bytes nobody
+ * wrote (the select records' padding crosses the NCCL path). */
 kl_result kl_ensure(kl_ctx *c, CUdeviceptr *buf, size_t *cap, size_t need, size_t size,
                         CUstream s, const char *what) {
   if (need <= *cap) return KLRT_OK;
@@ -39,9 +42,16 @@ kl_result kl_ensure(kl_ctx *c, CUdeviceptr *buf, size_t *cap, size_t need, size_
     return kl_rt_fail(KLRT_EINVAL, "%s: %zu bytes needed while capturing a CUDA graph; run one "
                       "step of this size before capture so the buffer exists", what, need);
   if (size < need) size = need;
-  if (*buf) c->cu->cuMemFree(*buf);
+  if (size < 2 * *cap) size = 2 * *cap;
+  if (*buf) {
+    CUdeviceptr *r = realloc(c->retired, (size_t)(c->nretired + 1) * sizeof *r);
+    if (!r) return kl_rt_fail(KLRT_ENOMEM, "%s: out of memory", what);
+    c->retired = r;
+    c->retired[c->nretired++] = *buf;
+  }
   *buf = 0, *cap = 0;
   CUresult r = c->cu->cuMemAlloc(buf, size);
+  if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD8Async(*buf, 0, size, s);
   if (r != CUDA_SUCCESS)
     return kl_rt_fail(KLRT_ENOMEM, "%s: cuMemAlloc(%zu): %s", what, size, kl_cu_errstr(r));
   *cap = size;
@@ -96,8 +106,8 @@ CUresult kl_launch_oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int token
                            CUstream s) {
   /* Only the args change from launch to launch (the peers are set at mapping);
    * the launch copies the parameter, and one thread at a time calls a context. */
-  c->prm.a = (kl_oneshot_args){(const void *)in, (void *)out, (kl_state *)c->state, tokens,
-                               c->rank, c->nslots, 0};
+  c->prm.a = (kl_oneshot_args){(const void *)in, (void *)out, (kl_state *)c->state,
+                               kl_fault_word(c), tokens, c->rank, c->nslots, 0};
   void *args[] = {&c->prm};
   /* PDL: this launch may begin while the previous kernel (the LM head, or
    * the last step's gather) drains; the kernel waits for it before reading. */

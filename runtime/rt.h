@@ -112,6 +112,9 @@ struct kl_ctx {
   int pdl;     /* launch with programmatic dependent launch (sm_90+) */
   int nslots;  /* the largest grid launched: the kernel's step slots in use */
   CUdeviceptr recv, state;
+  /* The group's fault word as the kernels copy it to the host (pinned; the
+   * device writes it): a call reads it before it enqueues anything. */
+  volatile uint64_t *mirror;
   /* The one-shot kernel's parameter (kl_abi.h): peers are filled at mapping,
    * each launch writes only the args; the kernel reads as many bytes as its
    * parameter has (peers[tp]). */
@@ -136,6 +139,8 @@ struct kl_ctx {
   /* scratch: NCCL gather target and staging copies; grown outside capture */
   CUdeviceptr scratch, stage_in, stage_out;
   size_t scratch_bytes, stage_in_bytes, stage_out_bytes;
+  CUdeviceptr *retired; /* buffers grown out of, freed at destroy (kl_ensure) */
+  int nretired;
   /* the select kernels' NCCL path: this rank's records, then every rank's */
   CUdeviceptr sel_scratch;
   size_t sel_scratch_bytes;
@@ -151,6 +156,10 @@ struct kl_ctx {
 };
 
 /* ---- transport.c ---- */
+/* This rank's copy of the group's fault word (kl_abi.h), in its receive memory. */
+static inline unsigned long long *kl_fault_word(const kl_ctx *c) {
+  return (unsigned long long *)(c->recv + (CUdeviceptr)c->layout.fault_offset);
+}
 /* What ranks exchange at creation (two rounds): records from other
  * processes, so every field is checked and every string bounded on arrival. */
 #define KL_INFO_MAGIC 0x4b4c5254u /* "KLRT" */
@@ -200,7 +209,8 @@ kl_result kl_order_mark(kl_ctx *c, CUstream s);
 
 /* Shared by the dispatchers. */
 int kl_capturing(const kl_ctx *c, CUstream s);
-/* *buf grown to `need` bytes (allocated as `size`), never while capturing. */
+/* *buf grown to `need` bytes (allocated as `size`, zeroed), never while
+ * capturing; the old buffer is kept until destroy. */
 kl_result kl_ensure(kl_ctx *c, CUdeviceptr *buf, size_t *cap, size_t need, size_t size,
                     CUstream s, const char *what);
 int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn);
@@ -220,6 +230,8 @@ kl_result kl_select_impl(kl_ctx *c, int topk, const void *in, int64_t *index, fl
                          float *lse, int tokens, CUstream s);
 
 /* ---- context.c ---- */
+/* KLRT_EDEVICE naming the rank, peer and step of a fault word (kl_abi.h). */
+kl_result kl_fault_error(const kl_ctx *c, uint64_t fault);
 /* KLRT_EUNAVAILABLE, naming the minimum, for a GPU the kernels cannot run on. */
 kl_result kl_require_arch(int device, int major, int minor);
 /* Makes c's CUDA context current if it is not; *pushed says to pop it. */

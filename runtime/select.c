@@ -44,6 +44,7 @@ unsigned long long *kl_select_slots(const kl_ctx *c) {
 static kl_result oneshot(kl_ctx *c, CUfunction f, kl_select_args *a, CUstream s) {
   a->mode = KL_SELECT_ONESHOT;
   a->state = (kl_state *)c->state;
+  a->fault = kl_fault_word(c);
   a->slots = kl_select_slots(c);
   a->nslots = c->sel_nslots;
   int topk = f == c->topk;
@@ -133,8 +134,8 @@ kl_result kl_select_impl(kl_ctx *c, int topk, const void *in, int64_t *index, fl
       (res = input(c, (CUdeviceptr)in, k, index, value, lse, tokens, s, &kin)))
     return res;
   CUfunction f = topk ? c->topk : c->argmax;
-  kl_select_args a = {(const void *)kin, (long long *)index, value, lse, NULL, NULL, NULL, tokens,
-                      c->rank, 0, 0};
+  kl_select_args a = {(const void *)kin, (long long *)index, value, lse, NULL, NULL, NULL, NULL,
+                      tokens, c->rank, 0, 0};
   kl_decline why = KL_DECLINE_COUNT;
   /* records are a few bytes a row: never over the size limit (bytes 0) */
   if (kl_path_for(c, tokens, 0, &why) == PATH_ONESHOT) {

@@ -55,7 +55,8 @@ static uint64_t process_nonce(void) {
   return nonce;
 }
 
-/* Receive buffers filled with the sentinel, and a zeroed state block. */
+/* Receive buffers filled with the sentinel but for the group's fault word (0),
+ * a zeroed state block, and the fault word's host mirror (kl_abi.h). */
 static int alloc_buffers(kl_ctx *c, char *why) {
   const kl_cu *cu = c->cu;
   CUresult r;
@@ -65,9 +66,19 @@ static int alloc_buffers(kl_ctx *c, char *why) {
   header.timeout_ns = (unsigned long long)c->layout.timeout_ns;
   size_t state_bytes = sizeof header + 8 * ((size_t)c->layout.max_ctas + (size_t)c->layout.sel_max_ctas);
   size_t recv_bytes = (size_t)c->layout.recv_bytes;
-  if ((r = cu->cuMemAlloc(&c->recv, recv_bytes)) != CUDA_SUCCESS ||
+  void *mirror = NULL;
+  if ((r = cu->cuMemAllocHost(&mirror, sizeof(uint64_t))) == CUDA_SUCCESS) {
+    /* pinned memory is mapped at the same address on the device (UVA) */
+    c->mirror = mirror;
+    *c->mirror = 0;
+    header.mirror = (unsigned long long *)mirror;
+  }
+  if (r != CUDA_SUCCESS ||
+      (r = cu->cuMemAlloc(&c->recv, recv_bytes)) != CUDA_SUCCESS ||
       (r = cu->cuMemAlloc(&c->state, state_bytes)) != CUDA_SUCCESS ||
       (r = cu->cuMemsetD32(c->recv, c->layout.sentinel32, recv_bytes / 4)) != CUDA_SUCCESS ||
+      (r = cu->cuMemsetD32(c->recv + (size_t)c->layout.fault_offset, 0, KL_FAULT_BYTES / 4)) !=
+          CUDA_SUCCESS ||
       (r = cu->cuMemsetD32(c->state, 0, state_bytes / 4)) != CUDA_SUCCESS ||
       (r = cu->cuMemcpyHtoD(c->state, &header, sizeof header)) != CUDA_SUCCESS ||
       (r = cu->cuCtxSynchronize()) != CUDA_SUCCESS) {
@@ -234,7 +245,9 @@ static void unmap_all(kl_ctx *c) {
 static void free_buffers(kl_ctx *c) {
   if (c->recv) c->cu->cuMemFree(c->recv);
   if (c->state) c->cu->cuMemFree(c->state);
+  if (c->mirror) c->cu->cuMemFreeHost((void *)c->mirror);
   c->recv = c->state = 0;
+  c->mirror = NULL;
 }
 
 /* One launch of each kernel with no work, here, where a slow first launch
@@ -252,6 +265,7 @@ static int warm_up(kl_ctx *c, char *why) {
    * once, on every rank alike. */
   kl_select_args sel = {0};
   sel.state = (kl_state *)c->state;
+  sel.fault = kl_fault_word(c);
   sel.slots = kl_select_slots(c);
   sel.rank = c->rank;
   sel.nslots = c->sel_nslots;

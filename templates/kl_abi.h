@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 2
+#define KL_ABI_VERSION 3
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -20,14 +20,32 @@
  * ({steps done, tokens of the last step}). The kernel advances it, so a
  * captured CUDA graph replays with no host involvement. */
 typedef struct kl_state {
-  unsigned int error;            /* 0, or KL_DEV_ETIMEOUT: a peer never arrived */
-  unsigned int err_peer;         /* the rank whose data did not arrive */
-  unsigned int err_step;         /* the step it happened in */
-  unsigned int reserved0;
   unsigned long long timeout_ns; /* poll limit, set by the host */
-  unsigned long long reserved[5];
+  /* Host memory (pinned, mapped): the kernels copy the group's fault word
+   * (below) here, so the host reads it with a load, never a device sync. */
+  unsigned long long *mirror;
+  unsigned long long reserved[6];
 } kl_state;
-#define KL_DEV_ETIMEOUT 1u
+
+/* Step counters wrap here, a multiple of 3, so the three rotating buffers
+ * keep their roles across the wrap (at 2^32, which 3 does not divide, two
+ * steps in a row would use one buffer). */
+#define KL_STEP_WRAP 3221225472u /* 3 << 30 */
+
+/* The group's fault word: in every rank's receive memory, after its buffers
+ * (KL_FAULT_BYTES at the layout's fault_offset), where its peers can write
+ * it. 0 while the group is healthy; the first rank whose poll times out
+ * writes KL_FAULT(step, itself, the rank it waited for) into its own copy
+ * and every peer's. From then on every kernel of the group finds it set when
+ * it starts and writes only poison into its outputs (NaN logits, index -1,
+ * NaN values and lse), and the host's next call returns KLRT_EDEVICE. */
+#define KL_FAULT_BYTES 64
+#define KL_FAULT(step, rank, peer)                                                      \
+  (1ull << 63 | (unsigned long long)(step) << 16 | (unsigned long long)(rank) << 8 |   \
+   (unsigned long long)(peer))
+#define KL_FAULT_STEP(f) ((unsigned)((f) >> 16))
+#define KL_FAULT_RANK(f) ((unsigned)((f) >> 8) & 0xffu)
+#define KL_FAULT_PEER(f) ((unsigned)(f) & 0xffu)
 
 /* The one-shot kernel's parameter: these fields, then peers[TP], the receive
  * buffers of every rank (this rank's own at peers[rank]), passed by value. */
@@ -35,6 +53,7 @@ typedef struct kl_oneshot_args {
   const void *in;  /* this rank's [tokens, SHARD] */
   void *out;       /* [tokens, VOCAB] */
   kl_state *state; /* this rank's state block */
+  unsigned long long *fault; /* this rank's copy of the group's fault word */
   int tokens;      /* rows this step; 0 moves nothing (a warm-up) */
   int rank;
   int nslots;      /* the largest grid ever launched with this state */
@@ -61,6 +80,7 @@ typedef struct kl_select_args {
   float *value;              /* [tokens, K], or NULL */
   float *lse;                /* [tokens] (topk only), or NULL */
   kl_state *state;           /* this rank's state block */
+  unsigned long long *fault; /* this rank's copy of the group's fault word */
   unsigned long long *slots; /* the select kernels' step slots (after the one-shot's) */
   void *rec;                 /* modes 1 and 2 */
   int tokens, rank, nslots, mode;
@@ -71,8 +91,8 @@ typedef struct kl_select_args {
 
 KL_ABI_ASSERT(sizeof(kl_state) == 64, "kl_state is 64 bytes: the step slots follow it");
 KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit ABI");
-KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 40, "peers[] follow kl_oneshot_args at byte 40");
+KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
-KL_ABI_ASSERT(sizeof(kl_select_args) == 72, "peers[] follow kl_select_args at byte 72");
+KL_ABI_ASSERT(sizeof(kl_select_args) == 80, "peers[] follow kl_select_args at byte 80");
 
 #endif

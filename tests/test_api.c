@@ -112,6 +112,12 @@ static void generated(void) {
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "not divisible by tp 3");
   g.tp = 8, g.name = "bad-name";
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "not a C identifier");
+  /* kernels rendered for another kernel ABI (kl_abi.h) than the runtime's */
+  g.name = "kimi_k3_tp8";
+  EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "kernel ABI 0");
+  const char *old = "#define KL_ABI_VERSION 2\nextern \"C\" __global__ void k() {}";
+  g.source = old, g.source_len = strlen(old);
+  EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "kernel ABI 2");
   kl_group_destroy(grp);
 }
 

@@ -44,10 +44,19 @@ typedef struct diff_case {
 #define DIFF_ELEM_BUDGET (2 << 20)
 #define DIFF_MAX_ROWS 160
 
-/* Draws case `seed` for ranks on `devices` GPUs (1: tp up to 16; 2: tp 1 or 2
- * on two GPUs). Deterministic. 0, or -1 with why (the loader refused a spec
- * the draw meant to be valid: a finding of its own). */
-int diff_draw(uint64_t seed, int devices, nccl_mode nccl, diff_case *c, char *why, size_t n);
+/* What every case of a run shares: ranks on `devices` GPUs (1: tp up to
+ * max_tp, at most 16; 2: tp 1 or 2 on two GPUs), the NCCL the ranks have,
+ * the specs' poll limit. */
+typedef struct diff_knobs {
+  int devices;
+  nccl_mode nccl;
+  int max_tp;
+  int timeout_ms;
+} diff_knobs;
+
+/* Draws case `seed`. Deterministic. 0, or -1 with why (the loader refused a
+ * spec the draw meant to be valid: a finding of its own). */
+int diff_draw(uint64_t seed, const diff_knobs *k, diff_case *c, char *why, size_t n);
 /* The chunk name the runtime gives a spec string (kl_ctx_create_string). */
 #define DIFF_CHUNK "<spec string>"
 

@@ -44,9 +44,9 @@ typedef struct options {
   uint64_t seed;
   long cases;
   double minutes;
-  nccl_mode nccl;
   const char *lib;
   int verbose;
+  diff_knobs k;
 } options;
 
 static double now_s(void) {
@@ -57,27 +57,31 @@ static double now_s(void) {
 
 static int usage(void) {
   fprintf(stderr, "usage: gpu_diff [--seed N] [--cases M] [--minutes T] "
-                  "[--nccl standin:LIB | real | none] [-v]\n");
+                  "[--nccl standin:LIB | real | none] [--max-tp N] [--timeout-ms MS] [-v]\n");
   return 2;
 }
 
 static int parse(int argc, char **argv, options *o) {
-  *o = (options){1, 100, 0, NCCL_NONE, NULL, 0};
+  *o = (options){1, 100, 0, NULL, 0, {1, NCCL_NONE, 16, 4000}};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "-v")) o->verbose = 1;
     else if (!strcmp(a, "--seed") && v) o->seed = strtoull(v, NULL, 0), i++;
     else if (!strcmp(a, "--cases") && v) o->cases = atol(v), i++;
     else if (!strcmp(a, "--minutes") && v) o->minutes = atof(v), i++;
+    else if (!strcmp(a, "--max-tp") && v) o->k.max_tp = atoi(v), i++;
+    else if (!strcmp(a, "--timeout-ms") && v) o->k.timeout_ms = atoi(v), i++;
     else if (!strcmp(a, "--nccl") && v) {
       i++;
-      if (!strncmp(v, "standin:", 8)) o->nccl = NCCL_STANDIN, o->lib = v + 8;
-      else if (!strcmp(v, "real")) o->nccl = NCCL_REAL, o->lib = "libnccl.so.2";
-      else if (!strcmp(v, "none")) o->nccl = NCCL_NONE;
+      if (!strncmp(v, "standin:", 8)) o->k.nccl = NCCL_STANDIN, o->lib = v + 8;
+      else if (!strcmp(v, "real")) o->k.nccl = NCCL_REAL, o->lib = "libnccl.so.2";
+      else if (!strcmp(v, "none")) o->k.nccl = NCCL_NONE;
       else return usage();
     } else return usage();
   }
-  return o->cases > 0 ? 0 : usage();
+  if (o->k.nccl == NCCL_REAL) o->k.devices = 2;
+  int ok = o->cases > 0 && o->k.max_tp >= 1 && o->k.timeout_ms >= 1 && o->k.timeout_ms <= 600000;
+  return ok ? 0 : usage();
 }
 
 /* ---- the architecture, asked in a child so workers can fork before CUDA ---- */
@@ -122,12 +126,12 @@ typedef struct workers {
   int fd[WORKERS_MAX];
 } workers;
 
-static void compile_case(const options *o, long i, int devices, const char *arch, const char *dir,
+static void compile_case(const options *o, long i, const char *arch, const char *dir,
                          compiled *out) {
   diff_case c;
   char why[600];
   out->index = (int32_t)i, out->ok = 1, out->msg[0] = 0;
-  if (diff_draw(o->seed + (uint64_t)i, devices, o->nccl, &c, why, sizeof why) != 0 || !c.valid)
+  if (diff_draw(o->seed + (uint64_t)i, &o->k, &c, why, sizeof why) != 0 || !c.valid)
     return; /* the case reports it */
   char *src = NULL;
   kl_err err = {{0}};
@@ -143,8 +147,7 @@ static void compile_case(const options *o, long i, int devices, const char *arch
   free(src);
 }
 
-static void start_workers(workers *w, const options *o, int devices, const char *arch,
-                          const char *dir) {
+static void start_workers(workers *w, const options *o, const char *arch, const char *dir) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   w->n = (int)(cpus > 4 ? cpus - 3 : 1);
   if (w->n > WORKERS_MAX) w->n = WORKERS_MAX;
@@ -157,7 +160,7 @@ static void start_workers(workers *w, const options *o, int devices, const char 
       close(fd[0]);
       for (long i = k; i < o->cases; i += w->n) {
         compiled c;
-        compile_case(o, i, devices, arch, dir, &c);
+        compile_case(o, i, arch, dir, &c);
         if (write(fd[1], &c, sizeof c) != (ssize_t)sizeof c) _exit(1);
       }
       _exit(0);
@@ -318,8 +321,8 @@ static ncclResult_t real_init(ncclComm_t *comms, int n, const int *devs) {
 static void real_destroy(ncclComm_t c) { (void)c; }
 
 static int load_nccl(diff_env *env, const options *o) {
-  env->nccl = o->nccl;
-  if (o->nccl == NCCL_NONE) return 0;
+  env->nccl = o->k.nccl;
+  if (o->k.nccl == NCCL_NONE) return 0;
   void *lib = dlopen(o->lib, RTLD_NOW | RTLD_GLOBAL);
   if (!lib) {
     fprintf(stderr, "gpu_diff: cannot load %s: %s\n", o->lib, dlerror());
@@ -330,9 +333,10 @@ static int load_nccl(diff_env *env, const options *o) {
   if (!lib_init_all || !lib_destroy) return -1;
   /* libklrt loads the same library: by path for the stand-in (it has another
    * soname), by soname for NCCL (already in the process) */
-  if (o->nccl == NCCL_STANDIN) setenv("KLGEN_NCCL_LIBRARY", o->lib, 1);
-  env->comm_init_all = o->nccl == NCCL_STANDIN ? standin_init : real_init;
-  env->comm_destroy = o->nccl == NCCL_STANDIN ? standin_destroy : real_destroy;
+  int standin = o->k.nccl == NCCL_STANDIN;
+  if (standin) setenv("KLGEN_NCCL_LIBRARY", o->lib, 1);
+  env->comm_init_all = standin ? standin_init : real_init;
+  env->comm_destroy = standin ? standin_destroy : real_destroy;
   return 0;
 }
 
@@ -373,7 +377,7 @@ int main(int argc, char **argv) {
   }
   diff_env env;
   memset(&env, 0, sizeof env);
-  env.devices = o.nccl == NCCL_REAL ? 2 : 1;
+  env.devices = o.k.devices;
   if (env.devices > devices) {
     printf("SKIP: --nccl real needs 2 GPUs, found %d\n", devices);
     return 77;
@@ -382,7 +386,7 @@ int main(int argc, char **argv) {
   if (!mkdtemp(dir)) return 1;
   env.cache_dir = dir;
   workers w;
-  start_workers(&w, &o, env.devices, arch, dir); /* before CUDA starts here */
+  start_workers(&w, &o, arch, dir); /* before CUDA starts here */
   const char *why = NULL;
   env.cu = kl_cu_get(&why);
   if (!env.cu || load_nccl(&env, &o)) {
@@ -394,7 +398,7 @@ int main(int argc, char **argv) {
   pthread_t wd;
   pthread_create(&wd, NULL, watchdog, NULL);
   printf("gpu_diff: %s, %d GPU(s), NCCL %s, seeds from %llu, %ld cases, %d compile workers\n", arch,
-         env.devices, o.nccl == NCCL_NONE ? "none" : o.lib, (unsigned long long)o.seed, o.cases,
+         env.devices, o.k.nccl == NCCL_NONE ? "none" : o.lib, (unsigned long long)o.seed, o.cases,
          w.n);
   double t0 = now_s();
   long failed = 0, run = 0;
@@ -405,7 +409,7 @@ int main(int argc, char **argv) {
     uint64_t seed = o.seed + (uint64_t)i;
     current_seed = seed;
     run++;
-    int drawn = diff_draw(seed, env.devices, o.nccl, &c, msg, sizeof msg);
+    int drawn = diff_draw(seed, &o.k, &c, msg, sizeof msg);
     snprintf(current_lua, sizeof current_lua, "%s", c.lua);
     if (drawn != 0 || wait_compiled(&w, i, msg, sizeof msg) != 0) {
       printf("FAIL case seed %llu: %s\n  %s\n", (unsigned long long)seed, c.lua, msg);
@@ -417,9 +421,10 @@ int main(int argc, char **argv) {
     deadline = 0;
     if (env.case_failures) {
       failed++;
-      printf("  replay: gpu_diff --seed %llu --cases 1 --nccl %s%s\n", (unsigned long long)seed,
-             o.nccl == NCCL_STANDIN ? "standin:" : "", o.nccl == NCCL_STANDIN ? o.lib
-                                                       : o.nccl == NCCL_REAL ? "real" : "none");
+      printf("  replay: gpu_diff --seed %llu --cases 1 --nccl %s%s --max-tp %d --timeout-ms %d\n",
+             (unsigned long long)seed, o.k.nccl == NCCL_STANDIN ? "standin:" : "",
+             o.k.nccl == NCCL_STANDIN ? o.lib : o.k.nccl == NCCL_REAL ? "real" : "none",
+             o.k.max_tp, o.k.timeout_ms);
     } else if (o.verbose) {
       printf("ok %llu: %s\n", (unsigned long long)seed, c.lua);
     }

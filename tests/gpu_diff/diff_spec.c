@@ -6,7 +6,6 @@
 
 #include "diff.h"
 
-#define TIMEOUT_MS 4000
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -90,20 +89,21 @@ static int draw_topk(rng *r, int64_t vocab) {
   return k > vocab ? (int)vocab : k;
 }
 
-int diff_draw(uint64_t seed, int devices, nccl_mode nccl, diff_case *c, char *why, size_t n) {
+int diff_draw(uint64_t seed, const diff_knobs *k, diff_case *c, char *why, size_t n) {
   static const int tps[] = {1, 2, 3, 4, 6, 8, 16}, tpw[] = {2, 5, 2, 4, 2, 4, 2};
   static const char *const dtypes[] = {"bf16", "fp16", "fp32"};
   memset(c, 0, sizeof *c);
   c->seed = seed;
   rng r = rng_for(seed, 1);
-  int tp = devices == 2 ? (rng_chance(&r, 0.85) ? 2 : 1) : pick(&r, tps, tpw, 7);
+  int tp = k->devices == 2 ? (rng_chance(&r, 0.85) ? 2 : 1) : pick(&r, tps, tpw, 7);
+  while (tp > k->max_tp) tp = tps[rng_below(&r, 7)];
   int64_t vocab = draw_vocab(&r);
   const char *dtype = dtypes[rng_below(&r, 3)];
   c->valid = 1;
   snprintf(c->lua, sizeof c->lua, "return { name = \"diff_%016llx\", vocab_size = %lld, tp = %d, "
            "dtype = \"%s\"", (unsigned long long)seed, (long long)vocab, tp, dtype);
   int64_t padded = draw_padding(&r, vocab, tp, c->lua, &c->valid);
-  c->has_nccl = tp > 1 && nccl != NCCL_NONE;
+  c->has_nccl = tp > 1 && k->nccl != NCCL_NONE;
   /* max_tokens: as large as the element budget leaves, steps past it too */
   int64_t room = DIFF_ELEM_BUDGET / padded;
   int64_t most = room < 1 ? 1 : room > 96 ? 96 : room;
@@ -115,7 +115,7 @@ int diff_draw(uint64_t seed, int devices, nccl_mode nccl, diff_case *c, char *wh
     if (c->extra_tokens < 0) c->extra_tokens = 0;
   }
   field(c->lua, "max_tokens", "%lld", (long long)max_tokens);
-  field(c->lua, "timeout_ms", "%d", TIMEOUT_MS);
+  field(c->lua, "timeout_ms", "%d", k->timeout_ms);
   draw_epilogue(&r, dtype, c->lua);
   if (rng_chance(&r, 0.7)) field(c->lua, "topk", "%d", draw_topk(&r, vocab));
   size_t len = strlen(c->lua);

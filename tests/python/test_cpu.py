@@ -22,8 +22,9 @@ def test_spec_info_from_a_file():
     assert info == klgen.SpecInfo("kimi_k3_tp8", 163840, 163840, 20480, 8, "bf16", 64,
                                   info.buffer_bytes, "bf16")
     # three rotating buffers of tp x max_tokens rows, for the logits and for
-    # argmax's candidate records (10 CTAs a row, one 16-byte record each)
-    assert info.buffer_bytes == 3 * 8 * 64 * (20480 * 2 + 10 * 16)
+    # argmax's candidate records (10 CTAs a row, one 16-byte record each), then
+    # the group's 64-byte fault word
+    assert info.buffer_bytes == 3 * 8 * 64 * (20480 * 2 + 10 * 16) + 64
 
 
 def test_spec_info_from_source_and_by_name():

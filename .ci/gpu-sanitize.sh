@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# compute-sanitizer's four tools (memcheck, racecheck, synccheck, initcheck)
+# over the GPU tests with few steps, on a machine with a GPU, from a build/
+# made elsewhere: every kernel klgen generates, the tests' own and the NCCL
+# stand-in's must report 0 errors.
+#   bash .ci/gpu-sanitize.sh [cases]     (random specs of gpu_diff per tool; default 6)
+# Ranks share the GPU and wait on each other, so the poll limits are raised:
+# under a tool a kernel runs 10-100 times slower.
+set -uo pipefail
+source "$(dirname "$0")/gpu-env.sh"
+cases=${1:-6}
+san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+[ -n "$san" ] || { echo "gpu-sanitize: no compute-sanitizer"; exit 1; }
+t="$root/build/tests"
+export CUDA_DEVICE_MAX_CONNECTIONS=32 KLGEN_CACHE_DIR="$root/build/test-cache"
+failed=0
+run() { # tool, then the command
+  local tool=$1 out
+  shift
+  out=$("$san" --tool "$tool" --error-exitcode 86 --print-limit 20 "$@" 2>&1)
+  local rc=$?
+  printf '%s\n' "$out" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_diff: [0-9]+ passed|gpu_fault:|FAIL" | sed "s|^|$tool $(basename "$1"): |"
+  if [ $rc -ne 0 ]; then
+    failed=$((failed + 1))
+    printf '%s\n' "$out" | grep -B2 -A12 "========= [A-Z]" | head -60
+  fi
+}
+for tool in memcheck racecheck synccheck initcheck; do
+  run "$tool" "$t/gpu_diff" --seed 7000 --cases "$cases" --timeout-ms 60000 \
+    --nccl "standin:$t/libkl_nccl_standin.so"
+  run "$tool" "$t/gpu_fault" 5000
+done
+echo "gpu-sanitize: $((8 - failed)) passed, $failed failed"
+[ $failed -eq 0 ]

@@ -1,0 +1,228 @@
+/* GPU test: a fault never looks like success. Two ranks as threads on one GPU
+ * (CUDA_DEVICE_MAX_CONNECTIONS=32), a spec with timeout_ms = 200 (or argv[1]), and rank 1
+ * skipping one call, for each of kl_gather, kl_argmax and kl_topk:
+ *
+ *   - rank 0's call times out; it and the call rank 0 makes right after it
+ *     (before the host can know) return KLRT_OK, and both write poison (NaN
+ *     logits, index -1, NaN values and lse), not stale outputs;
+ *   - rank 0's next call returns KLRT_EDEVICE naming the ranks and the step,
+ *     as does kl_ctx_status, without waiting for the device;
+ *   - rank 1, whose kernels learn of it from the fault word rank 0 wrote into
+ *     its memory, writes poison in its next call and fails the call after;
+ *   - a CUDA graph captured before the fault replays into poison;
+ *   - nothing hangs, and destroy works.
+ * Exit 77 without a GPU. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_util.h"
+#include "klrt/klrt.h"
+
+#define VOCAB 4096
+#define TOKENS 2
+#define K 8
+#define SHARD (VOCAB / 2)
+
+enum { GATHER, ARGMAX, TOPK };
+static const char *const names[] = {"kl_gather", "kl_argmax", "kl_topk"};
+
+typedef struct shared {
+  const kl_cu *cu;
+  int timeout_ms;
+  CUcontext cuctx;
+  kl_group *group;
+  pthread_barrier_t bar;
+  int op;
+  int failures;
+  pthread_mutex_t m;
+} shared;
+
+typedef struct rank_arg {
+  shared *sh;
+  int rank;
+} rank_arg;
+
+__attribute__((format(printf, 3, 4))) static void failf(shared *sh, int rank, const char *fmt, ...) {
+  pthread_mutex_lock(&sh->m);
+  sh->failures++;
+  printf("FAIL rank %d, %s: ", rank, names[sh->op]);
+  va_list ap;
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  printf("\n");
+  pthread_mutex_unlock(&sh->m);
+}
+
+/* A rank's input and two sets of outputs (a call's, and the next call's). */
+typedef struct outs {
+  CUdeviceptr out, index, value, lse;
+} outs;
+typedef struct bufs {
+  CUdeviceptr shard;
+  outs o[2];
+  CUstream s;
+} bufs;
+
+static kl_result call(shared *sh, kl_ctx *c, const bufs *b, int set) {
+  const outs *o = &b->o[set];
+  switch (sh->op) {
+  case GATHER: return kl_gather(c, (void *)b->shard, (void *)o->out, TOKENS, b->s);
+  case ARGMAX:
+    return kl_argmax(c, (void *)b->shard, (int64_t *)o->index, (float *)o->value, TOKENS, b->s);
+  default:
+    return kl_topk(c, (void *)b->shard, (int64_t *)o->index, (float *)o->value, (float *)o->lse,
+                   TOKENS, b->s);
+  }
+}
+
+/* Outputs set to a canary (0x5a bytes), so a call that leaves them shows. */
+static void canary(shared *sh, const bufs *b, int set) {
+  const kl_cu *cu = sh->cu;
+  const outs *o = &b->o[set];
+  CU_CHECK(cu, cuMemsetD32Async(o->out, 0x5a5a5a5au, TOKENS * VOCAB / 2, b->s));
+  CU_CHECK(cu, cuMemsetD32Async(o->index, 0x5a5a5a5au, TOKENS * K * 2, b->s));
+  CU_CHECK(cu, cuMemsetD32Async(o->value, 0x5a5a5a5au, TOKENS * K, b->s));
+  CU_CHECK(cu, cuMemsetD32Async(o->lse, 0x5a5a5a5au, TOKENS, b->s));
+}
+
+/* 1: every output of the op in the set is poison; 0: every one is what the
+ * input (1.0 everywhere) gives. Waits for the stream. */
+static int outputs_are(shared *sh, const bufs *b, int set, int poison) {
+  const kl_cu *cu = sh->cu;
+  const outs *o = &b->o[set];
+  static _Thread_local uint16_t out[TOKENS * VOCAB];
+  int64_t index[TOKENS * K];
+  uint32_t value[TOKENS * K], lse[TOKENS];
+  CU_CHECK(cu, cuStreamSynchronize(b->s));
+  CU_CHECK(cu, cuMemcpyDtoH(out, o->out, sizeof out));
+  CU_CHECK(cu, cuMemcpyDtoH(index, o->index, sizeof index));
+  CU_CHECK(cu, cuMemcpyDtoH(value, o->value, sizeof value));
+  CU_CHECK(cu, cuMemcpyDtoH(lse, o->lse, sizeof lse));
+  int k = sh->op == TOPK ? K : 1, ok = 1;
+  if (sh->op == GATHER)
+    for (int i = 0; i < TOKENS * VOCAB; i++)
+      ok &= poison ? (out[i] & 0x7fffu) > 0x7f80u : out[i] == 0x3f80u;
+  else /* all equal: the lowest columns, in order */
+    for (int i = 0; i < TOKENS * k; i++)
+      ok &= poison ? index[i] == -1 && (value[i] & 0x7fffffffu) > 0x7f800000u
+                   : index[i] == i % k && value[i] == 0x3f800000u;
+  if (sh->op == TOPK)
+    for (int t = 0; t < TOKENS; t++)
+      ok &= poison ? (lse[t] & 0x7fffffffu) > 0x7f800000u : lse[t] != 0x5a5a5a5au;
+  return ok;
+}
+
+static void expect_rc(shared *sh, int rank, kl_result got, kl_result want, const char *when) {
+  if (got != want)
+    failf(sh, rank, "%s: got %s (%s), want %s", when, kl_result_name(got), kl_last_error(),
+          kl_result_name(want));
+  else if (want == KLRT_EDEVICE && !strstr(kl_last_error(), "waiting for rank 1"))
+    failf(sh, rank, "%s: the message does not name the ranks: %s", when, kl_last_error());
+}
+
+static void *rank_main(void *arg) {
+  rank_arg *ra = arg;
+  shared *sh = ra->sh;
+  const kl_cu *cu = sh->cu;
+  int rank = ra->rank;
+  CU_CHECK(cu, cuCtxSetCurrent(sh->cuctx));
+  bufs b;
+  CU_CHECK(cu, cuStreamCreate(&b.s, CU_STREAM_NON_BLOCKING));
+  CU_CHECK(cu, cuMemAlloc(&b.shard, TOKENS * SHARD * 2));
+  CU_CHECK(cu, cuMemsetD32(b.shard, 0x3f803f80u, TOKENS * SHARD / 2)); /* 1.0 everywhere */
+  for (int i = 0; i < 2; i++) {
+    CU_CHECK(cu, cuMemAlloc(&b.o[i].out, TOKENS * VOCAB * 2));
+    CU_CHECK(cu, cuMemAlloc(&b.o[i].index, TOKENS * K * 8));
+    CU_CHECK(cu, cuMemAlloc(&b.o[i].value, TOKENS * K * 4));
+    CU_CHECK(cu, cuMemAlloc(&b.o[i].lse, TOKENS * 4));
+  }
+  char src[256];
+  snprintf(src, sizeof src, "return { name = 'fault_test', vocab_size = %d, tp = 2, dtype = "
+           "'bf16', max_tokens = 4, timeout_ms = %d, topk = %d }", VOCAB, sh->timeout_ms, K);
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.rank = rank, cfg.nranks = 2, cfg.device = 0, cfg.group = sh->group;
+  kl_ctx *c = NULL;
+  if (kl_ctx_create_string(&c, src, NULL, &cfg) != KLRT_OK) {
+    failf(sh, rank, "create: %s", kl_last_error()); /* the peer's creation gives up too */
+    return NULL;
+  }
+  /* a good step, and the same step captured in a graph (replayed later) */
+  canary(sh, &b, 0);
+  expect_rc(sh, rank, call(sh, c, &b, 0), KLRT_OK, "a good step");
+  if (!outputs_are(sh, &b, 0, 0)) failf(sh, rank, "a good step's outputs are wrong");
+  pthread_barrier_wait(&sh->bar);
+  CUgraph g;
+  CUgraphExec ge;
+  CU_CHECK(cu, cuStreamBeginCapture(b.s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  expect_rc(sh, rank, call(sh, c, &b, 1), KLRT_OK, "capture");
+  CU_CHECK(cu, cuStreamEndCapture(b.s, &g));
+  pthread_barrier_wait(&sh->bar);
+  CU_CHECK(cu, cuGraphInstantiate(&ge, g, 0));
+  pthread_barrier_wait(&sh->bar);
+  if (rank == 0) {
+    /* rank 1 skips this call: it times out. The call right after it is made
+     * before the host can know (the first has its time limit to go): its kernel
+     * finds the fault when it starts. Both return KLRT_OK, and both must
+     * write poison. */
+    canary(sh, &b, 0);
+    canary(sh, &b, 1);
+    expect_rc(sh, rank, call(sh, c, &b, 0), KLRT_OK, "the call that times out");
+    expect_rc(sh, rank, call(sh, c, &b, 1), KLRT_OK, "the call before the host knows");
+    if (!outputs_are(sh, &b, 0, 1)) failf(sh, rank, "the timed-out step's outputs are not poison");
+    if (!outputs_are(sh, &b, 1, 1)) failf(sh, rank, "the next step's outputs are not poison");
+    expect_rc(sh, rank, call(sh, c, &b, 0), KLRT_EDEVICE, "the call after the host knows");
+    printf("rank 0, %s: %s\n", names[sh->op], kl_last_error());
+    expect_rc(sh, rank, kl_ctx_status(c), KLRT_EDEVICE, "kl_ctx_status");
+    canary(sh, &b, 1);
+    CU_CHECK(cu, cuGraphLaunch(ge, b.s));
+    if (!outputs_are(sh, &b, 1, 1)) failf(sh, rank, "a graph replayed after is not poison");
+  }
+  pthread_barrier_wait(&sh->bar); /* rank 0 has timed out */
+  if (rank == 1) {
+    /* the fault is in this rank's memory (rank 0 wrote it), not yet in its
+     * host's mirror: this call returns KLRT_OK and writes poison */
+    canary(sh, &b, 0);
+    expect_rc(sh, rank, call(sh, c, &b, 0), KLRT_OK, "the call after the peer's time-out");
+    if (!outputs_are(sh, &b, 0, 1)) failf(sh, rank, "its outputs are not poison");
+    expect_rc(sh, rank, call(sh, c, &b, 0), KLRT_EDEVICE, "the call after that");
+    printf("rank 1, %s: %s\n", names[sh->op], kl_last_error());
+  }
+  CU_CHECK(cu, cuGraphExecDestroy(ge));
+  CU_CHECK(cu, cuGraphDestroy(g));
+  pthread_barrier_wait(&sh->bar);
+  expect_rc(sh, rank, kl_ctx_destroy(c), KLRT_OK, "destroy");
+  cu->cuMemFree(b.shard);
+  for (int i = 0; i < 2; i++) {
+    cu->cuMemFree(b.o[i].out), cu->cuMemFree(b.o[i].index);
+    cu->cuMemFree(b.o[i].value), cu->cuMemFree(b.o[i].lse);
+  }
+  cu->cuStreamDestroy(b.s);
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  shared sh;
+  memset(&sh, 0, sizeof sh);
+  sh.timeout_ms = argc > 1 ? atoi(argv[1]) : 200; /* longer under compute-sanitizer */
+  sh.cu = gpu_require(1);
+  CUdevice dev;
+  CU_CHECK(sh.cu, cuDeviceGet(&dev, 0));
+  CU_CHECK(sh.cu, cuDevicePrimaryCtxRetain(&sh.cuctx, dev));
+  pthread_mutex_init(&sh.m, NULL);
+  for (sh.op = GATHER; sh.op <= TOPK; sh.op++) {
+    if (kl_group_create(&sh.group, 2) != KLRT_OK) return 1;
+    pthread_barrier_init(&sh.bar, NULL, 2);
+    pthread_t th[2];
+    rank_arg args[2] = {{&sh, 0}, {&sh, 1}};
+    for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, rank_main, &args[r]);
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&sh.bar);
+    kl_group_destroy(sh.group);
+  }
+  printf("gpu_fault: %d passed, %d failed\n", sh.failures ? 0 : 1, sh.failures ? 1 : 0);
+  return sh.failures ? 1 : 0;
+}
