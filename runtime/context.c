@@ -700,6 +700,9 @@ static kl_result move_slots(kl_ctx *c, CUdeviceptr dev, int n, uint32_t near, ui
 kl_result kl_testing_set_steps(kl_ctx *c, uint32_t near, uint32_t *gather_step,
                                uint32_t *select_step) {
   if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_testing_set_steps: ctx is NULL");
+  if (near >= KL_STEP_WRAP || near < 2)
+    return kl_rt_fail(KLRT_EINVAL, "kl_testing_set_steps: %u is not a step (2..%u)", near,
+                      KL_STEP_WRAP - 1);
   kl_result res = ctx_acquire(c, 0, "kl_testing_set_steps");
   if (res) return res;
   int pushed;

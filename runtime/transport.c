@@ -220,16 +220,13 @@ static int residency_cap(kl_ctx *c, CUfunction f, int block, int on_device) {
   int per_sm = 0;
   if (c->cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, block, 0) != CUDA_SUCCESS)
     return 0;
-  /* With PDL a rank's next grid may become resident while this one runs: the
-   * kernel lets it launch once past its own PDL wait, that is once the grid
-   * before has finished, so at most two grids per rank are resident at once.
-   * Alone on a GPU a rank cannot starve itself; sharing one, it could starve
-   * a peer. Sharing one, the grids are also of different kernels (the gather,
-   * the select kernels), whose CTAs pack into a multiprocessor less well
-   * than each alone: each grid gets half its share. Seen on one H200 with 8
-   * ranks without that half: a step now and then timed out at max_tokens,
-   * where every grid is at its cap. */
-  int grids = on_device > 1 ? 2 * (c->pdl ? 2 * on_device : on_device) : 1;
+  /* Alone on a GPU a rank cannot starve itself; sharing one, it could starve
+   * a peer, so the ranks there split it (and PDL is off: map_all). The grids
+   * are of different kernels (the gather, the select kernels), whose CTAs
+   * pack into a multiprocessor less well than each alone: each grid gets
+   * half its share. Seen on one H200 with 8 ranks without that half: a step
+   * now and then timed out at max_tokens, where every grid is at its cap. */
+  int grids = on_device > 1 ? 2 * on_device : 1;
   return per_sm * c->sm_count / (grids ? grids : 1);
 }
 
@@ -292,6 +289,14 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
     if (r != c->rank && map_peer(c, &all[r], why) != 0) return -1;
   int on_device = ranks_on_device(c, all);
   if (!queues_ok(c, on_device, why)) return -1;
+  /* Without PDL when ranks share the GPU: PDL lets a rank's next grid become
+   * resident while its current one runs, and on a shared GPU those waiting
+   * grids can hold what a peer's current grid needs to be resident, so the
+   * peer is late and every rank's poll times out (seen on one H200 with 3
+   * to 16 ranks: 26 of 334 random cases of tests/gpu_diff, mostly with
+   * kl_topk; the ones replayed passed without PDL). A rank alone on its GPU
+   * keeps it. */
+  if (on_device > 1) c->pdl = 0;
   c->cta_cap = residency_cap(c, c->oneshot, c->layout.block, on_device);
   /* Each select kernel has its own cap (the top-k kernel, with more
    * registers, may fit fewer CTAs); they share the step slots, so there are

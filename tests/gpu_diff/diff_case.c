@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "diff_env.h"
+#include "kl_abi.h"
 #include "klrt_testing.h"
 
 /* Where the step counters wrap: a multiple of 3 (kl_abi.h), else 2^32. */
@@ -505,8 +506,15 @@ static void compare(case_run *run, const ref_step *ref, long long crossover, con
   }
 }
 
-/* One step: plan out, ranks run it while the reference is computed, compare. */
-static void step(case_run *run, rng *r, ref_step *ref, long long crossover, const char *label) {
+/* One step: plan out, ranks run it while the reference is computed, compare.
+ * Failures name the step and its calls in the order they were made. */
+static void step(case_run *run, rng *r, ref_step *ref, long long crossover, const char *name) {
+  char label[128];
+  size_t n = (size_t)snprintf(label, sizeof label, "%s [", name);
+  for (int i = 0; i < run->plan.nops && n < sizeof label; i++)
+    n += (size_t)snprintf(label + n, sizeof label - n, "%s%s", i ? ", " : "",
+                          op_names[run->plan.ops[i]] + 3);
+  if (n < sizeof label) snprintf(label + n, sizeof label - n, "]");
   if (!run->plan.capture) {
     make_inputs(run, r, ref, run->plan.tokens);
     reference_values(run, ref, run->plan.tokens);

@@ -5,11 +5,14 @@
  * could not run at all. libklrt loads NCCL at run time (KLGEN_NCCL_LIBRARY),
  * so the tests load this library instead: ncclCommInitAll makes a group of
  * communicators over ranks that are threads of this process on one device,
- * and ncclAllGather is one kernel per rank that meets its peers in device
- * memory, copies every rank's send buffer into recv in rank order, and leaves
- * only when every rank has read its buffer. Like NCCL's, a call is enqueued
- * and returns, and a captured graph replays it: each rank counts its calls in
- * device memory, so the k-th call of every rank meets the k-th of the others.
+ * and ncclAllGather is one kernel per rank: it copies its send buffer into
+ * the group's staging memory, meets its peers in device memory, copies every
+ * rank's part into recv in rank order, and leaves only when every rank has
+ * read its part. (Staging, not the peers' buffers: a kernel then touches only
+ * memory that existed when it was launched, which compute-sanitizer can
+ * follow.) Like NCCL's, a call is enqueued and returns, and a captured graph
+ * replays it: each rank counts its calls in device memory, so the k-th call
+ * of every rank meets the k-th of the others.
  *
  * Test-only: it is built beside the tests and never installed. */
 #include <nccl.h>
@@ -25,14 +28,14 @@
 #define STANDIN_MAX_RANKS 64
 #define STANDIN_THREADS 1024
 #define STANDIN_TIMEOUT_NS 30000000000ull /* a peer that never comes: give up, say so */
+#define STANDIN_STAGE_BYTES (8u << 20)      /* a rank's part at most */
 
-/* Per rank, in device memory: the board the kernels meet on (kl_abi-like
- * 64-bit words, zeroed at creation). arrive[r]/leave[r]: the last call rank r
- * entered / finished reading in; calls[r]: calls rank r has completed;
- * send[r]: rank r's send buffer of its current call. */
+/* The board the kernels meet on, in device memory, zeroed at creation:
+ * arrive[r]/leave[r], the last call rank r staged its part for / finished
+ * reading in; calls[r], the calls rank r has completed. */
 static const char *const kernel_src =
     "typedef unsigned long long u64;\n"
-    "struct Board { u64 arrive[64], leave[64], calls[64], send[64]; };\n"
+    "struct Board { u64 arrive[64], leave[64], calls[64]; };\n"
     "__device__ u64 now() { u64 t; asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t)); return t; }\n"
     "__device__ u64 ld_acquire(const u64 *p) { u64 v;\n"
     "  asm volatile(\"ld.acquire.gpu.global.u64 %0, [%1];\" : \"=l\"(v) : \"l\"(p) : \"memory\"); return v; }\n"
@@ -46,37 +49,33 @@ static const char *const kernel_src =
     "      if (now() - t0 > TIMEOUT_NS) { atomicAdd(fault, 1u); return false; }\n"
     "  return true;\n"
     "}\n"
+    "__device__ void copy(char *dst, const char *src, u64 bytes) {\n"
+    "  if (bytes % 16 == 0 && (u64)dst % 16 == 0 && (u64)src % 16 == 0)\n"
+    "    for (u64 i = threadIdx.x; i < bytes / 16; i += THREADS) ((uint4 *)dst)[i] = ((const uint4 *)src)[i];\n"
+    "  else\n"
+    "    for (u64 i = threadIdx.x; i < bytes; i += THREADS) dst[i] = src[i];\n"
+    "}\n"
     "extern \"C\" __global__ void __launch_bounds__(THREADS)\n"
-    "allgather(const char *send, char *recv, u64 bytes, int rank, int n, Board *b, unsigned *fault) {\n"
+    "allgather(const char *send, char *recv, u64 bytes, int rank, int n, Board *b, char *stage,\n"
+    "          unsigned *fault) {\n"
     "  __shared__ u64 e;\n"
-    "  __shared__ const char *src[64];\n"
     "  __shared__ int ok;\n"
+    "  copy(stage + (u64)rank * STAGE, send, bytes);\n"
+    "  __syncthreads();\n"
     "  if (threadIdx.x == 0) {\n"
+    "    __threadfence();\n"
     "    e = b->calls[rank] + 1;\n"
-    "    b->send[rank] = (u64)send;\n"
     "    st_release(&b->arrive[rank], e);\n"
     "    ok = meet(b->arrive, n, e, fault);\n"
     "  }\n"
     "  __syncthreads();\n"
-    "  if (threadIdx.x < n) src[threadIdx.x] = (const char *)ld_acquire(&b->send[threadIdx.x]);\n"
-    "  __syncthreads();\n"
-    "  if (ok) {\n"
-    "    bool v16 = (bytes % 16 == 0) && ((u64)recv % 16 == 0);\n"
-    "    for (int r = 0; r < n; ++r) v16 = v16 && ((u64)src[r] % 16 == 0);\n"
-    "    for (int r = 0; r < n; ++r) {\n"
-    "      char *dst = recv + (u64)r * bytes;\n"
-    "      if (v16)\n"
-    "        for (u64 i = threadIdx.x; i < bytes / 16; i += THREADS)\n"
-    "          ((uint4 *)dst)[i] = ((const uint4 *)src[r])[i];\n"
-    "      else\n"
-    "        for (u64 i = threadIdx.x; i < bytes; i += THREADS) dst[i] = src[r][i];\n"
-    "    }\n"
-    "  }\n"
+    "  if (ok)\n"
+    "    for (int r = 0; r < n; ++r) copy(recv + (u64)r * bytes, stage + (u64)r * STAGE, bytes);\n"
     "  __syncthreads();\n"
     "  if (threadIdx.x == 0) {\n"
     "    __threadfence();\n"
     "    st_release(&b->leave[rank], e);\n"
-    /* nobody reuses a send buffer before every rank has read it */
+    /* nobody stages its next part before every rank has read this one */
     "    if (ok) meet(b->leave, n, e, fault);\n"
     "    b->calls[rank] = e;\n"
     "  }\n"
@@ -88,7 +87,7 @@ typedef struct standin_group {
   CUcontext ctx;
   CUmodule mod;
   CUfunction fn;
-  CUdeviceptr board;
+  CUdeviceptr board, stage;
 } standin_group;
 
 struct ncclComm {
@@ -110,8 +109,8 @@ static int load_kernel(const kl_cu *cu, standin_group *g) {
   cu->cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
   char arch[16], head[160];
   snprintf(arch, sizeof arch, "sm_%d%d", maj, min);
-  snprintf(head, sizeof head, "#define THREADS %d\n#define TIMEOUT_NS %lluull\n", STANDIN_THREADS,
-           STANDIN_TIMEOUT_NS);
+  snprintf(head, sizeof head, "#define THREADS %d\n#define TIMEOUT_NS %lluull\n#define STAGE %uull\n",
+           STANDIN_THREADS, STANDIN_TIMEOUT_NS, STANDIN_STAGE_BYTES);
   char *src = malloc(strlen(head) + strlen(kernel_src) + 1);
   if (!src) return -1;
   strcpy(src, head);
@@ -142,7 +141,7 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
   g->n = ndev;
   CUdevice dev;
   CUcontext dummy;
-  size_t board = 4 * STANDIN_MAX_RANKS * sizeof(uint64_t);
+  size_t board = 3 * STANDIN_MAX_RANKS * sizeof(uint64_t);
   if (cu->cuDeviceGet(&dev, dev0) != CUDA_SUCCESS ||
       cu->cuDevicePrimaryCtxRetain(&g->ctx, dev) != CUDA_SUCCESS) {
     free(g);
@@ -150,7 +149,8 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
   }
   cu->cuCtxPushCurrent(g->ctx);
   int bad = load_kernel(cu, g) != 0 || cu->cuMemAlloc(&g->board, board) != CUDA_SUCCESS ||
-            cu->cuMemsetD32(g->board, 0, board / 4) != CUDA_SUCCESS;
+            cu->cuMemsetD32(g->board, 0, board / 4) != CUDA_SUCCESS ||
+            cu->cuMemAlloc(&g->stage, (size_t)ndev * STANDIN_STAGE_BYTES) != CUDA_SUCCESS;
   pthread_mutex_lock(&mu);
   if (!bad && !faults) {
     void *p = NULL;
@@ -191,6 +191,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   cu->cuCtxPushCurrent(g->ctx);
   cu->cuCtxGetDevice(&dev);
   cu->cuMemFree(g->board);
+  cu->cuMemFree(g->stage);
   cu->cuModuleUnload(g->mod);
   cu->cuCtxPopCurrent(&dummy);
   cu->cuDevicePrimaryCtxRelease(dev);
@@ -217,12 +218,13 @@ const char *ncclGetErrorString(ncclResult_t r) {
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
   if (!comm || type != ncclUint8) return ncclInvalidArgument;
+  if (count > STANDIN_STAGE_BYTES) return ncclInvalidUsage; /* more than a rank's staging */
   const kl_cu *cu = kl_cu_get(NULL);
   standin_group *g = comm->g;
   uint64_t bytes = count;
   int rank = comm->rank, n = g->n;
   unsigned *fault = faults;
-  void *args[] = {&send, &recv, &bytes, &rank, &n, &g->board, &fault};
+  void *args[] = {&send, &recv, &bytes, &rank, &n, &g->board, &g->stage, &fault};
   CUresult r = cu->cuLaunchKernel(g->fn, 1, 1, 1, STANDIN_THREADS, 1, 1, 0, (CUstream)stream, args,
                                   NULL);
   return r == CUDA_SUCCESS ? ncclSuccess : ncclUnhandledCudaError;
