@@ -124,6 +124,7 @@ typedef struct kl_spec_list {
 #define KL_SPEC_TIME_MS 2000
 #define KL_SPEC_MEM_BYTES (32 << 20)
 #define KL_SPEC_FILE_MAX (1 << 20) /* a spec is a page of text, not a data file */
+#define KL_SPEC_STRING_MAX (1 << 20) /* the longest string a spec may make: its own size */
 typedef struct kl_limits {
   int64_t time_ms;
   int64_t mem_bytes;

@@ -306,6 +306,9 @@ static int chunk_error(kl_sandbox *sb, const char *file, int status, kl_err *err
   if (strstr(m, "binary chunk"))
     return kl_fail(err, KL_ESPEC, "%s:1: precompiled (binary) chunks are refused; give the spec as Lua text",
                    file);
+  if (status == LUA_ERRMEM && !sb->expired && sb->refused == KL_REFUSED_STRING)
+    return kl_fail(err, KL_ESPEC, "%s:1: spec made a string longer than %d KiB, the longest a "
+                   "spec may make", file, KL_SPEC_STRING_MAX >> 10);
   if (status == LUA_ERRMEM && !sb->expired)
     return kl_fail(err, KL_ESPEC, "%s:1: spec exceeded its memory limit (%zu MiB)", file,
                    sb->cap >> 20);
