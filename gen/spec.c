@@ -35,10 +35,10 @@ typedef struct ctx {
 
 static void set_origin(kl_spec *s, const char *file, const ctx *c) {
   snprintf(s->file, sizeof s->file, "%s", file);
-  int fallback = kl_srcscan_line(c->scan, "name", c->index, c->count);
+  int fallback = kl_srcscan_line(c->scan, KL_F_NAME, c->index, c->count);
   if (fallback == 0) fallback = c->scan->return_line;
   for (int f = 0; f < KL_F_COUNT; f++) {
-    int l = kl_srcscan_line(c->scan, kl_field_names[f], c->index, c->count);
+    int l = kl_srcscan_line(c->scan, (kl_field)f, c->index, c->count);
     s->line[f] = l ? l : fallback;
   }
 }
@@ -100,7 +100,7 @@ static int check_keys(const ctx *c, const kl_spec *s, int t) {
       int d = edit_distance(key, kl_field_names[f]);
       if (d < bd) bd = d, best = kl_field_names[f];
     }
-    int line = kl_srcscan_line(c->scan, key, c->index, c->count);
+    int line = kl_srcscan_name(c->scan, key, strlen(key), c->index, c->count);
     if (line == 0) line = s->line[KL_F_NAME];
     return kl_fail(c->err, KL_ESPEC, "%s:%d: %s: unknown field%s%s%s", s->file, line, key,
                    best ? " (did you mean '" : "", best ? best : "", best ? "'?)" : "");
@@ -338,18 +338,25 @@ static int collect_protected(lua_State *L) {
   return 0;
 }
 
+/* Parses, scans for lines, runs and reads the spec: all of it in the
+ * sandbox's time (the scan is one pass over the text). */
 static int run_spec(kl_sandbox *sb, const char *file, const char *src, size_t len,
-                    const kl_srcscan *scan, kl_spec_list *out, kl_err *err) {
+                    kl_spec_list *out, kl_err *err) {
   int st = kl_sandbox_load(sb, CHUNKNAME, src, len);
-  if (st == LUA_OK) st = kl_sandbox_call(sb, 0, 1);
   if (st != LUA_OK) return chunk_error(sb, file, st, err);
-  collect_args a = {file, scan, out, err, 0};
-  lua_pushcfunction(sb->L, collect_protected);
-  lua_insert(sb->L, -2);
-  lua_pushlightuserdata(sb->L, &a);
-  st = lua_pcall(sb->L, 2, 0, 0);
-  if (st != LUA_OK) return chunk_error(sb, file, st, err);
-  return a.rc;
+  kl_srcscan scan;
+  int rc = kl_srcscan_run(&scan, src, len) != 0 ? kl_fail(err, KL_ENOMEM, "out of memory") : 0;
+  if (rc == 0 && (st = kl_sandbox_call(sb, 0, 1)) != LUA_OK) rc = chunk_error(sb, file, st, err);
+  if (rc == 0) {
+    collect_args a = {file, &scan, out, err, 0};
+    lua_pushcfunction(sb->L, collect_protected);
+    lua_insert(sb->L, -2);
+    lua_pushlightuserdata(sb->L, &a);
+    st = lua_pcall(sb->L, 2, 0, 0);
+    rc = st != LUA_OK ? chunk_error(sb, file, st, err) : a.rc;
+  }
+  kl_srcscan_free(&scan);
+  return rc;
 }
 
 int kl_spec_load_string(const char *chunkname, const char *src, size_t len,
@@ -363,13 +370,9 @@ int kl_spec_load_string(const char *chunkname, const char *src, size_t len,
     return kl_fail(err, KL_ESPEC, "%s:1: %zu bytes, larger than the %d-byte limit for a spec",
                    chunkname, len, KL_SPEC_FILE_MAX);
   kl_sandbox sb;
-  kl_srcscan scan;
   if (kl_sandbox_open(&sb, KL_SANDBOX_SPEC, lim) != 0)
     return kl_fail(err, KL_ENOMEM, "cannot create a Lua state");
-  int rc;
-  if (kl_srcscan_run(&scan, src, len) != 0) rc = kl_fail(err, KL_ENOMEM, "out of memory");
-  else rc = run_spec(&sb, chunkname, src, len, &scan, out, err);
-  kl_srcscan_free(&scan);
+  int rc = run_spec(&sb, chunkname, src, len, out, err);
   kl_sandbox_close(&sb);
   if (rc) kl_spec_list_free(out);
   return rc;

@@ -246,6 +246,32 @@ static void parse_bound(void) {
   free(src);
 }
 
+/* Lines come from one pass over the text: 200,000 assignments and 256 specs
+ * once took seconds a query (every field of every spec scanned them all). */
+static void scan_bound(void) {
+  enum { N = 200000 };
+  size_t cap = (size_t)N * 4 + 512, n = 0;
+  char *src = malloc(cap);
+  if (!src) return;
+  n += (size_t)snprintf(src, cap, "local a\n");
+  for (int i = 0; i < N; i++) memcpy(src + n, "a=1\n", 4), n += 4;
+  snprintf(src + n, cap - n, "local t = {}\nfor i = 1, 256 do t[i] = { name = 'm' .. i,\n "
+           OK_FIELDS " } end\nreturn t");
+  kl_spec_list l;
+  kl_err e = {{0}};
+  double t0 = seconds();
+  int rc = kl_spec_load_string("t.lua", src, strlen(src), NULL, &l, &e);
+  double dt = seconds() - t0;
+  CHECK(rc == 0 && l.n == 256, "rc %d: %s", rc, e.msg);
+  if (rc == 0) {
+    CHECK(l.v[255].line[KL_F_NAME] == N + 3 && l.v[0].line[KL_F_TP] == N + 4,
+          "lines %d %d", l.v[255].line[KL_F_NAME], l.v[0].line[KL_F_TP]);
+    kl_spec_list_free(&l);
+  }
+  CHECK(dt < 2.0, "%d assignments and 256 specs took %.2f s", N, dt);
+  free(src);
+}
+
 static void locations(void) {
   /* Lua cuts chunk names to 60 characters: the message must still name the
    * whole path and the right line. */
@@ -448,6 +474,7 @@ int main(void) {
   time_bound();
   call_bound();
   parse_bound();
+  scan_bound();
   locations();
   shape();
   fields();
