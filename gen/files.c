@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "klgen.h"
@@ -75,11 +76,28 @@ static char *temp_beside(const char *path) {
   return t;
 }
 
+/* Creates tmp (its XXXXXX replaced) with mode 0666 less the caller's umask,
+ * as any file a program writes: mkstemp's 0600 would need a chmod, and a
+ * chmod would have to guess the umask. O_EXCL makes the name ours. */
+static int create_temp(char *tmp) {
+  static unsigned long seq;
+  char *x = tmp + strlen(tmp) - 6;
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  unsigned long r = (unsigned long)t.tv_nsec ^ ((unsigned long)getpid() << 20);
+  for (int tries = 0; tries < 100; tries++) {
+    r = r * 6364136223846793005UL + 1442695040888963407UL + ++seq;
+    for (int i = 0; i < 6; i++) x[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[(r >> (8 * i + 9)) % 36];
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  return -1;
+}
+
 static int write_temp(const kl_file_out *f, char *tmp, kl_err *err) {
-  int fd = mkstemp(tmp);
+  int fd = create_temp(tmp);
   if (fd < 0) return kl_fail(err, KL_EIO, "%s: cannot create: %s", f->path, strerror(errno));
   int bad = write_all(fd, f->data, f->size) != 0;
-  bad |= fchmod(fd, 0644) != 0;
   bad |= close(fd) != 0;
   if (bad) {
     int e = errno;

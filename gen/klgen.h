@@ -217,12 +217,23 @@ int kl_spec_fail(kl_err *err, const kl_spec *s, kl_field f, const char *fmt, ...
 #endif
     ;
 
-/* printf into err; returns code. */
+/* printf into err; returns code. Control bytes are escaped as \xHH. */
 int kl_fail(kl_err *err, int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+/* The same with newlines kept: a compiler's log. */
+int kl_fail_log(kl_err *err, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* len bytes of p into buf (n bytes, always terminated), with control bytes
+ * (newlines too unless keep_newlines), C1 controls and bytes of malformed
+ * UTF-8 written as \xHH: text a spec chose must not drive a terminal.
+ * Returns buf. */
+char *kl_escape(const char *p, size_t len, char *buf, size_t n, int keep_newlines);
 
 #ifdef __cplusplus
 }

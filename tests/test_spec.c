@@ -272,6 +272,21 @@ static void scan_bound(void) {
   free(src);
 }
 
+/* A message carries what a spec chose: control bytes, C1 controls and
+ * malformed UTF-8 come out as \xHH, letters of any script as they are. */
+static void escapes(void) {
+  bad("error('\\27[2J\\rklgen: wrote x.cu\\n')", "t.lua:1:",
+      " \\x1b[2J\\x0dklgen: wrote x.cu\\x0a");
+  bad("error('caf\\xc3\\xa9 \\xe2\\x82\\xac \\xc2\\x9b \\xc2 \\xff \\xed\\xa0\\x80 \\xc0\\xaf \\x7f')",
+      "t.lua:1:", " caf\xc3\xa9 \xe2\x82\xac \\xc2\\x9b \\xc2 \\xff \\xed\\xa0\\x80 \\xc0\\xaf "
+      "\\x7f");
+  bad(SPEC(", [\"\\27]0;title\\7\"] = 1"), "t.lua:1: \\x1b]0;title\\x07:", "unknown field");
+  char buf[8]; /* room for 7: an escape is cut whole, never in part */
+  CHECK(!strcmp(kl_escape("a\nb\tc", 5, buf, sizeof buf, 1), "a\nb\\x09") &&
+            !strcmp(kl_escape("ab\nb\tc", 6, buf, sizeof buf, 0), "ab\\x0ab"),
+        "newlines kept or not, cut at the buffer: '%s'", buf);
+}
+
 static void locations(void) {
   /* Lua cuts chunk names to 60 characters: the message must still name the
    * whole path and the right line. */
@@ -475,6 +490,7 @@ int main(void) {
   call_bound();
   parse_bound();
   scan_bound();
+  escapes();
   locations();
   shape();
   fields();
