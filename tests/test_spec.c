@@ -306,6 +306,16 @@ static void locations(void) {
 }
 
 static void shape(void) {
+  /* a list is the entries 1..n and nothing else: no key of another kind, no
+   * entry past a hole, so every spec in it is read */
+  bad("return { { name = 'a', " OK_FIELDS " }, extra = 1 }", "t.lua:1:",
+      "a list of specs has a key [extra] besides its entries 1, 2, ...");
+  bad("return { { name = 'a', " OK_FIELDS " }, [3] = { name = 'c', " OK_FIELDS " } }",
+      "t.lua:1:", "no entry 2 but one at 3");
+  bad("return { { name = 'a', " OK_FIELDS " }, [2.5] = 1 }", "t.lua:1:", "key [2.5]");
+  bad("return { { name = 'a', " OK_FIELDS " }, [0] = 1 }", "t.lua:1:", "key [0]");
+  bad("local t = {} for i = 1, 257 do t[i] = { name = 'm' .. i, " OK_FIELDS " } end return t",
+      "t.lua:1:", "more than 256 specs in one file");
   bad("return 42", "t.lua:1:", "must return a table");
   bad("\nreturn 'x'", "t.lua:2:", "must return a table");
   bad("return { { name = 'a', " OK_FIELDS " }, 5 }", "t.lua:1:", "list entry 2");
@@ -329,6 +339,17 @@ static void fields(void) {
       "unknown field (did you mean 'vocab_size'?)");
   bad(SPEC(", colour = 'red'"), "t.lua:1: colour:", "unknown field");
   bad(SPEC(", [1] = 'x'"), "t.lua:1: name:", "non-string key");
+  /* a key that only starts as a field's name is not that field */
+  bad(SPEC(", [\"softcap\\0\"] = 30"), "t.lua:1: softcap\\x00:", "unknown field (a NUL byte");
+  bad(SPEC(", [\"\\0\"] = 30"), "t.lua:1: \\x00:", "unknown field");
+  /* a NUL in a value: C would read less than the spec says */
+  bad("return { name = 'm\\0x', " OK_FIELDS " }", "t.lua:1: name:", "contains a NUL byte ('m\\x00x')");
+  bad(SPEC(", numerics = 'fp32\\0'"), "t.lua:1: numerics:", "contains a NUL byte");
+  /* an empty string is no value: leave the field out for its default */
+  bad(SPEC(", out_dtype = ''"), "t.lua:1: out_dtype:", "empty; give a value or leave the field out");
+  bad(SPEC(", numerics = ''"), "t.lua:1: numerics:", "empty");
+  bad("return { name = 'm', vocab_size = 8, tp = 1, dtype = '', max_tokens = 1 }",
+      "t.lua:1: dtype:", "empty");
   bad("return { name = 'm', vocab_size = '163840', tp = 8, dtype = 'bf16', max_tokens = 1 }",
       "t.lua:1: vocab_size:", "expected an integer, got string");
   bad("return { name = 'm', vocab_size = 1.5, tp = 8, dtype = 'bf16', max_tokens = 1 }",
