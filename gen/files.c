@@ -11,9 +11,10 @@
 
 #include "klgen.h"
 
-int kl_open_regular(const char *path, int nofollow) {
+int kl_open_regular_at(int dirfd, const char *path, int nofollow) {
   /* O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever. */
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
+  int fd = openat(dirfd, path,
+                  O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
   if (fd < 0) return -1;
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -22,6 +23,10 @@ int kl_open_regular(const char *path, int nofollow) {
     return -1;
   }
   return fd;
+}
+
+int kl_open_regular(const char *path, int nofollow) {
+  return kl_open_regular_at(AT_FDCWD, path, nofollow);
 }
 
 int kl_read_file(const char *path, char **data, size_t *size, size_t limit, kl_err *err) {
@@ -76,26 +81,25 @@ static char *temp_beside(const char *path) {
   return t;
 }
 
-/* Creates tmp (its XXXXXX replaced) with mode 0666 less the caller's umask,
- * as any file a program writes: mkstemp's 0600 would need a chmod, and a
- * chmod would have to guess the umask. O_EXCL makes the name ours. */
-static int create_temp(char *tmp) {
+int kl_create_temp_at(int dirfd, char *name, int mode) {
   static unsigned long seq;
-  char *x = tmp + strlen(tmp) - 6;
+  char *x = name + strlen(name) - 6;
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   unsigned long r = (unsigned long)t.tv_nsec ^ ((unsigned long)getpid() << 20);
   for (int tries = 0; tries < 100; tries++) {
     r = r * 6364136223846793005UL + 1442695040888963407UL + ++seq;
-    for (int i = 0; i < 6; i++) x[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[(r >> (8 * i + 9)) % 36];
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    for (int i = 0; i < 6; i++)
+      x[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[(r >> (8 * i + 9)) % 36];
+    int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd >= 0 || errno != EEXIST) return fd;
   }
   return -1;
 }
 
 static int write_temp(const kl_file_out *f, char *tmp, kl_err *err) {
-  int fd = create_temp(tmp);
+  /* 0666: the caller's umask decides, as for any file a program writes. */
+  int fd = kl_create_temp_at(AT_FDCWD, tmp, 0666);
   if (fd < 0) return kl_fail(err, KL_EIO, "%s: cannot create: %s", f->path, strerror(errno));
   int bad = write_all(fd, f->data, f->size) != 0;
   bad |= close(fd) != 0;

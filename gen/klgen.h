@@ -201,8 +201,14 @@ int kl_read_file(const char *path, char **data, size_t *size, size_t limit,
                  kl_err *err);
 /* Opens path read-only as a regular file: never blocks (FIFOs), never follows
  * a final symbolic link when nofollow is set. Returns the descriptor, or -1
- * with errno (EINVAL: not a regular file). */
+ * with errno (EINVAL: not a regular file). The _at form: path relative to
+ * the directory dirfd (openat's rules). */
 int kl_open_regular(const char *path, int nofollow);
+int kl_open_regular_at(int dirfd, const char *path, int nofollow);
+/* Creates name (relative to dirfd, ending in XXXXXX, which is replaced) as a
+ * new file (O_EXCL, never through a link) for writing with `mode` less the
+ * umask. Returns the descriptor, or -1 with errno. */
+int kl_create_temp_at(int dirfd, char *name, int mode);
 
 /* Names equal up to ASCII case (they would share files and header guards). */
 int kl_name_equal_nocase(const char *a, const char *b);
