@@ -75,7 +75,7 @@ int kl_nvrtc_compile(const char *source, const char *name, const char *arch, kl_
   nvrtcResult cr = api->nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof *opts), opts);
   out->log = get_log(api, prog);
   if (cr != NVRTC_SUCCESS) {
-    rc = kl_fail(err, KL_ECOMPILE, "%s: NVRTC failed for %s:\n%s", name, arch,
+    rc = kl_fail_log(err, KL_ECOMPILE, "%s: NVRTC failed for %s:\n%s", name, arch,
                  out->log ? out->log : "(no log)");
     goto done;
   }

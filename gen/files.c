@@ -6,13 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "klgen.h"
 
-int kl_open_regular(const char *path, int nofollow) {
+int kl_open_regular_at(int dirfd, const char *path, int nofollow) {
   /* O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever. */
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
+  int fd = openat(dirfd, path,
+                  O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
   if (fd < 0) return -1;
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -21,6 +23,10 @@ int kl_open_regular(const char *path, int nofollow) {
     return -1;
   }
   return fd;
+}
+
+int kl_open_regular(const char *path, int nofollow) {
+  return kl_open_regular_at(AT_FDCWD, path, nofollow);
 }
 
 int kl_read_file(const char *path, char **data, size_t *size, size_t limit, kl_err *err) {
@@ -75,11 +81,27 @@ static char *temp_beside(const char *path) {
   return t;
 }
 
+int kl_create_temp_at(int dirfd, char *name, int mode) {
+  static unsigned long seq;
+  char *x = name + strlen(name) - 6;
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  unsigned long r = (unsigned long)t.tv_nsec ^ ((unsigned long)getpid() << 20);
+  for (int tries = 0; tries < 100; tries++) {
+    r = r * 6364136223846793005UL + 1442695040888963407UL + ++seq;
+    for (int i = 0; i < 6; i++)
+      x[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[(r >> (8 * i + 9)) % 36];
+    int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  return -1;
+}
+
 static int write_temp(const kl_file_out *f, char *tmp, kl_err *err) {
-  int fd = mkstemp(tmp);
+  /* 0666: the caller's umask decides, as for any file a program writes. */
+  int fd = kl_create_temp_at(AT_FDCWD, tmp, 0666);
   if (fd < 0) return kl_fail(err, KL_EIO, "%s: cannot create: %s", f->path, strerror(errno));
   int bad = write_all(fd, f->data, f->size) != 0;
-  bad |= fchmod(fd, 0644) != 0;
   bad |= close(fd) != 0;
   if (bad) {
     int e = errno;

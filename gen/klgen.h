@@ -125,6 +125,7 @@ typedef struct kl_spec_list {
 #define KL_SPEC_TIME_MS 2000
 #define KL_SPEC_MEM_BYTES (32 << 20)
 #define KL_SPEC_FILE_MAX (1 << 20) /* a spec is a page of text, not a data file */
+#define KL_SPEC_STRING_MAX (1 << 20) /* the longest string a spec may make: its own size */
 typedef struct kl_limits {
   int64_t time_ms;
   int64_t mem_bytes;
@@ -201,8 +202,14 @@ int kl_read_file(const char *path, char **data, size_t *size, size_t limit,
                  kl_err *err);
 /* Opens path read-only as a regular file: never blocks (FIFOs), never follows
  * a final symbolic link when nofollow is set. Returns the descriptor, or -1
- * with errno (EINVAL: not a regular file). */
+ * with errno (EINVAL: not a regular file). The _at form: path relative to
+ * the directory dirfd (openat's rules). */
 int kl_open_regular(const char *path, int nofollow);
+int kl_open_regular_at(int dirfd, const char *path, int nofollow);
+/* Creates name (relative to dirfd, ending in XXXXXX, which is replaced) as a
+ * new file (O_EXCL, never through a link) for writing with `mode` less the
+ * umask. Returns the descriptor, or -1 with errno. */
+int kl_create_temp_at(int dirfd, char *name, int mode);
 
 /* Names equal up to ASCII case (they would share files and header guards). */
 int kl_name_equal_nocase(const char *a, const char *b);
@@ -217,12 +224,23 @@ int kl_spec_fail(kl_err *err, const kl_spec *s, kl_field f, const char *fmt, ...
 #endif
     ;
 
-/* printf into err; returns code. */
+/* printf into err; returns code. Control bytes are escaped as \xHH. */
 int kl_fail(kl_err *err, int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+/* The same with newlines kept: a compiler's log. */
+int kl_fail_log(kl_err *err, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* len bytes of p into buf (n bytes, always terminated), with control bytes
+ * (newlines too unless keep_newlines), C1 controls and bytes of malformed
+ * UTF-8 written as \xHH: text a spec chose must not drive a terminal.
+ * Returns buf. */
+char *kl_escape(const char *p, size_t len, char *buf, size_t n, int keep_newlines);
 
 #ifdef __cplusplus
 }

@@ -27,7 +27,7 @@ typedef struct job {
 } job;
 
 static void usage(FILE *f) {
-  fputs("usage: klgen [options] SPEC...\n"
+  fputs("usage: klgen [options] [--] SPEC...\n"
         "Generates a CUDA all-gather kernel specialized for each spec.\n\n"
         "  -o DIR           write DIR/<name>.cu and DIR/<name>.h (default: .)\n"
         "  --check          validate and compile with NVRTC; write nothing\n"
@@ -38,16 +38,29 @@ static void usage(FILE *f) {
         "  --time-limit MS  wall-clock limit for each spec file's code (default 2000)\n"
         "  -q, --quiet      no summary lines\n"
         "  -h, --help       this text\n"
-        "  --version        print the version\n\n"
+        "  --version        print the version\n"
+        "  --               what follows is spec files, even if it starts with '-'\n\n"
         "Exit status: 0 ok, 1 spec, template, compile or I/O error, 2 usage error.\n",
         f);
 }
 
+/* arg is the caller's text (a file name from a glob, say): escaped, it
+ * cannot drive the terminal. */
 static int usage_error(const char *fmt, const char *arg) {
+  char shown[256];
   fprintf(stderr, "klgen: ");
-  fprintf(stderr, fmt, arg);
+  fprintf(stderr, fmt, kl_escape(arg, strlen(arg), shown, sizeof shown, 0));
   fprintf(stderr, "\nTry 'klgen --help'.\n");
   return 2;
+}
+
+/* sm_ and two or three digits, perhaps a letter: sm_90, sm_90a, sm_100f. */
+static int is_arch(const char *s) {
+  size_t n = strlen(s), d = 0;
+  if (strncmp(s, "sm_", 3) != 0) return 0;
+  while (3 + d < n && s[3 + d] >= '0' && s[3 + d] <= '9') d++;
+  if (d < 2 || d > 3) return 0;
+  return 3 + d == n || (3 + d + 1 == n && s[n - 1] >= 'a' && s[n - 1] <= 'z');
 }
 
 /* Returns -1 to continue, else an exit status. */
@@ -56,12 +69,18 @@ static int parse(int argc, char **argv, opts *o) {
   o->out_dir = ".";
   o->specs = calloc((size_t)argc, sizeof *o->specs);
   if (!o->specs) return 1;
+  int paths = 0; /* after "--" */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int more = i + 1 < argc;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout), 0;
-    if (!strcmp(a, "--version")) return printf("klgen %s\n", KLGEN_VERSION), 0;
-    if (!strcmp(a, "--check")) o->check = 1;
+    if (paths) {
+      o->specs[o->n_specs++] = argv[i];
+      continue;
+    }
+    if (!strcmp(a, "--")) paths = 1;
+    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout), 0;
+    else if (!strcmp(a, "--version")) return printf("klgen %s\n", KLGEN_VERSION), 0;
+    else if (!strcmp(a, "--check")) o->check = 1;
     else if (!strcmp(a, "--cubin")) o->cubin = 1;
     else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
     else if (!strcmp(a, "-o") || !strcmp(a, "--templates") || !strcmp(a, "--arch") ||
@@ -84,11 +103,9 @@ static int parse(int argc, char **argv, opts *o) {
   if (o->n_specs == 0) return usage_error("%s", "no spec file given");
   if (o->check && o->cubin) return usage_error("%s", "--check writes nothing; drop --cubin");
   if (o->n_arch == 0) o->arch[o->n_arch++] = "sm_90";
-  for (int i = 0; i < o->n_arch; i++) {
-    const char *s = o->arch[i];
-    if (strncmp(s, "sm_", 3) || strlen(s) < 5 || strlen(s) > 7)
-      return usage_error("--arch %s: expected sm_XY (e.g. sm_90, sm_100)", s);
-  }
+  for (int i = 0; i < o->n_arch; i++)
+    if (!is_arch(o->arch[i]))
+      return usage_error("--arch %s: expected sm_XY (e.g. sm_90, sm_100)", o->arch[i]);
   return -1;
 }
 
@@ -146,7 +163,7 @@ static char *path_of(const char *dir, const char *name, const char *ext) {
 
 static int write_all(job *jobs, int n, const opts *o, kl_err *err) {
   struct stat st;
-  if (stat(o->out_dir, &st) != 0 && mkdir(o->out_dir, 0755) != 0)
+  if (stat(o->out_dir, &st) != 0 && mkdir(o->out_dir, 0777) != 0) /* the umask decides */
     return kl_fail(err, KL_EIO, "%s: cannot create directory: %s", o->out_dir, strerror(errno));
   if (stat(o->out_dir, &st) != 0 || !S_ISDIR(st.st_mode))
     return kl_fail(err, KL_EIO, "%s: not a directory", o->out_dir);

@@ -11,6 +11,14 @@
 #include "lualib.h"
 
 #define HOOK_EVERY 1000 /* instructions between clock reads: ~20 ns per ~10 us */
+/* Bytes of string that the instructions between two clock reads may touch:
+ * an instruction's work is at most linear in the longest string, ~10 ns a
+ * byte at worst (comparing strings of NULs), so ~10 ms between reads. */
+#define WORK_BYTES (1 << 20)
+#define HOOK_MASK (LUA_MASKCOUNT | LUA_MASKCALL)
+#define READ_PIECE 4096 /* bytes the parser gets between clock reads */
+/* A new string's allocation carries its header besides its bytes. */
+#define STRING_HEADER 64
 
 static int64_t now_ns(void) {
   struct timespec t;
@@ -18,17 +26,76 @@ static int64_t now_ns(void) {
   return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+static void deadline_hook(lua_State *L, lua_Debug *ar);
+
+/* Fewer instructions between clock reads (never more: a reset of the count
+ * must not let a spec postpone the next read). lua_sethook is safe anywhere,
+ * the allocator included (Lua's own interpreter calls it from a signal). */
+static void shorten_period(kl_sandbox *sb, int period) {
+  if (period < 1) period = 1;
+  if (period >= sb->period) return;
+  sb->period = period;
+  if (sb->L) lua_sethook(sb->L, deadline_hook, HOOK_MASK, period);
+}
+
+/* "label:line:" of the innermost function with a line, or "" if none. */
+static void locate(lua_State *L, char *buf, size_t n) {
+  lua_Debug ar;
+  buf[0] = 0;
+  for (int level = 0; lua_getstack(L, level, &ar); level++)
+    if (lua_getinfo(L, "Sl", &ar) && ar.currentline > 0) {
+      snprintf(buf, n, "%s:%d: ", ar.short_src, ar.currentline);
+      return;
+    }
+}
+
+/* Records that the deadline has passed, where (L, or an already formatted
+ * location), and arms the trap: a clock read at every instruction, each of
+ * which then raises the error. The first location is the one reported. */
+static void expire(kl_sandbox *sb, lua_State *L, const char *where) {
+  if (!sb->timeout[0] && (L || where)) {
+    char loc[96];
+    if (L) locate(L, loc, sizeof loc);
+    snprintf(sb->timeout, sizeof sb->timeout, "%sran past its time limit (%lld ms)",
+             L ? loc : where, (long long)sb->time_ms);
+  }
+  sb->expired = 1;
+  shorten_period(sb, 1);
+}
+
+/* Reads the clock; past the deadline, arms the trap (see expire). */
+static int past_deadline(kl_sandbox *sb) {
+  if (!sb->expired && now_ns() >= sb->deadline_ns) expire(sb, NULL, NULL);
+  return sb->expired;
+}
+
 /* Refuses growth past the cap so a memory bomb fails with "not enough memory"
- * instead of taking the machine. */
+ * instead of taking the machine, and strings past string_max. (A refusal
+ * costs a full collection, but its error reaches the spec only through
+ * pcall, a call the hook sees.) Lua passes a new object's type as osize:
+ * that is how strings are told. */
 static void *cap_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   kl_sandbox *sb = ud;
-  if (ptr == NULL) osize = 0;
+  if (ptr == NULL) {
+    if (osize == LUA_TSTRING && nsize > sb->longest) {
+      if (sb->string_max && nsize > sb->string_max + STRING_HEADER) {
+        sb->refused = KL_REFUSED_STRING;
+        return NULL;
+      }
+      sb->longest = nsize;
+      shorten_period(sb, (int)(WORK_BYTES / nsize));
+    }
+    osize = 0;
+  }
   if (nsize == 0) {
     free(ptr);
     sb->used -= osize;
     return NULL;
   }
-  if (nsize > osize && sb->used + (nsize - osize) > sb->cap) return NULL;
+  if (nsize > osize && sb->used + (nsize - osize) > sb->cap) {
+    sb->refused = KL_REFUSED_MEMORY;
+    return NULL;
+  }
   void *p = realloc(ptr, nsize);
   if (p != NULL) sb->used = sb->used - osize + nsize;
   return p;
@@ -40,29 +107,34 @@ static kl_sandbox *sandbox_of(lua_State *L) {
   return ud;
 }
 
-/* Past the deadline, every instruction raises an error: pcall in the chunk
- * can catch one, but the next instruction after it raises the next. */
-static void deadline_hook(lua_State *L, lua_Debug *ar) {
-  kl_sandbox *sb = sandbox_of(L);
-  if (!sb->expired) {
-    if (now_ns() < sb->deadline_ns) return;
-    sb->expired = 1;
-    lua_sethook(L, deadline_hook, LUA_MASKCOUNT, 1);
-  }
-  if (sb->closing) { /* no message to format: nobody reads it */
-    lua_pushboolean(L, 0);
-    lua_error(L);
-  }
-  lua_getinfo(L, "Sl", ar);
-  lua_pushfstring(L, "%s:%d: ran past its time limit (%d ms)", ar->short_src, ar->currentline,
-                  (int)sb->time_ms);
+/* The trap's error: the time-limit message (nothing while closing: nobody
+ * reads it, and it must not allocate). */
+static void raise_expired(kl_sandbox *sb, lua_State *L) {
+  if (sb->closing) lua_pushboolean(L, 0);
+  else lua_pushstring(L, sb->timeout);
   lua_error(L);
 }
 
-/* ---- the spec environment's wrapped functions ---- */
+/* On every call and every `period` instructions. Past the deadline, every
+ * instruction raises: pcall in the chunk can catch one, but the next
+ * instruction after it raises the next. */
+void kl_sandbox_check(lua_State *L) {
+  kl_sandbox *sb = sandbox_of(L);
+  if (!past_deadline(sb)) return;
+  expire(sb, L, NULL);
+  raise_expired(sb, L);
+}
+
+static void deadline_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  kl_sandbox_check(L);
+}
+
+/* ---- the spec environment's own and wrapped functions ---- */
 
 /* string.rep: with an empty string and separator the C loop runs n times and
- * allocates nothing, so the memory cap does not bound it; this does. */
+ * allocates nothing, so the string cap does not bound it; this does, and
+ * says why before the work is done. */
 static int safe_rep(lua_State *L) {
   size_t l, lsep;
   luaL_checklstring(L, 1, &l);
@@ -72,31 +144,18 @@ static int safe_rep(lua_State *L) {
     lua_pushliteral(L, "");
     return 1;
   }
-  if ((size_t)n > sandbox_of(L)->cap / (l + lsep) + 1)
-    return luaL_error(L, "string.rep: the result would exceed the spec's memory limit");
+  if ((size_t)n > sandbox_of(L)->string_max / (l + lsep) + 1)
+    return luaL_error(L, "string.rep: the result would be longer than %d KiB, the longest "
+                      "string a spec may make", KL_SPEC_STRING_MAX >> 10);
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_insert(L, 1);
   lua_call(L, lua_gettop(L) - 1, 1);
   return 1;
 }
 
-/* table.insert/remove/concat/unpack/sort loop in C up to #t; through __len
- * that can be any number. On a table without a metatable it is the raw
- * border, bounded by the memory the table takes. */
-static int plain_table(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  if (lua_getmetatable(L, 1))
-    return luaL_error(L, "%s: a table with a metatable is not allowed here in a spec",
-                      lua_tostring(L, lua_upvalueindex(2)));
-  lua_pushvalue(L, lua_upvalueindex(1));
-  lua_insert(L, 1);
-  lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
-  return lua_gettop(L);
-}
-
 /* setmetatable without __gc: Lua runs finalizers with hooks off, so the time
  * limit could not stop one (a table gets one only if __gc is present when
- * setmetatable is called). */
+ * setmetatable is called). The template engine's; specs have none. */
 static int no_gc_setmetatable(lua_State *L) {
   if (lua_type(L, 2) == LUA_TTABLE) {
     lua_pushliteral(L, "__gc");
@@ -110,12 +169,84 @@ static int no_gc_setmetatable(lua_State *L) {
   return 1;
 }
 
-/* Replaces t[name] (t at the top) by f with the original as upvalue 1 and
- * `label` as upvalue 2. */
-static void wrap(lua_State *L, const char *name, lua_CFunction f, const char *label) {
+/* table.sort, interruptible. Lua's own sort is one C call that compares
+ * values without running an instruction (strings of a MiB, NULs between),
+ * so it could outlast any limit. This heapsort (n log n comparisons at
+ * worst, in place) reads the clock as the hook would: every `period`
+ * comparisons, a comparison counting as an instruction. Like Lua's, it is
+ * not stable; an inconsistent order function gives some order, no error.
+ * The table is read raw: a spec's tables have no metatables. */
+typedef struct sorter {
+  lua_State *L;
+  kl_sandbox *sb;
+  int by_function; /* the order function is at index 2 */
+  int countdown;
+} sorter;
+
+/* t[i] < t[j] (t at index 1). */
+static int sort_less(sorter *s, lua_Integer i, lua_Integer j) {
+  lua_State *L = s->L;
+  if (--s->countdown <= 0) {
+    kl_sandbox_check(L);
+    s->countdown = s->sb->period;
+  }
+  if (s->by_function) lua_pushvalue(L, 2);
+  lua_rawgeti(L, 1, i);
+  lua_rawgeti(L, 1, j);
+  if (!s->by_function) {
+    int lt = lua_compare(L, -2, -1, LUA_OPLT);
+    lua_pop(L, 2);
+    return lt;
+  }
+  lua_call(L, 2, 1);
+  int lt = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return lt;
+}
+
+static void sort_swap(lua_State *L, lua_Integer i, lua_Integer j) {
+  lua_rawgeti(L, 1, i);
+  lua_rawgeti(L, 1, j);
+  lua_rawseti(L, 1, i);
+  lua_rawseti(L, 1, j);
+}
+
+/* Moves t[root] down the max-heap t[1..n]. */
+static void sort_sift(sorter *s, lua_Integer root, lua_Integer n) {
+  for (lua_Integer child; (child = 2 * root) <= n; root = child) {
+    if (child < n && sort_less(s, child, child + 1)) child++;
+    if (!sort_less(s, root, child)) return;
+    sort_swap(s->L, root, child);
+  }
+}
+
+static int safe_sort(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_Integer n = (lua_Integer)lua_rawlen(L, 1);
+  sorter s = {L, sandbox_of(L), !lua_isnoneornil(L, 2), 0};
+  if (s.by_function) luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_settop(L, 2);
+  luaL_checkstack(L, 4, "table.sort");
+  for (lua_Integer i = n / 2; i >= 1; i--) sort_sift(&s, i, n);
+  for (lua_Integer last = n; last > 1; last--) {
+    sort_swap(L, 1, last);
+    sort_sift(&s, 1, last - 1);
+  }
+  return 0;
+}
+
+/* The spec environment's __index: a name that is not there is an error, not
+ * nil (a typo, or `nan`, would otherwise make a field vanish). */
+static int undefined_global(lua_State *L) {
+  if (lua_type(L, 2) == LUA_TSTRING)
+    return luaL_error(L, "undefined global '%s'", lua_tostring(L, 2));
+  return luaL_error(L, "undefined global (a %s key)", luaL_typename(L, 2));
+}
+
+/* Replaces t[name] (t at the top) by f with the original as upvalue 1. */
+static void wrap(lua_State *L, const char *name, lua_CFunction f) {
   lua_getfield(L, -1, name);
-  lua_pushstring(L, label);
-  lua_pushcclosure(L, f, 2);
+  lua_pushcclosure(L, f, 1);
   lua_setfield(L, -2, name);
 }
 
@@ -125,8 +256,7 @@ static void wrap(lua_State *L, const char *name, lua_CFunction f, const char *la
 
 static const char *const spec_base[] = {
     "assert", "error", "getmetatable", "ipairs", "next", "pairs", "pcall", "rawequal",
-    "rawget", "rawlen", "rawset", "select", "setmetatable", "tonumber", "tostring", "type",
-    "_VERSION", NULL};
+    "rawget", "rawlen", "rawset", "select", "tonumber", "tostring", "type", "_VERSION", NULL};
 static const char *const spec_string[] = {"byte", "char", "format", "len", "lower", "rep",
                                           "reverse", "sub", "upper", NULL};
 static const char *const spec_table[] = {"concat", "insert", "remove", "sort", "unpack", NULL};
@@ -154,7 +284,6 @@ static void spec_env(lua_State *L) {
   int g = lua_gettop(L);
   copy_names(L, g, spec_base);
   int env = lua_gettop(L);
-  wrap(L, "setmetatable", no_gc_setmetatable, "setmetatable");
   static const struct {
     const char *lib;
     const char *const *names;
@@ -167,17 +296,21 @@ static void spec_env(lua_State *L) {
     lua_setfield(L, env, libs[i].lib);
   }
   lua_getfield(L, env, LUA_STRLIBNAME);
-  wrap(L, "rep", safe_rep, "string.rep");
+  wrap(L, "rep", safe_rep);
   lua_pop(L, 1);
   lua_getfield(L, env, LUA_TABLIBNAME);
-  for (const char *const *t = spec_table; *t; t++) {
-    char label[32];
-    snprintf(label, sizeof label, "table.%s", *t);
-    wrap(L, *t, plain_table, label);
-  }
+  lua_pushcfunction(L, safe_sort);
+  lua_setfield(L, -2, "sort");
   lua_pop(L, 1);
   lua_pushvalue(L, env);
   lua_setfield(L, env, "_G");
+  /* strict: reading a name that is not there raises; the metatable hidden */
+  lua_createtable(L, 0, 2);
+  lua_pushcfunction(L, undefined_global);
+  lua_setfield(L, -2, "__index");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, env);
   /* string methods: the restricted table, and the metatable itself hidden */
   lua_pushliteral(L, "");
   lua_getmetatable(L, -1);
@@ -203,7 +336,7 @@ static void engine_env(lua_State *L) {
     lua_setglobal(L, *b);
   }
   lua_pushglobaltable(L);
-  wrap(L, "setmetatable", no_gc_setmetatable, "setmetatable");
+  wrap(L, "setmetatable", no_gc_setmetatable);
   lua_getfield(L, -1, LUA_STRLIBNAME);
   lua_pushnil(L);
   lua_setfield(L, -2, "dump");
@@ -238,10 +371,13 @@ int kl_sandbox_open(kl_sandbox *sb, kl_sandbox_kind kind, const kl_limits *lim) 
   memset(sb, 0, sizeof *sb);
   sb->time_ms = lim && lim->time_ms > 0 ? lim->time_ms : KL_SPEC_TIME_MS;
   sb->cap = lim && lim->mem_bytes > 0 ? (size_t)lim->mem_bytes : KL_SPEC_MEM_BYTES;
+  sb->string_max = kind == KL_SANDBOX_SPEC ? KL_SPEC_STRING_MAX : 0;
+  sb->period = HOOK_EVERY;
   sb->deadline_ns = now_ns() + sb->time_ms * 1000000;
-  sb->L = lua_newstate(cap_alloc, sb);
-  if (sb->L == NULL) return -1;
-  lua_sethook(sb->L, deadline_hook, LUA_MASKCOUNT, HOOK_EVERY);
+  lua_State *L = lua_newstate(cap_alloc, sb);
+  if (L == NULL) return -1;
+  lua_sethook(L, deadline_hook, HOOK_MASK, sb->period);
+  sb->L = L;
   if (kl_sandbox_run(sb, open_protected, (void *)(intptr_t)kind) != LUA_OK) {
     kl_sandbox_close(sb);
     return -1;
@@ -253,14 +389,50 @@ void kl_sandbox_close(kl_sandbox *sb) {
   if (!sb->L) return;
   /* __close handlers still pending run at close: none may run an instruction. */
   sb->expired = sb->closing = 1;
-  lua_sethook(sb->L, deadline_hook, LUA_MASKCOUNT, 1);
+  lua_sethook(sb->L, deadline_hook, HOOK_MASK, 1);
   lua_close(sb->L);
   sb->L = NULL;
 }
 
+/* The parser runs no instruction, and a page of gotos and labels costs it
+ * the square of their number: it gets the text a piece at a time, and the
+ * clock is read between pieces. Past the deadline the text ends there. */
+typedef struct reader {
+  kl_sandbox *sb;
+  const char *p;
+  size_t left;
+  int line; /* of the next piece's first byte */
+} reader;
+
+static const char *read_piece(lua_State *L, void *ud, size_t *size) {
+  reader *r = ud;
+  (void)L;
+  *size = 0;
+  if (r->left == 0) return NULL;
+  if (!r->sb->expired && now_ns() >= r->sb->deadline_ns) {
+    char where[96];
+    snprintf(where, sizeof where, "%s:%d: ", r->sb->label, r->line);
+    expire(r->sb, NULL, where);
+  }
+  if (r->sb->expired) return NULL;
+  const char *piece = r->p;
+  *size = r->left < READ_PIECE ? r->left : READ_PIECE;
+  for (const char *q = piece; (q = memchr(q, '\n', (size_t)(piece + *size - q))); q++) r->line++;
+  r->p += *size;
+  r->left -= *size;
+  return piece;
+}
+
 int kl_sandbox_load(kl_sandbox *sb, const char *chunkname, const char *src, size_t len) {
+  /* Messages name the chunk as Lua does: "=name" is "name". */
+  snprintf(sb->label, sizeof sb->label, "%s", chunkname + (chunkname[0] == '='));
+  reader r = {sb, src, len, 1};
+  int top = lua_gettop(sb->L);
   /* mode "t": a precompiled chunk can crash the VM, so only text is accepted. */
-  return luaL_loadbufferx(sb->L, src, len, chunkname, "t");
+  int st = lua_load(sb->L, read_piece, &r, chunkname, "t");
+  if (!sb->expired) return st;
+  lua_settop(sb->L, top); /* what a cut text parsed to, or its error */
+  return LUA_ERRRUN;
 }
 
 int kl_sandbox_call(kl_sandbox *sb, int nargs, int nres) {
@@ -274,7 +446,15 @@ int kl_sandbox_run(kl_sandbox *sb, lua_CFunction f, void *ud) {
 }
 
 const char *kl_sandbox_message(kl_sandbox *sb, int status) {
-  if (status == LUA_ERRMEM && !sb->expired) return "exceeded its memory limit";
+  /* Past the deadline any error (a refused allocation, the spec's own caught
+   * and raised again) is the time limit's doing. */
+  if (sb->expired) {
+    if (!sb->timeout[0])
+      snprintf(sb->timeout, sizeof sb->timeout, "ran past its time limit (%lld ms)",
+               (long long)sb->time_ms);
+    return sb->timeout;
+  }
+  if (status == LUA_ERRMEM) return "exceeded its memory limit";
   const char *m = lua_type(sb->L, -1) == LUA_TSTRING ? lua_tostring(sb->L, -1) : NULL;
   return m ? m : "error object is not a string";
 }

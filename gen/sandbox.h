@@ -3,17 +3,25 @@
  *
  * What bounds it, without signals (the host owns them) and without trusting
  * Lua's own pcall:
- *   - time: a count hook compares a monotonic clock with a deadline set when
- *     the state opens. Past it the hook raises an error at every instruction
- *     from then on, so a spec that catches the error with pcall cannot run a
- *     single instruction more; closing the state arms the same trap, so
- *     finalizers and to-be-closed handlers cannot run either.
- *   - memory: the allocator refuses growth past a cap.
- *   - C code that loops without running VM instructions (pattern matching,
- *     table.move, string.rep of "" a huge number of times, lengths taken
- *     through __len): not in a spec's environment, or wrapped so that its
- *     work is bounded by the memory cap (specs/README.md lists what a spec
- *     may use).
+ *   - time: a monotonic clock compared with a deadline set when the state
+ *     opens, read by a hook on every function call (C functions included)
+ *     and every `period` VM instructions; by the parser's reader between
+ *     pieces of the text; and by the sandbox's own C loop (sort).
+ *     An instruction's work is at most linear in the longest string (string
+ *     comparison, coercion, hashing), so the period shrinks as strings grow:
+ *     from 1000 instructions down to every instruction once a string of
+ *     1 MiB exists. Past the deadline every instruction and call raises an
+ *     error, so a spec that catches one with pcall cannot run a single
+ *     instruction more; closing the state arms the same trap, so
+ *     to-be-closed handlers cannot run either.
+ *   - memory: the allocator refuses growth past a cap, and (specs) any
+ *     string longer than KL_SPEC_STRING_MAX.
+ *   - C code that could loop without a clock read: not in a spec's
+ *     environment (pattern matching, table.move, setmetatable, whose __mode
+ *     would let the collector's atomic step grow with the square of a weak
+ *     table), bounded (string.rep by the string cap), or the sandbox's own
+ *     (table.sort reads the clock as the hook does). specs/README.md lists
+ *     what a spec may use.
  * Every Lua API call that can raise an error runs inside lua_pcall: an error
  * outside one would reach Lua's panic handler, which aborts the process. */
 #ifndef KL_SANDBOX_H
@@ -32,13 +40,22 @@ typedef enum kl_sandbox_kind {
   KL_SANDBOX_ENGINE /* the template engine: also patterns and `load` (in the registry) */
 } kl_sandbox_kind;
 
+/* Why the allocator last refused: the cap on all memory, or on one string. */
+typedef enum kl_refusal { KL_REFUSED_NONE, KL_REFUSED_MEMORY, KL_REFUSED_STRING } kl_refusal;
+
 typedef struct kl_sandbox {
   lua_State *L;
   size_t used, cap;
+  size_t string_max;   /* 0: no cap on one string (the engine) */
+  size_t longest;      /* the longest string allocated so far, in bytes */
+  int period;          /* instructions between clock reads */
+  kl_refusal refused;
   int64_t deadline_ns; /* CLOCK_MONOTONIC */
   int64_t time_ms;     /* the limit, for messages */
   int expired;         /* sticky: every later instruction raises an error */
   int closing;
+  char label[64];      /* the chunk being parsed, as messages name it */
+  char timeout[160];   /* "label:line: ran past its time limit (N ms)" */
 } kl_sandbox;
 
 /* Opens a state and starts its clock. lim NULL or 0 fields: the defaults.
@@ -46,14 +63,19 @@ typedef struct kl_sandbox {
 int kl_sandbox_open(kl_sandbox *sb, kl_sandbox_kind kind, const kl_limits *lim);
 /* Closes the state; no Lua code runs during the close. */
 void kl_sandbox_close(kl_sandbox *sb);
-/* Loads a text chunk (binary refused); on success leaves the function on the stack. */
+/* Parses a text chunk (binary refused) under the clock; on success leaves
+ * the function on the stack. chunkname as lua_load's. */
 int kl_sandbox_load(kl_sandbox *sb, const char *chunkname, const char *src, size_t len);
 /* lua_pcall under the sandbox's bounds; nargs/nres as lua_pcall. */
 int kl_sandbox_call(kl_sandbox *sb, int nargs, int nres);
 /* Runs f(L) with ud as its only argument (a light userdata), protected.
  * Returns a lua_pcall status; on error the message is on the stack. */
 int kl_sandbox_run(kl_sandbox *sb, lua_CFunction f, void *ud);
-/* The message of a failed call ("time limit", "memory limit", or Lua's). */
+/* For C code running inside the sandbox: raises the time-limit error if the
+ * deadline has passed. */
+void kl_sandbox_check(lua_State *L);
+/* The message of a failed call or load: the time limit once it has passed,
+ * "exceeded its memory limit", or Lua's. */
 const char *kl_sandbox_message(kl_sandbox *sb, int status);
 
 #endif

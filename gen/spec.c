@@ -35,10 +35,10 @@ typedef struct ctx {
 
 static void set_origin(kl_spec *s, const char *file, const ctx *c) {
   snprintf(s->file, sizeof s->file, "%s", file);
-  int fallback = kl_srcscan_line(c->scan, "name", c->index, c->count);
+  int fallback = kl_srcscan_line(c->scan, KL_F_NAME, c->index, c->count);
   if (fallback == 0) fallback = c->scan->return_line;
   for (int f = 0; f < KL_F_COUNT; f++) {
-    int l = kl_srcscan_line(c->scan, kl_field_names[f], c->index, c->count);
+    int l = kl_srcscan_line(c->scan, (kl_field)f, c->index, c->count);
     s->line[f] = l ? l : fallback;
   }
 }
@@ -58,15 +58,20 @@ static int edit_distance(const char *a, const char *b) {
   return d[n][m];
 }
 
-static int field_index(const char *key) {
+static int field_index(const char *key, size_t len) {
   for (int f = 0; f < KL_F_COUNT; f++)
-    if (strcmp(key, kl_field_names[f]) == 0) return f;
+    if (strlen(kl_field_names[f]) == len && memcmp(key, kl_field_names[f], len) == 0) return f;
   return -1;
 }
 
-/* A key for a message, without calling anything of the spec's (__tostring). */
+/* A key for a message, without calling anything of the spec's (__tostring):
+ * a string as it is (NULs and control bytes escaped), else its value or type. */
 static const char *describe_key(lua_State *L, int i, char *buf, size_t n) {
-  if (lua_type(L, i) == LUA_TNUMBER) {
+  if (lua_type(L, i) == LUA_TSTRING) {
+    size_t len;
+    const char *k = lua_tolstring(L, i, &len);
+    kl_escape(k, len, buf, n, 0);
+  } else if (lua_type(L, i) == LUA_TNUMBER) {
     if (lua_isinteger(L, i)) snprintf(buf, n, "%lld", (long long)lua_tointeger(L, i));
     else snprintf(buf, n, "%.17g", (double)lua_tonumber(L, i));
   } else {
@@ -81,29 +86,37 @@ static int raw_field(lua_State *L, int t, kl_field f) {
   return lua_rawget(L, t);
 }
 
-/* Unknown keys are errors: a typo like `vocab_sise` must not pass silently. */
+/* "unknown field", with the field it most likely meant. */
+static int unknown_key(const ctx *c, const kl_spec *s, const char *key, size_t len) {
+  const char *best = NULL;
+  int bd = 3;
+  for (int f = 0; f < KL_F_COUNT; f++) {
+    int d = edit_distance(key, kl_field_names[f]);
+    if (d < bd) bd = d, best = kl_field_names[f];
+  }
+  int line = kl_srcscan_name(c->scan, key, len, c->index, c->count);
+  if (line == 0) line = s->line[KL_F_NAME];
+  return kl_fail(c->err, KL_ESPEC, "%s:%d: %s: unknown field%s%s%s", s->file, line, key,
+                 best ? " (did you mean '" : "", best ? best : "", best ? "'?)" : "");
+}
+
+/* Unknown keys are errors: a typo like `vocab_sise` must not pass silently,
+ * nor a key that only starts like a field ("softcap\0"). */
 static int check_keys(const ctx *c, const kl_spec *s, int t) {
   lua_State *L = c->L;
+  char k[96];
   lua_pushnil(L);
   while (lua_next(L, t) != 0) {
     lua_pop(L, 1);
-    if (lua_type(L, -1) != LUA_TSTRING) {
-      char k[64];
+    if (lua_type(L, -1) != LUA_TSTRING)
       return kl_spec_fail(c->err, s, KL_F_NAME, "spec table has a non-string key [%s]",
                           describe_key(L, -1, k, sizeof k));
-    }
-    const char *key = lua_tostring(L, -1);
-    if (field_index(key) >= 0) continue;
-    const char *best = NULL;
-    int bd = 3;
-    for (int f = 0; f < KL_F_COUNT; f++) {
-      int d = edit_distance(key, kl_field_names[f]);
-      if (d < bd) bd = d, best = kl_field_names[f];
-    }
-    int line = kl_srcscan_line(c->scan, key, c->index, c->count);
-    if (line == 0) line = s->line[KL_F_NAME];
-    return kl_fail(c->err, KL_ESPEC, "%s:%d: %s: unknown field%s%s%s", s->file, line, key,
-                   best ? " (did you mean '" : "", best ? best : "", best ? "'?)" : "");
+    size_t len;
+    const char *key = lua_tolstring(L, -1, &len);
+    if (strlen(key) != len)
+      return kl_fail(c->err, KL_ESPEC, "%s:%d: %s: unknown field (a NUL byte in a key)", s->file,
+                     s->line[KL_F_NAME], describe_key(L, -1, k, sizeof k));
+    if (field_index(key, len) < 0) return unknown_key(c, s, key, len);
   }
   return 0;
 }
@@ -135,24 +148,30 @@ static int get_int(const ctx *c, const kl_spec *s, int t, kl_field f, int64_t *o
   return rc;
 }
 
+/* A string: not empty (leave the field out for its default), no NUL (C
+ * would read less than the spec said), shorter than n. */
 static int get_string(const ctx *c, const kl_spec *s, int t, kl_field f, char *buf,
                       size_t n, int absent_ok) {
   lua_State *L = c->L;
   int ty = raw_field(L, t, f);
   int rc = 0;
   buf[0] = 0;
+  size_t len = 0;
+  const char *v = ty == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
   if (ty == LUA_TNIL) {
     if (!absent_ok) rc = kl_spec_fail(c->err, s, f, "missing (a string is required)");
   } else if (ty != LUA_TSTRING) {
     rc = kl_spec_fail(c->err, s, f, "expected a string, got %s", luaL_typename(L, -1));
+  } else if (len == 0) {
+    rc = kl_spec_fail(c->err, s, f, "empty; give a value or leave the field out");
+  } else if (strlen(v) != len) {
+    char shown[96];
+    rc = kl_spec_fail(c->err, s, f, "contains a NUL byte ('%s')",
+                      kl_escape(v, len, shown, sizeof shown, 0));
+  } else if (len >= n) {
+    rc = kl_spec_fail(c->err, s, f, "too long (at most %zu chars)", n - 1);
   } else {
-    size_t len;
-    const char *v = lua_tolstring(L, -1, &len);
-    if (len >= n || strlen(v) != len)
-      rc = kl_spec_fail(c->err, s, f, "too long or contains a NUL byte (at most %zu chars)",
-                        n - 1);
-    else
-      memcpy(buf, v, len + 1);
+    memcpy(buf, v, len + 1);
   }
   lua_pop(L, 1);
   return rc;
@@ -260,6 +279,33 @@ static int is_list(lua_State *L, int t) {
   return list;
 }
 
+/* A list of specs is exactly the entries 1..n: an entry past a hole, or a
+ * key of any other kind, would never be read. *n gets the length. */
+static int list_length(lua_State *L, int t, const char *file, int line, lua_Integer *n,
+                       kl_err *err) {
+  lua_Integer count = 0, top = 0;
+  char k[96];
+  lua_pushnil(L);
+  while (lua_next(L, t) != 0) {
+    lua_pop(L, 1);
+    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1)
+      return kl_fail(err, KL_ESPEC, "%s:%d: a list of specs has a key [%s] besides its entries "
+                     "1, 2, ...", file, line, describe_key(L, -1, k, sizeof k));
+    if (++count > SPECS_MAX)
+      return kl_fail(err, KL_ESPEC, "%s:%d: more than %d specs in one file", file, line,
+                     SPECS_MAX);
+    if (lua_tointeger(L, -1) > top) top = lua_tointeger(L, -1);
+  }
+  if (top != count) {
+    lua_Integer hole = 1;
+    while (lua_rawgeti(L, t, hole) != LUA_TNIL) lua_pop(L, 1), hole++;
+    return kl_fail(err, KL_ESPEC, "%s:%d: the list of specs has no entry %lld but one at %lld; "
+                   "make it a sequence", file, line, (long long)hole, (long long)top);
+  }
+  *n = count;
+  return 0;
+}
+
 static int collect(lua_State *L, const char *file, const kl_srcscan *scan,
                    kl_spec_list *out, kl_err *err) {
   int line = scan->return_line ? scan->return_line : 1;
@@ -270,11 +316,9 @@ static int collect(lua_State *L, const char *file, const kl_srcscan *scan,
   if (lua_getmetatable(L, t))
     return kl_fail(err, KL_ESPEC, "%s:%d: the returned table has a metatable; return a plain "
                    "table (metamethods would run outside the sandbox's limits)", file, line);
-  int list = is_list(L, t);
-  lua_Integer n = list ? (lua_Integer)lua_rawlen(L, t) : 1;
-  if (n > SPECS_MAX)
-    return kl_fail(err, KL_ESPEC, "%s:%d: %lld specs in one file (at most %d)", file, line,
-                   (long long)n, SPECS_MAX);
+  int list = is_list(L, t), rc;
+  lua_Integer n = 1;
+  if (list && (rc = list_length(L, t, file, line, &n, err)) != 0) return rc;
   out->v = calloc((size_t)n, sizeof *out->v);
   if (!out->v) return kl_fail(err, KL_ENOMEM, "out of memory");
   for (lua_Integer i = 0; i < n; i++) {
@@ -282,7 +326,7 @@ static int collect(lua_State *L, const char *file, const kl_srcscan *scan,
       return kl_fail(err, KL_ESPEC, "%s:%d: list entry %lld is a %s, not a spec table", file,
                      line, (long long)i + 1, luaL_typename(L, -1));
     ctx c = {L, scan, (int)i, (int)n, err};
-    int rc = convert(&c, file, list ? lua_gettop(L) : t, &out->v[i]);
+    rc = convert(&c, file, list ? lua_gettop(L) : t, &out->v[i]);
     if (list) lua_pop(L, 1);
     if (rc) return rc;
     out->n++;
@@ -306,6 +350,9 @@ static int chunk_error(kl_sandbox *sb, const char *file, int status, kl_err *err
   if (strstr(m, "binary chunk"))
     return kl_fail(err, KL_ESPEC, "%s:1: precompiled (binary) chunks are refused; give the spec as Lua text",
                    file);
+  if (status == LUA_ERRMEM && !sb->expired && sb->refused == KL_REFUSED_STRING)
+    return kl_fail(err, KL_ESPEC, "%s:1: spec made a string longer than %d KiB, the longest a "
+                   "spec may make", file, KL_SPEC_STRING_MAX >> 10);
   if (status == LUA_ERRMEM && !sb->expired)
     return kl_fail(err, KL_ESPEC, "%s:1: spec exceeded its memory limit (%zu MiB)", file,
                    sb->cap >> 20);
@@ -335,18 +382,25 @@ static int collect_protected(lua_State *L) {
   return 0;
 }
 
+/* Parses, scans for lines, runs and reads the spec: all of it in the
+ * sandbox's time (the scan is one pass over the text). */
 static int run_spec(kl_sandbox *sb, const char *file, const char *src, size_t len,
-                    const kl_srcscan *scan, kl_spec_list *out, kl_err *err) {
+                    kl_spec_list *out, kl_err *err) {
   int st = kl_sandbox_load(sb, CHUNKNAME, src, len);
-  if (st == LUA_OK) st = kl_sandbox_call(sb, 0, 1);
   if (st != LUA_OK) return chunk_error(sb, file, st, err);
-  collect_args a = {file, scan, out, err, 0};
-  lua_pushcfunction(sb->L, collect_protected);
-  lua_insert(sb->L, -2);
-  lua_pushlightuserdata(sb->L, &a);
-  st = lua_pcall(sb->L, 2, 0, 0);
-  if (st != LUA_OK) return chunk_error(sb, file, st, err);
-  return a.rc;
+  kl_srcscan scan;
+  int rc = kl_srcscan_run(&scan, src, len) != 0 ? kl_fail(err, KL_ENOMEM, "out of memory") : 0;
+  if (rc == 0 && (st = kl_sandbox_call(sb, 0, 1)) != LUA_OK) rc = chunk_error(sb, file, st, err);
+  if (rc == 0) {
+    collect_args a = {file, &scan, out, err, 0};
+    lua_pushcfunction(sb->L, collect_protected);
+    lua_insert(sb->L, -2);
+    lua_pushlightuserdata(sb->L, &a);
+    st = lua_pcall(sb->L, 2, 0, 0);
+    rc = st != LUA_OK ? chunk_error(sb, file, st, err) : a.rc;
+  }
+  kl_srcscan_free(&scan);
+  return rc;
 }
 
 int kl_spec_load_string(const char *chunkname, const char *src, size_t len,
@@ -360,13 +414,9 @@ int kl_spec_load_string(const char *chunkname, const char *src, size_t len,
     return kl_fail(err, KL_ESPEC, "%s:1: %zu bytes, larger than the %d-byte limit for a spec",
                    chunkname, len, KL_SPEC_FILE_MAX);
   kl_sandbox sb;
-  kl_srcscan scan;
   if (kl_sandbox_open(&sb, KL_SANDBOX_SPEC, lim) != 0)
     return kl_fail(err, KL_ENOMEM, "cannot create a Lua state");
-  int rc;
-  if (kl_srcscan_run(&scan, src, len) != 0) rc = kl_fail(err, KL_ENOMEM, "out of memory");
-  else rc = run_spec(&sb, chunkname, src, len, &scan, out, err);
-  kl_srcscan_free(&scan);
+  int rc = run_spec(&sb, chunkname, src, len, out, err);
   kl_sandbox_close(&sb);
   if (rc) kl_spec_list_free(out);
   return rc;

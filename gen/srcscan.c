@@ -44,31 +44,19 @@ static const char *skip_string(const char *p, const char *end, int *line) {
   return p < end ? p + 1 : end;
 }
 
-static int push(kl_srcscan *s, const char *id, size_t n, int line) {
-  if (s->n == s->cap) {
-    int cap = s->cap ? s->cap * 2 : 64;
-    kl_assign *v = realloc(s->v, (size_t)cap * sizeof *v);
-    if (!v) return -1;
-    s->v = v, s->cap = cap;
-  }
-  kl_assign *a = &s->v[s->n++];
-  if (n >= sizeof a->name) n = sizeof a->name - 1;
-  memcpy(a->name, id, n);
-  a->name[n] = 0;
-  a->line = line;
-  return 0;
-}
-
 /* After an identifier: is the next token a single '='? */
 static int is_assign(const char *p, const char *end) {
   while (p < end && (*p == ' ' || *p == '\t' || *p == '\r')) p++;
   return p < end && *p == '=' && !(p + 1 < end && p[1] == '=');
 }
 
-int kl_srcscan_run(kl_srcscan *s, const char *src, size_t len) {
-  memset(s, 0, sizeof *s);
+/* Calls visit(id, n, line, ud) for each `id =` and for each `return`
+ * (n 6, not an assignment), in order; stops at a nonzero return. */
+typedef int (*visit_fn)(const char *id, size_t n, int line, int assign, void *ud);
+
+static int scan(const char *src, size_t len, visit_fn visit, void *ud) {
   const char *p = src, *end = src + len;
-  int line = 1, level;
+  int line = 1, level, rc;
   size_t k;
   while (p < end) {
     if (*p == '\n') {
@@ -88,10 +76,10 @@ int kl_srcscan_run(kl_srcscan *s, const char *src, size_t len) {
       const char *id = p;
       while (p < end && (isalnum((unsigned char)*p) || *p == '_')) p++;
       size_t n = (size_t)(p - id);
-      if (n == 6 && memcmp(id, "return", 6) == 0 && s->return_line == 0)
-        s->return_line = line;
-      else if (is_assign(p, end) && push(s, id, n, line) != 0)
-        return -1;
+      int assign = is_assign(p, end);
+      if ((assign || (n == 6 && memcmp(id, "return", 6) == 0)) &&
+          (rc = visit(id, n, line, assign, ud)) != 0)
+        return rc;
     } else {
       p++;
     }
@@ -99,21 +87,66 @@ int kl_srcscan_run(kl_srcscan *s, const char *src, size_t len) {
   return 0;
 }
 
-int kl_srcscan_line(const kl_srcscan *s, const char *field, int index, int count) {
-  int seen = 0, first = 0, match = 0;
-  for (int i = 0; i < s->n; i++) {
-    if (strcmp(s->v[i].name, field) != 0) continue;
-    if (seen == 0) first = s->v[i].line;
-    if (seen == index) match = s->v[i].line;
-    seen++;
+static int push(kl_lines *l, int line) {
+  if (l->n == l->cap) {
+    int cap = l->cap ? l->cap * 2 : 8;
+    int *v = realloc(l->v, (size_t)cap * sizeof *v);
+    if (!v) return -1;
+    l->v = v, l->cap = cap;
   }
-  /* One assignment per spec (a literal list): the index-th is this spec's.
-   * Otherwise (a loop, a helper) the first one is where the value is written. */
-  if (seen == count && match) return match;
-  return first;
+  l->v[l->n++] = line;
+  return 0;
+}
+
+static int index_field(const char *id, size_t n, int line, int assign, void *ud) {
+  kl_srcscan *s = ud;
+  if (!assign) {
+    if (s->return_line == 0) s->return_line = line;
+    return 0;
+  }
+  for (int f = 0; f < KL_F_COUNT; f++)
+    if (strlen(kl_field_names[f]) == n && memcmp(id, kl_field_names[f], n) == 0)
+      return push(&s->field[f], line);
+  return 0;
+}
+
+int kl_srcscan_run(kl_srcscan *s, const char *src, size_t len) {
+  memset(s, 0, sizeof *s);
+  s->src = src, s->len = len;
+  return scan(src, len, index_field, s);
+}
+
+/* One assignment per spec (a literal list): the index-th is this spec's.
+ * Otherwise (a loop, a helper) the first one is where the value is written. */
+static int pick(const kl_lines *l, int index, int count) {
+  if (l->n == 0) return 0;
+  return l->n == count && index < count ? l->v[index] : l->v[0];
+}
+
+int kl_srcscan_line(const kl_srcscan *s, kl_field f, int index, int count) {
+  return pick(&s->field[f], index, count);
+}
+
+typedef struct name_query {
+  const char *name;
+  size_t n;
+  kl_lines lines;
+} name_query;
+
+static int collect_name(const char *id, size_t n, int line, int assign, void *ud) {
+  name_query *q = ud;
+  if (!assign || n != q->n || memcmp(id, q->name, n) != 0) return 0;
+  return push(&q->lines, line);
+}
+
+int kl_srcscan_name(const kl_srcscan *s, const char *name, size_t n, int index, int count) {
+  name_query q = {name, n, {NULL, 0, 0}};
+  int line = scan(s->src, s->len, collect_name, &q) == 0 ? pick(&q.lines, index, count) : 0;
+  free(q.lines.v);
+  return line;
 }
 
 void kl_srcscan_free(kl_srcscan *s) {
-  free(s->v);
+  for (int f = 0; f < KL_F_COUNT; f++) free(s->field[f].v);
   memset(s, 0, sizeof *s);
 }

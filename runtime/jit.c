@@ -6,11 +6,17 @@
  * a person can tell them apart, written to a temp file and renamed (no
  * reader sees a partial file), and checked when read: header, key, checksum,
  * and a payload that is a CUDA ELF. The cache is only as trustworthy as its
- * directory, so a directory not owned by this user, or writable by others,
- * is not used at all; entries are opened only as regular files, never
- * through a link. A cache that cannot be used means compiling every time. */
+ * directory and the path to it, so the directory is opened once by walking
+ * its path from / a component at a time (O_NOFOLLOW, each checked on its
+ * descriptor, ssh's StrictModes: an ancestor writable by another user could
+ * swap what follows it) and every entry is opened relative to that
+ * descriptor, only as a regular file, never through a link. A cache that
+ * cannot be used means compiling every time. */
+/* realpath and S_ISVTX are XSI, beyond the project-wide POSIX.1-2008 base. */
+#define _XOPEN_SOURCE 700
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,19 +93,51 @@ static int mkdir_p(const char *dir) {
   return 0;
 }
 
-int kl_cache_dir_usable(const char *dir, char *why, size_t n) {
-  struct stat st;
-  if (mkdir_p(dir) != 0 || stat(dir, &st) != 0)
-    return snprintf(why, n, "%s cannot be created: %s", dir, strerror(errno)), 0;
-  if (!S_ISDIR(st.st_mode)) return snprintf(why, n, "%s is not a directory", dir), 0;
-  if (st.st_uid != geteuid())
-    return snprintf(why, n, "%s belongs to uid %u, not to this user (%u)", dir,
-                    (unsigned)st.st_uid, (unsigned)geteuid()), 0;
-  if (st.st_mode & 022)
-    return snprintf(why, n, "%s is writable by others (mode %03o); chmod go-w to use it", dir,
-                    (unsigned)(st.st_mode & 0777)), 0;
-  if (access(dir, W_OK | X_OK) != 0) return snprintf(why, n, "%s is not writable", dir), 0;
+/* May the directory at `shown` (stat st) be trusted? Owned by root or this
+ * user, and writable by no one else, unless sticky (/tmp: others cannot
+ * rename what is not theirs). `mine`: it must be this user's, sticky or
+ * not, as a directory we write to and read code from. */
+static int trusted(const struct stat *st, int mine, const char *shown, char *why, size_t n) {
+  uid_t me = geteuid();
+  if (!S_ISDIR(st->st_mode)) return snprintf(why, n, "%s is not a directory", shown), 0;
+  if (st->st_uid != me && (mine || st->st_uid != 0))
+    return snprintf(why, n, "%s belongs to uid %u, not to this user (%u)%s", shown,
+                    (unsigned)st->st_uid, (unsigned)me, mine ? "" : " or root"), 0;
+  if ((st->st_mode & 022) && (mine || !(st->st_mode & S_ISVTX)))
+    return snprintf(why, n, "%s is writable by others (mode %03o); chmod go-w to use it", shown,
+                    (unsigned)(st->st_mode & 0777)), 0;
   return 1;
+}
+
+int kl_trusted_dir(const char *dir, int mine, char *why, size_t n) {
+  char real[PATH_MAX], shown[PATH_MAX], part[PATH_MAX];
+  if (!realpath(dir, real)) return snprintf(why, n, "%s: %s", dir, strerror(errno)), -1;
+  int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC), err = errno;
+  size_t at = 0; /* fd is the directory real[0, at) ("/" while at is 0) */
+  for (;;) {
+    size_t from = at + strspn(real + at, "/"), len = strcspn(real + from, "/");
+    snprintf(shown, sizeof shown, "%.*s", at ? (int)at : 1, at ? real : "/");
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+      snprintf(why, n, "%s: %s", shown, strerror(fd < 0 ? err : errno));
+      break;
+    }
+    if (!trusted(&st, mine && len == 0, shown, why, n)) break;
+    if (len == 0) return fd;
+    snprintf(part, sizeof part, "%.*s", (int)len, real + from);
+    int child = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    err = errno;
+    close(fd);
+    fd = child, at = from + len;
+  }
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
+int kl_cache_open(const char *dir, char *why, size_t n) {
+  if (mkdir_p(dir) != 0)
+    return snprintf(why, n, "%s cannot be created: %s", dir, strerror(errno)), -1;
+  return kl_trusted_dir(dir, 1, why, n);
 }
 
 int kl_cache_dir(const char *configured, char *buf, size_t n) {
@@ -113,10 +151,10 @@ int kl_cache_dir(const char *configured, char *buf, size_t n) {
   return w > 0 && (size_t)w < n;
 }
 
-static void entry_path(const char *dir, const char *name, const char *arch, const uint64_t key[2],
-                       char *buf, size_t n) {
-  snprintf(buf, n, "%s/%s.%s.%016llx%016llx.cubin", dir, name, arch,
-           (unsigned long long)key[0], (unsigned long long)key[1]);
+static void entry_name(const char *name, const char *arch, const uint64_t key[2], char *buf,
+                       size_t n) {
+  snprintf(buf, n, "%s.%s.%016llx%016llx.cubin", name, arch, (unsigned long long)key[0],
+           (unsigned long long)key[1]);
 }
 
 /* What a cubin for an NVIDIA GPU starts with: a 64-bit ELF for EM_CUDA. */
@@ -136,14 +174,15 @@ static int read_all(int fd, void *buf, size_t n) {
   return 0;
 }
 
-/* 0 and a malloc'd payload on a valid entry; -1 on a miss or a bad entry. */
-static int read_entry(const char *path, const uint64_t key[2], kl_binary *out) {
-  int fd = kl_open_regular(path, 1);
+/* 0 and a malloc'd payload on a valid entry of this user's in the cache
+ * directory dfd; -1 on a miss or a bad entry. */
+static int read_entry(int dfd, const char *name, const uint64_t key[2], kl_binary *out) {
+  int fd = kl_open_regular_at(dfd, name, 1);
   if (fd < 0) return -1;
   entry_header h;
   struct stat st;
   int rc = -1;
-  if (fstat(fd, &st) == 0 && read_all(fd, &h, sizeof h) == 0 &&
+  if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && read_all(fd, &h, sizeof h) == 0 &&
       memcmp(h.magic, ENTRY_MAGIC, 8) == 0 && h.version == ENTRY_VERSION &&
       h.key[0] == key[0] && h.key[1] == key[1] && h.size > 0 && h.size <= ENTRY_MAX &&
       (uint64_t)st.st_size == sizeof h + h.size) {
@@ -162,12 +201,21 @@ static int read_entry(const char *path, const uint64_t key[2], kl_binary *out) {
   return rc;
 }
 
-/* Best effort: a cache that cannot be written is no reason to fail. */
-static void write_entry(const char *dir, const char *path, const uint64_t key[2],
-                        const kl_binary *bin) {
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s/.tmp.XXXXXX", dir);
-  int fd = mkstemp(tmp);
+static int write_all(int fd, const void *p, size_t n) {
+  for (size_t done = 0; done < n;) {
+    ssize_t w = write(fd, (const char *)p + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    done += (size_t)w;
+  }
+  return 0;
+}
+
+/* Best effort: a cache that cannot be written is no reason to fail. A temp
+ * file in the directory, renamed into place: no reader sees half an entry. */
+static void write_entry(int dfd, const char *name, const uint64_t key[2], const kl_binary *bin) {
+  char tmp[] = ".tmp.XXXXXX";
+  int fd = kl_create_temp_at(dfd, tmp, 0600);
   if (fd < 0) return;
   entry_header h;
   memset(&h, 0, sizeof h);
@@ -176,10 +224,9 @@ static void write_entry(const char *dir, const char *path, const uint64_t key[2]
   h.key[0] = key[0], h.key[1] = key[1];
   h.size = bin->size;
   kl_cache_checksum(bin->data, bin->size, h.checksum);
-  FILE *f = fdopen(fd, "wb");
-  int ok = f && fwrite(&h, sizeof h, 1, f) == 1 && fwrite(bin->data, 1, bin->size, f) == bin->size;
-  ok = (f ? fclose(f) == 0 : (close(fd), 0)) && ok;
-  if (!ok || chmod(tmp, 0600) != 0 || rename(tmp, path) != 0) unlink(tmp);
+  int ok = write_all(fd, &h, sizeof h) == 0 && write_all(fd, bin->data, bin->size) == 0;
+  ok = close(fd) == 0 && ok;
+  if (!ok || renameat(dfd, tmp, dfd, name) != 0) unlinkat(dfd, tmp, 0);
 }
 
 int kl_jit_cubin(const char *source, const char *name, const char *arch, const char *dir,
@@ -187,15 +234,19 @@ int kl_jit_cubin(const char *source, const char *name, const char *arch, const c
   memset(out, 0, sizeof *out);
   *hit = 0;
   uint64_t key[2];
-  char path[4400], why[4400];
-  int usable = dir && kl_cache_dir_usable(dir, why, sizeof why);
-  if (dir && !usable && kl_log_enabled()) kl_log("JIT cache not used: %s", why);
-  if (usable) {
+  char entry[256], why[4400];
+  int dfd = dir ? kl_cache_open(dir, why, sizeof why) : -1;
+  if (dir && dfd < 0 && kl_log_enabled()) kl_log("JIT cache not used: %s", why);
+  if (dfd >= 0) {
     cache_key(source, arch, key);
-    entry_path(dir, name, arch, key, path, sizeof path);
-    if (read_entry(path, key, out) == 0) return *hit = 1, 0;
+    entry_name(name, arch, key, entry, sizeof entry);
+    if (read_entry(dfd, entry, key, out) == 0) {
+      close(dfd);
+      return *hit = 1, 0;
+    }
   }
   int rc = kl_nvrtc_compile(source, name, arch, out, err);
-  if (rc == 0 && usable) write_entry(dir, path, key, out);
+  if (rc == 0 && dfd >= 0) write_entry(dfd, entry, key, out);
+  if (dfd >= 0) close(dfd);
   return rc;
 }

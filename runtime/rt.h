@@ -75,9 +75,15 @@ int kl_cache_dir(const char *configured, char *buf, size_t n);
 /* The entries' payload checksum (not a defence against a writer: the
  * directory's ownership and mode are). */
 void kl_cache_checksum(const void *p, size_t n, uint64_t c[2]);
-/* Creates dir (0700) if missing; 1 if it may hold a cache (a directory of
- * this user's, not writable by others), else 0 with why. */
-int kl_cache_dir_usable(const char *dir, char *why, size_t n);
+/* Opens the directory at path if it and the path to it can be trusted: the
+ * path walked from / without following links, every directory on it owned
+ * by root or this user and writable by no one else unless sticky, the last
+ * one this user's and not writable by others even if sticky when `mine`.
+ * Returns the descriptor, or -1 with why. */
+int kl_trusted_dir(const char *path, int mine, char *why, size_t n);
+/* Creates dir (0700) if missing and opens it as a trusted cache directory
+ * (kl_trusted_dir, mine); -1 with why if it may not hold a cache. */
+int kl_cache_open(const char *dir, char *why, size_t n);
 /* Cubin for source on arch, from the cache at dir (NULL: no cache) or NVRTC. */
 int kl_jit_cubin(const char *source, const char *name, const char *arch, const char *dir,
                  kl_binary *out, int *hit, kl_err *err);

@@ -4,7 +4,11 @@
  * In order: the caller's kl_config.crossover_bytes; $KLGEN_CROSSOVER_BYTES;
  * the table `klbench --tune` writes ($KLGEN_TUNE_FILE, else tune.txt in the JIT
  * cache directory), nearest measured shard size for this arch and group size;
- * the default for the architecture, measured by klbench (README). */
+ * the default for the architecture, measured by klbench (README). The table
+ * decides which path a gather takes, so it is read only from a directory
+ * trusted as the cache's is (jit.c), and only if root or this user wrote it. */
+#include <fcntl.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,14 +43,22 @@ static int next_line(FILE *f, char *buf, int n) {
   return 1;
 }
 
-static long long from_table(const char *path, const char *arch, int nranks, long long shard) {
-  /* A regular file only, never through a link: a FIFO or /dev/zero there
-   * must not hang or flood creation. */
-  int fd = kl_open_regular(path, 1);
+/* The table file `name` in the directory dfd: a regular file (a FIFO or
+ * /dev/zero must not hang or flood creation), never through a link, of
+ * root's or this user's and writable by no one else. NULL if not. */
+static FILE *open_table(int dfd, const char *name) {
+  int fd = kl_open_regular_at(dfd, name, 1);
   struct stat st;
-  if (fd < 0) return 0;
-  FILE *f = fstat(fd, &st) == 0 && st.st_size <= TABLE_MAX ? fdopen(fd, "r") : NULL;
-  if (!f) return close(fd), 0;
+  if (fd < 0) return NULL;
+  FILE *f = NULL;
+  if (fstat(fd, &st) == 0 && st.st_size <= TABLE_MAX && !(st.st_mode & 022) &&
+      (st.st_uid == geteuid() || st.st_uid == 0))
+    f = fdopen(fd, "r");
+  if (!f) close(fd);
+  return f;
+}
+
+static long long from_table(FILE *f, const char *arch, int nranks, long long shard) {
   char line[256], a[32];
   int n;
   long long s, x, best = 0;
@@ -57,6 +69,32 @@ static long long from_table(const char *path, const char *arch, int nranks, long
     double d = fabs(log((double)s / (double)shard));
     if (d < dist) dist = d, best = x;
   }
+  return best;
+}
+
+/* The tuned crossover from $KLGEN_TUNE_FILE or cache_dir/tune.txt; 0 if
+ * there is none that may be trusted. */
+static long long tuned(const char *arch, int nranks, long long shard, const char *cache_dir) {
+  char d[4200], b[4200], why[4400];
+  const char *dir, *name, *tf = kl_param_str(KL_P_TUNE_FILE);
+  if (tf && *tf) { /* dirname and basename may write to what they are given */
+    snprintf(d, sizeof d, "%s", tf);
+    snprintf(b, sizeof b, "%s", tf);
+    dir = dirname(d), name = basename(b);
+  } else if (cache_dir) {
+    dir = cache_dir, name = "tune.txt";
+  } else {
+    return 0;
+  }
+  int dfd = kl_trusted_dir(dir, !(tf && *tf), why, sizeof why);
+  if (dfd < 0) {
+    if (kl_log_enabled()) kl_log("tune file not read: %s", why);
+    return 0;
+  }
+  FILE *f = open_table(dfd, name);
+  close(dfd);
+  if (!f) return 0;
+  long long best = from_table(f, arch, nranks, shard);
   fclose(f);
   return best;
 }
@@ -67,12 +105,7 @@ long long kl_crossover(const char *arch, int nranks, long long shard_bytes, long
   if (configured > 0) return *source = "kl_config", configured;
   long long v = kl_param_int(KL_P_CROSSOVER_BYTES, &given);
   if (given) return *source = "KLGEN_CROSSOVER_BYTES", v;
-  char path[4200];
-  const char *tf = kl_param_str(KL_P_TUNE_FILE);
-  if (tf && *tf) snprintf(path, sizeof path, "%s", tf);
-  else if (cache_dir) snprintf(path, sizeof path, "%s/tune.txt", cache_dir);
-  else path[0] = 0;
-  long long t = path[0] ? from_table(path, arch, nranks, shard_bytes) : 0;
+  long long t = tuned(arch, nranks, shard_bytes, cache_dir);
   if (t > 0) return *source = "tuned table", t;
   for (size_t i = 0; i < sizeof defaults / sizeof *defaults; i++)
     if (!strcmp(defaults[i].arch, arch)) return *source = "default for the arch", defaults[i].bytes;

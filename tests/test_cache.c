@@ -3,6 +3,7 @@
  * files, concurrent processes, the directory's resolution, and the tune file. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,40 +100,139 @@ static void not_regular(const char *entry, const kl_binary *good) {
 /* Directories the cache must not trust: writable by others, or someone
  * else's. Used, they would let another user choose the code we load. */
 static void untrusted(const char *root) {
-  char dir[512];
+  char dir[512], why[600];
   snprintf(dir, sizeof dir, "%s/shared", root);
   mkdir(dir, 0700);
   chmod(dir, 0777);
   CHECK(hit_of(src_a, dir) == 0 && hit_of(src_a, dir) == 0, "world-writable dir used as a cache");
-  char why[600];
-  CHECK(!kl_cache_dir_usable(dir, why, sizeof why) && strstr(why, "writable by others"), "%s", why);
+  CHECK(kl_cache_open(dir, why, sizeof why) < 0 && strstr(why, "writable by others"), "%s", why);
+  chmod(dir, 01777); /* sticky: still others could add entries */
+  CHECK(kl_cache_open(dir, why, sizeof why) < 0 && strstr(why, "writable by others"), "%s", why);
   chmod(dir, 0700);
-  CHECK(kl_cache_dir_usable(dir, why, sizeof why), "own 0700 dir refused: %s", why);
+  int fd = kl_cache_open(dir, why, sizeof why);
+  CHECK(fd >= 0, "own 0700 dir refused: %s", why);
+  if (fd >= 0) close(fd);
   if (geteuid() == 0 && chown(dir, 65534, 65534) == 0) {
     CHECK(hit_of(src_a, dir) == 0 && hit_of(src_a, dir) == 0, "another user's dir used");
-    CHECK(!kl_cache_dir_usable(dir, why, sizeof why) && strstr(why, "belongs to uid 65534"), "%s",
+    CHECK(kl_cache_open(dir, why, sizeof why) < 0 && strstr(why, "belongs to uid 65534"), "%s",
           why);
   }
 }
 
+/* The path to the cache: a directory above it that another user can write
+ * could swap what follows it (ssh's StrictModes), sticky /tmp aside; a link
+ * on the path is followed only where a trusted directory holds it. */
+static void ancestors(const char *root, const char *good_dir) {
+  char open_dir[512], dir[600], why[800], link[600];
+  snprintf(open_dir, sizeof open_dir, "%s/open", root);
+  mkdir(open_dir, 0777);
+  chmod(open_dir, 0777);
+  snprintf(dir, sizeof dir, "%s/cache", open_dir);
+  CHECK(hit_of(src_a, dir) == 0 && hit_of(src_a, dir) == 0, "cache under a 0777 parent used");
+  CHECK(kl_cache_open(dir, why, sizeof why) < 0 && strstr(why, "/open is writable by others"),
+        "%s", why);
+  /* a link to a trusted cache, from a directory anyone could change it in */
+  snprintf(link, sizeof link, "%s/to-good", open_dir);
+  CHECK(symlink(good_dir, link) == 0, "symlink");
+  CHECK(kl_cache_open(link, why, sizeof why) >= 0, "the link's target is trusted: %s", why);
+  chmod(open_dir, 01777); /* sticky, like /tmp */
+  int fd = kl_cache_open(dir, why, sizeof why);
+  CHECK(fd >= 0, "cache under a sticky parent refused: %s", why);
+  if (fd >= 0) close(fd);
+  /* a link held by a trusted directory is the owner's choice: followed */
+  snprintf(link, sizeof link, "%s/alias", root);
+  CHECK(symlink(good_dir, link) == 0, "symlink");
+  CHECK(hit_of(src_a, link) == 1, "a trusted link to a trusted cache not used");
+  if (geteuid() == 0) {
+    snprintf(dir, sizeof dir, "%s/theirs", root);
+    mkdir(dir, 0755);
+    CHECK(chown(dir, 65534, 65534) == 0, "chown");
+    snprintf(dir, sizeof dir, "%s/theirs/cache", root);
+    mkdir(dir, 0700);
+    CHECK(kl_cache_open(dir, why, sizeof why) < 0 && strstr(why, "/theirs belongs to uid 65534"),
+          "%s", why);
+  }
+}
+
+/* A link on the path swapped, as fast as a process can, between a trusted
+ * cache and another directory holding a forged entry (a valid cubin of other
+ * code, checksum and all): the directory checked is the one read, so the
+ * forged cubin never comes back. */
+static void swapped_link(const char *root, const char *good_entry, const kl_binary *good) {
+  char evil[512], link[512], tmp[512], entry[1024], good_dir[1024];
+  snprintf(good_dir, sizeof good_dir, "%s", good_entry);
+  *strrchr(good_dir, '/') = 0;
+  snprintf(evil, sizeof evil, "%s/evil", root);
+  mkdir(evil, 0777);
+  chmod(evil, 0777);
+  snprintf(entry, sizeof entry, "%s%s", evil, strrchr(good_entry, '/'));
+  FILE *in = fopen(good_entry, "rb"), *out = fopen(entry, "wb");
+  unsigned char *e = malloc(56 + good->size);
+  CHECK(in && out && e && fread(e, 1, 56 + good->size, in) == 56 + good->size, "copy entry");
+  if (!in || !out || !e) return;
+  e[56 + good->size - 1] ^= 0x5a; /* other code, then a checksum to match */
+  uint64_t c[2];
+  kl_cache_checksum(e + 56, good->size, c);
+  memcpy(e + 40, c, 16);
+  fwrite(e, 1, 56 + good->size, out);
+  fclose(in);
+  fclose(out);
+  chmod(entry, 0644);
+  snprintf(link, sizeof link, "%s/swap", root);
+  snprintf(tmp, sizeof tmp, "%s/swap.tmp", root);
+  symlink(good_dir, link);
+  pid_t pid = fork();
+  if (pid == 0) {
+    for (unsigned i = 0;; i++) { /* rename: the link is always there, one or the other */
+      unlink(tmp);
+      if (symlink(i & 1 ? evil : good_dir, tmp) == 0) rename(tmp, link);
+    }
+  }
+  int forged = 0, hits = 0;
+  for (int i = 0; i < 40; i++) {
+    kl_binary b;
+    int hit = 0;
+    if (jit(src_a, "sm_90", link, &b, &hit) != 0) continue;
+    hits += hit;
+    forged += b.size != good->size || memcmp(b.data, good->data, b.size) != 0;
+    kl_binary_free(&b);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  CHECK(forged == 0, "a forged cubin came back %d times in 40 (%d hits)", forged, hits);
+  free(e);
+}
+
+static long long crossover_from(const char *tune_file, const char *cache_dir, const char **src) {
+  if (tune_file) setenv("KLGEN_TUNE_FILE", tune_file, 1);
+  else unsetenv("KLGEN_TUNE_FILE");
+  return kl_crossover("sm_80", 2, 4096, 0, cache_dir, src);
+}
+
+static void write_table(const char *path, long long x, int mode) {
+  FILE *f = fopen(path, "w");
+  fprintf(f, "sm_80 2 4096 %lld\n", x);
+  fclose(f);
+  chmod(path, (mode_t)mode);
+}
+
 /* The tune file: a link to /dev/zero, a FIFO, a comment longer than a line
- * buffer that holds data-looking text; none may hang or be read as data. */
+ * buffer that holds data-looking text; none may hang or be read as data.
+ * It decides which path a gather takes, so it is read only from a directory
+ * trusted as the cache's is, and only if root or this user wrote it. */
 static void tune_file(const char *root) {
   const char *src;
-  char path[512], fifo[512];
+  char path[600], fifo[512], dir[512];
   snprintf(path, sizeof path, "%s/tune-zero", root);
   CHECK(symlink("/dev/zero", path) == 0, "symlink");
-  setenv("KLGEN_TUNE_FILE", path, 1);
   time_t t0 = time(NULL);
-  long long x = kl_crossover("sm_80", 2, 4096, 0, NULL, &src);
+  long long x = crossover_from(path, NULL, &src);
   CHECK(time(NULL) - t0 < 10 && !strcmp(src, "fallback default"), "/dev/zero: %lld from %s", x, src);
-  setenv("KLGEN_TUNE_FILE", "/dev/zero", 1);
-  x = kl_crossover("sm_80", 2, 4096, 0, NULL, &src);
+  x = crossover_from("/dev/zero", NULL, &src);
   CHECK(!strcmp(src, "fallback default"), "/dev/zero itself: %lld from %s", x, src);
   snprintf(fifo, sizeof fifo, "%s/tune-fifo", root);
   mkfifo(fifo, 0600);
-  setenv("KLGEN_TUNE_FILE", fifo, 1);
-  x = kl_crossover("sm_80", 2, 4096, 0, NULL, &src);
+  x = crossover_from(fifo, NULL, &src);
   CHECK(time(NULL) - t0 < 10 && !strcmp(src, "fallback default"), "FIFO: %lld from %s", x, src);
   snprintf(path, sizeof path, "%s/tune.txt", root);
   FILE *f = fopen(path, "w");
@@ -140,10 +240,30 @@ static void tune_file(const char *root) {
   for (int i = 0; i < 300; i++) fputc(i < 255 ? '-' : ' ', f);
   fprintf(f, "sm_80 2 4096 777\nsm_80 2 4096 12345\n");
   fclose(f);
-  setenv("KLGEN_TUNE_FILE", path, 1);
-  x = kl_crossover("sm_80", 2, 4096, 0, NULL, &src);
+  x = crossover_from(path, NULL, &src);
   CHECK(x == 12345 && !strcmp(src, "tuned table"), "long comment read as data: %lld from %s", x,
         src);
+  /* the cache directory's tune.txt: only where the cache itself would be */
+  snprintf(dir, sizeof dir, "%s/tcache", root);
+  mkdir(dir, 0700);
+  snprintf(path, sizeof path, "%s/tune.txt", dir);
+  write_table(path, 4242, 0600);
+  CHECK(crossover_from(NULL, dir, &src) == 4242, "own cache dir's table not read (%s)", src);
+  chmod(dir, 0777);
+  x = crossover_from(NULL, dir, &src);
+  CHECK(!strcmp(src, "fallback default"), "table read from a refused cache dir: %lld", x);
+  x = crossover_from(path, NULL, &src);
+  CHECK(!strcmp(src, "fallback default"), "KLGEN_TUNE_FILE in a 0777 dir read: %lld", x);
+  chmod(dir, 0700);
+  write_table(path, 4343, 0666);
+  x = crossover_from(path, NULL, &src);
+  CHECK(!strcmp(src, "fallback default"), "a table others can write was read: %lld", x);
+  if (geteuid() == 0) {
+    write_table(path, 4444, 0644);
+    CHECK(chown(path, 65534, 65534) == 0, "chown");
+    x = crossover_from(path, NULL, &src);
+    CHECK(!strcmp(src, "fallback default"), "another user's table was read: %lld", x);
+  }
   unsetenv("KLGEN_TUNE_FILE");
 }
 
@@ -258,6 +378,16 @@ int main(void) {
   unwritable();
   concurrent(root);
   untrusted(root);
+  char good_dir[512], good_entry[1024];
+  snprintf(good_dir, sizeof good_dir, "%s/good", root);
+  kl_binary good;
+  int hit;
+  if (jit(src_a, "sm_90", good_dir, &good, &hit) == 0) {
+    CHECK(only_entry(good_dir, good_entry, sizeof good_entry) == 0, "good: one entry");
+    ancestors(root, good_dir);
+    swapped_link(root, good_entry, &good);
+    kl_binary_free(&good);
+  }
   tune_file(root);
   resolution();
   char cmd[600];

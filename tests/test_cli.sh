@@ -113,6 +113,34 @@ echo 'while true do pcall(function() while true do end end) end' >"$tmp/loop.lua
 expect 1 timeout 20 "$klgen" --time-limit 200 "$tmp/loop.lua"; has "$tmp/err" "loop.lua:1: ran past its time limit (200 ms)"
 expect 2 "$klgen" --time-limit 0 "$tmp/loop.lua"; has "$tmp/err" "expected milliseconds"
 
+# files are made as any program makes them: 0666 less the caller's umask
+(umask 077 && "$klgen" -q --cubin "$specs/gpt2_tp4.lua" -o "$tmp/u77")
+[ "$(stat -c %a "$tmp/u77"/* | sort -u | tr '\n' ' ')" = "600 " ] && ok || no "umask 077: $(stat -c '%a %n' "$tmp/u77"/*)"
+[ "$(stat -c %a "$tmp/u77")" = 700 ] && ok || no "umask 077: directory $(stat -c %a "$tmp/u77")"
+(umask 022 && "$klgen" -q "$specs/gpt2_tp4.lua" -o "$tmp/u22")
+[ "$(stat -c %a "$tmp/u22"/* | sort -u | tr '\n' ' ')" = "644 " ] && ok || no "umask 022: $(stat -c '%a %n' "$tmp/u22"/*)"
+
+# paths are paths: after --, even names that look like options
+mkdir -p "$tmp/dash" && cp "$specs/gpt2_tp4.lua" "$tmp/dash/--help" && cp "$specs/kimi_k3_tp8.lua" "$tmp/dash/-q"
+(cd "$tmp/dash" && "$klgen" -o out -- --help -q) >"$tmp/out" 2>"$tmp/err" && ok || no "-- : $(cat "$tmp/err")"
+has "$tmp/out" "gpt2_tp4: vocab 50257"
+has "$tmp/out" "kimi_k3_tp8: vocab 163840"
+[ -s "$tmp/dash/out/gpt2_tp4.cu" ] && [ -s "$tmp/dash/out/kimi_k3_tp8.h" ] && ok || no "-- : outputs missing"
+
+# what a spec (or a file name) says reaches the terminal with its control bytes escaped
+no_controls() { tr -d '\n' <"$1" | LC_ALL=C grep -q '[[:cntrl:]]' && no "control bytes in $1: $(cat -A "$1")" || ok; }
+printf 'error("\\27[2J\\nklgen: wrote x.cu\\7")' >"$tmp/esc.lua"
+expect 1 "$klgen" "$tmp/esc.lua"
+has "$tmp/err" 'esc.lua:1: \\x1b\[2J\\x0aklgen: wrote x.cu\\x07'
+[ "$(wc -l <"$tmp/err")" = 1 ] && ok || no "a spec's message made $(wc -l <"$tmp/err") lines"
+no_controls "$tmp/err"
+expect 1 "$klgen" "$tmp/$(printf 'a\033[31m\rb').lua"; has "$tmp/err" 'a\\x1b\[31m\\x0db.lua: cannot open'
+no_controls "$tmp/err"
+expect 2 "$klgen" "--x$(printf '\033')"; has "$tmp/err" 'unknown option --x\\x1b'
+no_controls "$tmp/err"
+expect 2 "$klgen" --arch "sm_9$(printf '\033')" "$specs/gpt2_tp4.lua"; has "$tmp/err" 'expected sm_XY'
+no_controls "$tmp/err"
+
 # --templates: a broken template is reported at its line, nothing written
 cp -r "$templates" "$tmp/tpl"
 sed -i '3s/.*/<%= NO_SUCH %>/' "$tmp/tpl/oneshot.cu.tmpl"

@@ -11,7 +11,9 @@ writes. Errors in a spec raise SpecError, whose str() is the command line's
 """
 
 import ctypes
+import math
 import os
+import re
 import subprocess
 from typing import List, NamedTuple, Optional
 
@@ -61,17 +63,46 @@ def spec_path(name):
     return path
 
 
+def _path_arg(path, what):
+    """A path as bytes for C, refused where C would read less of it."""
+    path = os.fspath(path)
+    if ("\0" if isinstance(path, str) else b"\0") in path:
+        raise ValueError(f"{what}: a path cannot contain a NUL byte: {path!r}")
+    return path
+
+
 def _source_args(path, source, what):
     if (path is None) == (source is None):
         raise TypeError(f"{what}() takes a spec path or source=..., exactly one of them")
     if path is not None:
-        path = os.fspath(path)
+        path = _path_arg(path, what)
         if not os.path.exists(path):
             raise FileNotFoundError(2, "No such file or directory", path)
         return os.fsencode(path), None
     if not isinstance(source, str):
         raise TypeError(f"source must be a str, not {type(source).__name__}")
-    return None, source.encode()
+    # C takes the text up to its first NUL: what follows would never be run.
+    if "\0" in source:
+        raise SpecError(f"<spec string>:1: the source has a NUL byte at offset {source.index(chr(0))}",
+                        file="<spec string>", line=1)
+    try:
+        return None, source.encode()
+    except UnicodeEncodeError as e:
+        raise SpecError(f"<spec string>:1: the source is not text that UTF-8 can carry ({e.reason} "
+                        f"at offset {e.start})", file="<spec string>", line=1) from None
+
+
+def _name_arg(name):
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str or None, not {type(name).__name__}")
+    if "\0" in name:
+        raise ValueError(f"name cannot contain a NUL byte: {name!r}")
+    try:
+        return name.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"name is not text that UTF-8 can carry: {name!r}") from None
 
 
 def spec_info(path=None, name: Optional[str] = None, *, source: Optional[str] = None) -> SpecInfo:
@@ -81,10 +112,8 @@ def spec_info(path=None, name: Optional[str] = None, *, source: Optional[str] = 
     must define exactly one. Needs no GPU.
     """
     file, text = _source_args(path, source, "spec_info")
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"name must be a str or None, not {type(name).__name__}")
+    cname = _name_arg(name)
     info = _capi.Info(size=ctypes.sizeof(_capi.Info))
-    cname = name.encode() if name is not None else None
     if file is not None:
         _capi.check(_capi.lib.kl_spec_info_file(file, cname, ctypes.byref(info)))
     else:
@@ -98,12 +127,17 @@ def spec_names(path=None, *, source: Optional[str] = None) -> List[str]:
     """The names of the specs a file (or a string) defines, in order."""
     file, text = _source_args(path, source, "spec_names")
     fn = _capi.lib.kl_spec_names_file if file is not None else _capi.lib.kl_spec_names_string
-    arg = file if file is not None else text
+    # One evaluation for the count and the names: room for the most a file may define.
     count = ctypes.c_int(0)
-    _capi.check(fn(arg, None, 0, ctypes.byref(count)))
-    names = ((ctypes.c_char * _capi.INFO_NAME) * max(count.value, 1))()
-    _capi.check(fn(arg, names, count.value, ctypes.byref(count)))
+    names = ((ctypes.c_char * _capi.INFO_NAME) * _capi.SPECS_MAX)()
+    _capi.check(fn(file if file is not None else text, names, _capi.SPECS_MAX, ctypes.byref(count)))
+    if count.value > _capi.SPECS_MAX:
+        raise Error(f"{count.value} specs, more than the {_capi.SPECS_MAX} a file may define")
     return [names[i].value.decode() for i in range(count.value)]
+
+
+# A summary line of `klgen` (stdout): "<name>: vocab ...", the name a C identifier.
+_SUMMARY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*): vocab ", re.MULTILINE)
 
 
 def generate(path, out_dir) -> List[str]:
@@ -112,10 +146,13 @@ def generate(path, out_dir) -> List[str]:
     Every spec of the file gives <out_dir>/<name>.cu and <name>.h. On any error
     nothing is replaced: a bad spec raises SpecError, anything else Error.
     """
-    path, out_dir = os.fspath(path), os.fspath(out_dir)
+    path, out_dir = _path_arg(path, "generate"), _path_arg(out_dir, "generate")
     if not os.path.exists(path):
         raise FileNotFoundError(2, "No such file or directory", path)
-    done = subprocess.run([BINARY, "-q", "-o", out_dir, path], capture_output=True, text=True,
+    # "--": the path is a path even if it starts with '-'. The files are those
+    # the command reports for the specs it wrote (a second evaluation of the
+    # spec could name others).
+    done = subprocess.run([BINARY, "-o", out_dir, "--", path], capture_output=True, text=True,
                           stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         message = done.stderr.strip()
@@ -125,4 +162,43 @@ def generate(path, out_dir) -> List[str]:
         if err.line is not None:
             raise err
         raise Error(message)
-    return [os.path.join(out_dir, n + ext) for n in spec_names(path) for ext in (".cu", ".h")]
+    return [os.path.join(out_dir, n + ext) for n in _SUMMARY.findall(done.stdout)
+            for ext in (".cu", ".h")]
+
+
+def _lua_value(key, value):
+    """value as a Lua literal that reads back as exactly value: strings byte by
+    byte (anything but printable ASCII as a 3-digit escape), floats by repr
+    (shortest round trip), ints within Lua's 64 bits. Refused, before any Lua
+    is written: what Lua cannot hold or a spec must not say (NaN, inf, NUL)."""
+    if isinstance(value, str):
+        if "\0" in value:
+            raise SpecError(f"{key}: {value!r} has a NUL byte", field=key)
+        try:
+            raw = value.encode()
+        except UnicodeEncodeError:
+            raise SpecError(f"{key}: {value!r} is not text that UTF-8 can carry",
+                            field=key) from None
+        return '"' + "".join(chr(b) if 0x20 <= b < 0x7f and b not in b'"\\' else f"\\{b:03d}"
+                             for b in raw) + '"'
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"spec fields are str, int or float, got {type(value).__name__} {value!r}")
+    if isinstance(value, int):  # int(), float(): subclasses (IntEnum, numpy) print otherwise
+        if abs(value) >= 1 << 63:
+            raise SpecError(f"{key}: {value} is beyond a spec integer's range", field=key)
+        return str(int(value))
+    if not math.isfinite(value):
+        raise SpecError(f"{key}: {value!r} is not a finite number", field=key)
+    return repr(float(value))
+
+
+def _fields_source(fields):
+    """A spec's Lua source from plain field values (name defaults to "logits")."""
+    unknown = sorted(set(fields) - set(_capi.FIELDS))
+    if unknown:
+        raise TypeError(f"unknown spec field(s) {', '.join(unknown)}; fields are "
+                        f"{', '.join(_capi.FIELDS)}")
+    fields = dict(fields)
+    fields.setdefault("name", "logits")
+    body = ", ".join(f"{k} = {_lua_value(k, v)}" for k, v in fields.items())
+    return f"return {{ {body} }}"

@@ -17,6 +17,7 @@ LIBRARY = os.path.join(PACKAGE_DIR, "lib", "libklrt.so.0")
 OK, EINVAL, ESPEC, ENODRIVER, ECUDA, ENCCL, EDEVICE, EUNAVAILABLE, ENOMEM, ESTATE, EBUSY = range(11)
 
 INFO_NAME = 64  # KL_INFO_NAME
+SPECS_MAX = 256  # the most specs one file may define (gen/spec.c)
 
 
 class Info(ctypes.Structure):

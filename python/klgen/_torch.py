@@ -20,7 +20,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import _capi, _libs
+from . import _capi, _fields_source, _libs
 from ._errors import DeviceError, Error
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -38,29 +38,15 @@ _handles = itertools.count(1)
 _lock = threading.Lock()
 
 
-def _lua(value):
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"spec fields are str, int or float, got {type(value).__name__} {value!r}")
-    return repr(value) if isinstance(value, int) else f"{value:.17g}"
-
-
 def _spec_source(fields):
     """A spec's Lua source from keyword fields (dtype may be a torch.dtype)."""
-    unknown = sorted(set(fields) - set(_capi.FIELDS))
-    if unknown:
-        raise TypeError(f"unknown spec field(s) {', '.join(unknown)}; fields are "
-                        f"{', '.join(_capi.FIELDS)}")
     fields = dict(fields)
     for key in ("dtype", "out_dtype"):
         if isinstance(fields.get(key), torch.dtype):
             if fields[key] not in _DTYPES:
                 raise TypeError(f"{key} {fields[key]} is not one of torch.bfloat16, float16, float32")
             fields[key] = _DTYPES[fields[key]]
-    fields.setdefault("name", "logits")
-    body = ", ".join(f"{k} = {_lua(v)}" for k, v in fields.items())
-    return f"return {{ {body} }}"
+    return _fields_source(fields)
 
 
 def _raw_stream(index):

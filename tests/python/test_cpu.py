@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_hostile_spec_is_bounded(monkeypatch):
     monkeypatch.setenv("KLGEN_SPEC_TIME_MS", "200")
     with pytest.raises(klgen.SpecError, match="ran past its time limit \\(200 ms\\)"):
         klgen.spec_info(source="while true do pcall(function() while true do end end) end")
-    with pytest.raises(klgen.SpecError, match="has a metatable"):
+    with pytest.raises(klgen.SpecError, match="undefined global 'setmetatable'"):
         klgen.spec_info(source="return setmetatable({}, { __index = function() return 1 end })")
     monkeypatch.setenv("KLGEN_SPEC_TIME_MS", "soon")
     with pytest.raises(ValueError, match="KLGEN_SPEC_TIME_MS='soon'"):
@@ -138,3 +139,117 @@ def test_generate_errors_replace_nothing(tmp_path):
 def test_console_script():
     done = subprocess.run(["klgen", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "klgen 0.1.0"
+
+
+def test_nul_bytes_and_surrogates_are_refused(tmp_path):
+    # C reads a string up to its first NUL: what follows would never be seen
+    with pytest.raises(klgen.SpecError, match="NUL byte at offset 50"):
+        klgen.spec_info(source=GOOD[:50] + '\0 error("x")')
+    with pytest.raises(ValueError, match="NUL"):
+        klgen.spec_info(klgen.spec_path("deepseek_v3"), name="deepseek_v3_tp2\0zzz")
+    with pytest.raises(ValueError, match="NUL"):
+        klgen.spec_info(KIMI + "\0")
+    with pytest.raises(ValueError, match="NUL"):
+        klgen.generate(KIMI, str(tmp_path) + "\0x")
+    # a lone surrogate is no text C can be given
+    with pytest.raises(klgen.SpecError, match="UTF-8"):
+        klgen.spec_info(source="return { name = '\ud800' }")
+    with pytest.raises(ValueError, match="UTF-8"):
+        klgen.spec_info(KIMI, name="\udcff")
+
+
+def test_spec_names_is_one_evaluation():
+    # the count depends on a table's address: it differs from run to run, and
+    # the names must come from the same run as the count
+    src = ("local n = 5 + tostring({}):byte(-3) % 3 local t = {} "
+           "for i = 1, n do t[i] = { name = 'm' .. i, vocab_size = 64, tp = 1, "
+           "dtype = 'bf16', max_tokens = 1 } end return t")
+    for _ in range(40):
+        names = klgen.spec_names(source=src)
+        assert 5 <= len(names) <= 7 and names == [f"m{i}" for i in range(1, len(names) + 1)]
+    many = ("local t = {} for i = 1, 256 do t[i] = { name = 'm' .. i, vocab_size = 64, tp = 1, "
+            "dtype = 'bf16', max_tokens = 1 } end return t")
+    assert klgen.spec_names(source=many)[-1] == "m256"
+
+
+def test_fields_become_exactly_the_spec():
+    # what the caller passes is what the spec says, byte for byte
+    for value in ('a"b\\c\nd', "caf\u00e9 \u20ac", "x\x1b[2J", "--]] ]==] '"):
+        src = klgen._fields_source({"vocab_size": 64, "tp": 1, "dtype": value, "max_tokens": 1})
+        with pytest.raises(klgen.SpecError) as e:
+            klgen.spec_info(source=src)
+        assert e.value.field == "dtype"
+        shown = "".join(c if c.isprintable() and ord(c) < 0x80 or ord(c) >= 0xa0 else
+                        "".join(f"\\x{b:02x}" for b in c.encode()) for c in value)
+        assert f"'{shown}' is not one of bf16" in str(e.value), (value, str(e.value))
+    info = klgen.spec_info(source=klgen._fields_source(
+        {"name": "m", "vocab_size": 2 ** 17, "tp": 2, "dtype": "fp16", "max_tokens": 1.0,
+         "softcap": 1e-5, "scale": -0.1}))
+    assert (info.name, info.vocab_size, info.max_tokens) == ("m", 131072, 1)
+    # refused before any Lua is written, naming the field
+    for key, value in (("softcap", float("nan")), ("scale", float("inf")),
+                       ("softcap", float("-inf")), ("name", "a\0b"), ("name", "\ud800"),
+                       ("vocab_size", 2 ** 64)):
+        with pytest.raises(klgen.SpecError) as e:
+            klgen._fields_source({key: value})
+        assert e.value.field == key, (key, value)
+    with pytest.raises(TypeError, match="got bool"):
+        klgen._fields_source({"tp": True})
+    with pytest.raises(TypeError, match="unknown spec field"):
+        klgen._fields_source({"softcapp": 30.0})
+
+
+def test_undefined_globals_and_empty_values_are_errors():
+    base = "return { name = 'g', vocab_size = 256, tp = 1, dtype = 'bf16', max_tokens = 1, "
+    with pytest.raises(klgen.SpecError, match="undefined global 'nan'"):
+        klgen.spec_info(source=base + "softcap = nan }")
+    for bad in ("out_dtype = ''", "numerics = ''", "['softcap\\0'] = 3"):
+        with pytest.raises(klgen.SpecError):
+            klgen.spec_info(source=base + bad + " }")
+
+
+def test_generate_takes_paths_as_paths(tmp_path, monkeypatch):
+    # a spec file whose name looks like an option is still a file
+    (tmp_path / "--help").write_bytes(open(KIMI, "rb").read())
+    monkeypatch.chdir(tmp_path)
+    written = klgen.generate("--help", "out")
+    assert written == [os.path.join("out", "kimi_k3_tp8.cu"), os.path.join("out", "kimi_k3_tp8.h")]
+    assert all(os.path.getsize(p) > 0 for p in written)
+
+
+def test_generate_reports_what_it_wrote(tmp_path):
+    # the files are those of the run that wrote them, not of another evaluation
+    spec = tmp_path / "varies.lua"
+    spec.write_text("local n = 1 + tostring({}):byte(-3) % 4 local t = {} for i = 1, n do "
+                    "t[i] = { name = 'v' .. i, vocab_size = 64, tp = 1, dtype = 'bf16', "
+                    "max_tokens = 1 } end return t")
+    for k in range(6):
+        out = tmp_path / f"out{k}"
+        written = klgen.generate(spec, out)
+        assert sorted(written) == sorted(str(out / f) for f in os.listdir(out)), k
+
+
+def test_generate_keeps_the_umask(tmp_path):
+    old = os.umask(0o077)
+    try:
+        written = klgen.generate(KIMI, tmp_path / "private")
+    finally:
+        os.umask(old)
+    assert {oct(os.stat(p).st_mode & 0o777) for p in written} == {"0o600"}
+
+
+def test_hostile_specs_stop_at_their_limit(monkeypatch):
+    # C work that no instruction count sees: one sort of 1 MiB strings would
+    # run for minutes; parsing a page of gotos takes ~1 s here
+    monkeypatch.setenv("KLGEN_SPEC_TIME_MS", "300")
+    gotos = "".join(f"goto l{i}\n" for i in range(30000)) + \
+        "".join(f"::l{i}:: do end\n" for i in range(30000)) + GOOD
+    for src in ("local s = ('x'):rep(1 << 20) local t = {} for i = 1, 1e5 do t[i] = s end "
+                "table.sort(t)",
+                "local a, b = ('\\0'):rep(1 << 20), ('\\0'):rep(1 << 20) "
+                "while true do local _ = a < b end",
+                gotos):
+        t0 = time.monotonic()
+        with pytest.raises(klgen.SpecError, match=r"ran past its time limit \(300 ms\)"):
+            klgen.spec_names(source=src)
+        assert time.monotonic() - t0 < 0.3 + 2.0
