@@ -253,3 +253,12 @@ def test_hostile_specs_stop_at_their_limit(monkeypatch):
         with pytest.raises(klgen.SpecError, match=r"ran past its time limit \(300 ms\)"):
             klgen.spec_names(source=src)
         assert time.monotonic() - t0 < 0.3 + 2.0
+
+
+def test_a_dead_group_raises_device_error():
+    # KLRT_EDEVICE, what every call returns once a rank of the group timed out,
+    # is klgen.DeviceError in Python (the engines' drop-ins let it propagate)
+    from klgen import _capi
+    with pytest.raises(klgen.DeviceError):
+        _capi.check(_capi.EDEVICE)
+    assert issubclass(klgen.DeviceError, klgen.Error)

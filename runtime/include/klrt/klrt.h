@@ -22,7 +22,16 @@
  *     (it never waits). The functions that take no context are thread-safe.
  *   - Collectives: creation and destruction are collective (every rank of the
  *     group calls them, with the same spec); kl_gather is called by every
- *     rank for every step with the same token count. */
+ *     rank for every step with the same token count.
+ *   - Faults: when a rank's one-shot poll times out (a peer never came), the
+ *     whole group is dead. From then on every kernel of the group writes
+ *     poison into its outputs instead of results (logits NaN, index -1,
+ *     values and lse NaN; a step that timed out poisons what it had not
+ *     written), and every call (kl_gather, kl_argmax, kl_topk) returns
+ *     KLRT_EDEVICE, enqueuing nothing, once this rank's host has seen the
+ *     fault (a host-memory word the kernels write; no device sync). Calls made
+ *     before that return KLRT_OK and write poison: no output is left holding
+ *     an older step's values. Destroy the context. */
 #ifndef KLRT_H
 #define KLRT_H
 
@@ -156,10 +165,11 @@ kl_result kl_argmax(kl_ctx *ctx, const void *shard, int64_t *index, float *value
                     kl_stream stream);
 /* kl_topk, for a spec with `topk = K`: index and value [tokens, K] (value may
  * be NULL) get the K largest values of each row, descending, ties to the
- * lowest column, ordered as kl_argmax; lse[t] (NULL: not written) the
- * log-sum-exp of the whole row (fp32 from a float64 sum of the ranks'
- * partials): NaN if the row has a NaN, +Inf if it has +Inf, -Inf if all are
- * -Inf. KLRT_EINVAL for a spec without topk. index, value and lse must not
+ * lowest column, ordered as kl_argmax (values as fp32, every NaN as the
+ * canonical 0x7fc00000); lse[t] (NULL: not written) the log-sum-exp of the
+ * whole row, summed in float from each part's partial (within 1e-5 of a
+ * float64 sum, relative): NaN if the row has a NaN, +Inf if it has +Inf, -Inf
+ * if all are -Inf. KLRT_EINVAL for a spec without topk. index, value and lse must not
  * overlap each other or the shard (the shard is copied if it does).
  * Both: KLRT_EUNAVAILABLE on every rank, alike, when the one-shot path cannot
  * serve and some rank could not build the select kernels (the NCCL path runs
@@ -217,8 +227,10 @@ kl_result kl_spec_names_string(const char *spec_source, char (*names)[KL_INFO_NA
 kl_result kl_ctx_info(const kl_ctx *ctx, kl_info *info);
 
 kl_result kl_ctx_stats(const kl_ctx *ctx, kl_stats *stats);
-/* Reads the device-side error state (waits for nothing): KLRT_EDEVICE with a
- * message naming the peer and step if a one-shot step timed out. */
+/* KLRT_EDEVICE, with a message naming the rank that timed out, the peer it
+ * waited for and the step, once any rank of the group timed out (see
+ * Faults above); else KLRT_OK. Waits only for a read of this rank's fault
+ * word, not for queued work. */
 kl_result kl_ctx_status(kl_ctx *ctx);
 /* Collective. Waits for this rank's queued work, then for every rank, and
  * frees everything. NULL: nothing (KLRT_OK). The context is gone even when an
