@@ -20,7 +20,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import _capi, _fields_source, _libs
+from . import _capi, _fields_source, _libs, _name_arg, _source_args
 from ._errors import DeviceError, Error
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -154,13 +154,15 @@ class LogitsGather:
         elif fields:
             raise TypeError("give a spec or the spec's fields, not both")
         elif isinstance(spec, os.PathLike) or (isinstance(spec, str) and "return" not in spec):
-            source, path = None, os.fspath(spec)
-            if not os.path.exists(path):
-                raise FileNotFoundError(2, "No such file or directory", path)
+            source, path = None, spec
         elif isinstance(spec, str):
             source, path = spec, None
         else:
             raise TypeError(f"spec must be a path, a Lua source string or None, not {type(spec).__name__}")
+        # what C would read less of (a NUL) or not at all is refused here, before
+        # anything collective starts
+        file, text = _source_args(path, source, "LogitsGather")
+        cname = _name_arg(name) if name else None
         _libs.nvrtc()  # before libklrt looks for it (it takes the copy loaded)
         if nccl_comm is None:
             self._nccl, self._own_comm = _nccl_comm(self.group, self.rank, self.nranks, self.device)
@@ -168,13 +170,12 @@ class LogitsGather:
         self._exchange = _Exchange(self.group, self.device)
         cfg = _capi.Config(size=ctypes.sizeof(_capi.Config), rank=self.rank, nranks=self.nranks,
                            device=self.device.index, nccl=nccl_comm, allgather=self._exchange.fn)
-        cname = name.encode() if name else None
         with torch.cuda.device(self.device):
-            if path is not None:
-                r = _capi.lib.kl_ctx_create_file(ctypes.byref(self._ctx), os.fsencode(path), cname,
+            if file is not None:
+                r = _capi.lib.kl_ctx_create_file(ctypes.byref(self._ctx), file, cname,
                                                  ctypes.byref(cfg))
             else:
-                r = _capi.lib.kl_ctx_create_string(ctypes.byref(self._ctx), source.encode(), cname,
+                r = _capi.lib.kl_ctx_create_string(ctypes.byref(self._ctx), text, cname,
                                                    ctypes.byref(cfg))
         if r != _capi.OK:
             self._drop_comm()
