@@ -5,33 +5,20 @@ vllm.general_plugins entry point), on the torch backend (TorchGather, klgen's
 contract in torch ops: there is no GPU). Equal outputs, and the drop-in's
 stats show that klgen served each call. Skipped without vLLM."""
 
+import contextlib
 import os
-import socket
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
-import torch.multiprocessing as mp  # noqa: E402
-
-import engine_data as data  # noqa: E402
-
-TP = 2
+import engine_util as data  # noqa: E402
+from engine_util import TP  # noqa: E402
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(fn):
-    """fn(rank) in TP processes under vLLM's TP group over gloo; a failed
-    assert in any of them fails the test with its traceback."""
-    mp.spawn(_rank, args=(_port(), fn), nprocs=TP, join=True)
-
-
-def _rank(rank, port, fn):
+@contextlib.contextmanager
+def _setup(rank, port):
+    """Rank `rank` of TP over gloo, as the engine sets it up."""
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
@@ -40,13 +27,12 @@ def _rank(rank, port, fn):
         init_distributed_environment(world_size=TP, rank=rank, local_rank=rank, backend="gloo",
                                      distributed_init_method=f"tcp://127.0.0.1:{port}")
         initialize_model_parallel(tensor_model_parallel_size=TP)
-        with torch.no_grad():
-            fn(rank)
+        yield
 
 
 def _head(vocab, rows, dtype, logits):
     """vLLM's ParallelLMHead and hidden states for which it computes exactly
-    `logits` [rows, padded vocab] (engine_data's recipe)."""
+    `logits` [rows, padded vocab] (engine_util's recipe)."""
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
     head = ParallelLMHead(vocab, rows, params_dtype=dtype)
@@ -116,7 +102,7 @@ def _forward_and_logits(rank):
 
 
 def test_forward_get_logits_and_gather_logits():
-    _spawn(_forward_and_logits)
+    data.spawn(_setup, _forward_and_logits)
 
 
 def _top_tokens(rank):
@@ -130,7 +116,7 @@ def _top_tokens(rank):
 
 
 def test_get_top_tokens():
-    _spawn(_top_tokens)
+    data.spawn(_setup, _top_tokens)
 
 
 def _top_k_tokens(rank):
@@ -165,7 +151,7 @@ def _top_k_tokens(rank):
 
 
 def test_get_top_k_tokens():
-    _spawn(_top_k_tokens)
+    data.spawn(_setup, _top_k_tokens)
 
 
 def _lora(rank):
@@ -201,7 +187,7 @@ def _lora(rank):
 
 
 def test_lora_wrapper():
-    _spawn(_lora)
+    data.spawn(_setup, _lora)
 
 
 def _device_error(rank):
@@ -224,7 +210,7 @@ def _device_error(rank):
 
 
 def test_device_error_propagates():
-    _spawn(_device_error)
+    data.spawn(_setup, _device_error)
 
 
 def _off(rank):
@@ -238,4 +224,4 @@ def _off(rank):
 
 
 def test_entry_point_does_nothing_unasked():
-    _spawn(_off)
+    data.spawn(_setup, _off)

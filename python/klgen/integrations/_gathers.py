@@ -8,12 +8,12 @@ asks for the same spec in the same call, as it does for the gather itself).
 """
 
 import collections
-import logging
+import weakref
 
 import torch
 import torch.distributed as dist
 
-BACKENDS = ("klgen", "torch")
+from . import check_backend
 
 # The one-shot path serves up to this many rows per step; more rows take
 # libklrt's NCCL path (same result). Receive memory grows with it:
@@ -24,29 +24,43 @@ MAX_TOKENS = 64
 MAX_TOPK = 64
 
 
-def check_backend(backend, where):
-    if backend not in BACKENDS:
-        raise ValueError(f"{where}: backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
-    return backend
+_live = weakref.WeakSet()
+
+
+def stats(what):
+    """Gathers.stats() of every live Gathers of the engine `what`."""
+    return [g.stats() for g in list(_live) if g.what == what]
 
 
 class Gathers:
     """The gathers of one engine layer, keyed by spec, each made on first use.
 
-    Gathers(backend, group, log, what): backend "klgen" (LogitsGather on the
-    layer's GPU) or "torch" (TorchGather); group the TP group's
-    torch.distributed group; log a logging.Logger; what names the layer in
-    log lines. Counts its calls by use ("forward", "argmax", ...).
+    Gathers(backend, group, log, what, **about): backend "klgen" (LogitsGather
+    on the layer's GPU) or "torch" (TorchGather); group the TP group's
+    torch.distributed group; log a logging.Logger; what names the engine in
+    log lines and specs; about (the layer's vocabulary...) goes into stats().
+    Counts its calls by use ("forward", "argmax", ...).
     """
 
-    def __init__(self, backend, group, log, what):
+    def __init__(self, backend, group, log, what, **about):
         self.backend = check_backend(backend, "Gathers")
-        self.group, self.log, self.what = group, log, what
+        self.group, self.log, self.what, self.about = group, log, what, about
         self.tp = dist.get_world_size(group)
         self.specs = {}
         self.calls = collections.Counter()
         self.declined = collections.Counter()
         self._told = set()
+        _live.add(self)
+
+    def unfit(self, rows, device):
+        """Why a call on `rows` rows on `device` cannot take klgen, or None."""
+        if self.tp == 1:
+            return "TP 1: nothing to gather"
+        if rows == 0:
+            return "no rows"
+        if self.backend == "klgen" and device.type != "cuda":
+            return f"logits on {device}, not a CUDA device"
+        return None
 
     def get(self, use, logits, **fields):
         """The gather of the spec `fields` for shards like `logits` ([rows,
@@ -79,7 +93,7 @@ class Gathers:
     def stats(self):
         """Calls served by klgen and left to the engine, by use, and each
         gather's own stats() (libklrt's path counts)."""
-        return {"backend": self.backend, "calls": dict(self.calls),
+        return {**self.about, "backend": self.backend, "calls": dict(self.calls),
                 "declined": dict(self.declined),
                 "gathers": {g.name: g.stats() for g in self.specs.values()}}
 

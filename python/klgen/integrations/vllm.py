@@ -3,7 +3,7 @@
 Turn it on with KLGEN_VLLM=1 in the environment vLLM starts with. klgen's
 package declares a `vllm.general_plugins` entry point (klgen.integrations:
 vllm_plugin) that vLLM runs in every process it starts; with the variable set
-it registers KlgenLogitsProcessor as the out-of-tree LogitsProcessor
+it calls enable(), which registers KlgenLogitsProcessor as the out-of-tree LogitsProcessor
 (PluggableLayer.register_oot), so every LogitsProcessor a model builds from
 then on -- target, draft, MTP heads, each with its own vocabulary -- is one.
 In a process of your own, enable() does the same.
@@ -31,31 +31,17 @@ torch implementation of klgen's contract: for CPUs and tests.
 """
 
 import logging
-import os
-import weakref
 
 import torch
 from vllm.distributed import get_tp_group
 from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 
-from ._gathers import MAX_TOPK, Gathers, check_backend
-
-ENV = "KLGEN_VLLM"
+from . import _gathers, check_backend
+from ._gathers import MAX_TOPK, Gathers
 
 # Under vLLM's "vllm" logger: its handler, and its level (VLLM_LOGGING_LEVEL).
 log = logging.getLogger("vllm.klgen")
-
-_layers = weakref.WeakSet()
-
-
-def backend_from_env():
-    """The backend KLGEN_VLLM asks for, or None when it is unset, empty or 0."""
-    value = os.environ.get(ENV, "")
-    if value in ("", "0"):
-        return None
-    backend = "klgen" if value == "1" else value
-    return check_backend(backend, f"{ENV}={value!r} (1, klgen, torch or 0)")
 
 
 def enable(backend="klgen"):
@@ -73,10 +59,9 @@ def enable(backend="klgen"):
 
 def stats():
     """One entry per live KlgenLogitsProcessor that has been called: its
-    vocabulary, and the calls klgen served and those left to vLLM, by use."""
-    return [dict(vocab_size=layer.vocab_size, org_vocab_size=layer.org_vocab_size,
-                 **layer.klgen.stats())
-            for layer in list(_layers)]
+    vocabulary, the calls klgen served and those left to vLLM, by use, and
+    each of its gathers' stats()."""
+    return _gathers.stats("vllm")
 
 
 def _gathered(g, logits):
@@ -97,26 +82,20 @@ class KlgenLogitsProcessor(LogitsProcessor):
 
     def _gathers(self):
         if self.klgen is None:
-            self.klgen = Gathers(self.backend, get_tp_group().device_group, log, "vllm")
-            _layers.add(self)
+            self.klgen = Gathers(self.backend, get_tp_group().device_group, log, "vllm",
+                                 vocab_size=self.vocab_size, org_vocab_size=self.org_vocab_size)
         return self.klgen
 
     def _declines(self, rows, device, lm_head=None):
         """Why a call on `rows` rows on `device` stays with vLLM, or None."""
-        tp = get_tp_group().world_size
+        tp = self._gathers().tp
         if not self.use_all_gather:
             return "the platform gathers to one rank"
-        if tp == 1:
-            return "TP 1: nothing to gather"
         if lm_head is not None and lm_head.tp_size != tp:
             return f"the LM head is split {lm_head.tp_size} ways, the TP group has {tp} ranks"
         if lm_head is not None and lm_head.num_embeddings_padded < self.org_vocab_size:
             return "the LM head is narrower than org_vocab_size"
-        if rows == 0:
-            return "no rows"
-        if self.backend == "klgen" and device.type != "cuda":
-            return f"logits on {device}, not a CUDA device"
-        return None
+        return self._gathers().unfit(rows, device)
 
     def _select_declines(self, hidden_states, lm_head, k=1):
         """_declines for get_top_tokens / get_top_k_tokens, which also need
@@ -143,8 +122,7 @@ class KlgenLogitsProcessor(LogitsProcessor):
         if reason is not None:
             self._gathers().decline("gather", reason)
             return super()._gather_logits(logits)
-        tp = get_tp_group().world_size
-        g = self._gathers().get("gather", logits, vocab_size=tp * logits.shape[-1])
+        g = self._gathers().get("gather", logits, vocab_size=self._gathers().tp * logits.shape[-1])
         return _gathered(g, logits)
 
     def _get_logits(self, hidden_states, lm_head, embedding_bias, skip_gather=False):

@@ -1,5 +1,5 @@
-"""Logits for the real-engine tests (test_vllm.py, test_sglang.py), the same on
-every rank (seeded), and the comparison they use.
+"""What the real-engine tests (test_vllm.py, test_sglang.py) share: their
+processes, logits the same on every rank (seeded), and the comparison.
 
 The engines compute logits with their LM head, so the tests make a head whose
 logits are these: hidden states 4 * eye(rows) and weight logits / 4 (exact in
@@ -7,9 +7,28 @@ every dtype for these values). A product 0 * x with x non-finite is NaN, so
 +-Inf come from a finite weight that overflows when multiplied by 4, and a
 NaN only as a whole column (a NaN weight spoils every row's dot product)."""
 
-import torch
+import socket
 
+import torch
+import torch.multiprocessing as mp
+
+TP = 2
 HUGE = {torch.bfloat16: 1e38, torch.float32: 1e38, torch.float16: 60000.0}
+
+
+def spawn(setup, fn):
+    """fn(rank) without autograd inside the context setup(rank, port), in TP
+    processes that meet at a free port on 127.0.0.1; a failed assert in any
+    of them fails the caller with its traceback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank, args=(port, setup, fn), nprocs=TP, join=True)
+
+
+def _rank(rank, port, setup, fn):
+    with setup(rank, port), torch.no_grad():
+        fn(rank)
 
 
 def padded(vocab, tp, pad_to=64):
