@@ -6,6 +6,7 @@ contract in torch ops: there is no GPU). Equal outputs, and the drop-in's
 stats show that klgen served each call. Skipped without vLLM."""
 
 import contextlib
+import logging
 import os
 
 import pytest
@@ -58,33 +59,53 @@ def _served(layer, use):
     return layer.klgen.stats()["calls"].get(use, 0) if layer.klgen else 0
 
 
-# (vocab, org vocab, dtype, soft_cap, scale): GPT-2 (padded), Gemma-like
-# soft-cap, a scaled fp16 head, an EAGLE-like draft head of another vocab
+# (vocab, org vocab, dtype, soft_cap, scale, head_dtype): GPT-2 (padded), a
+# Gemma-like soft-cap, a scaled fp16 head, an EAGLE-like draft head of another
+# vocab, an fp32 head over bf16 weights (--hf-overrides head_dtype)
 HEADS = [
-    (50257, None, torch.bfloat16, None, 1.0),
-    (50257, None, torch.bfloat16, 30.0, 1.0),
-    (50257, None, torch.float16, 50.0, 0.75),
-    (32000, None, torch.float16, None, 1.0),
+    (50257, None, torch.bfloat16, None, 1.0, None),
+    (50257, None, torch.bfloat16, 30.0, 1.0, None),
+    (50257, None, torch.float16, 50.0, 0.75, None),
+    (32000, None, torch.float16, None, 1.0, None),
+    (50257, None, torch.bfloat16, 30.0, 1.0, torch.float32),
 ]
 
 
-def _heads_on_off(rank):
+def _heads(rows=12, ranked=0):
+    """An LM head per HEADS, with hostile logits, or with `ranked` distinct
+    largest values (vLLM's torch.topk orders ties as it may)."""
+    heads = []
+    for i, (vocab, _, dtype, *_) in enumerate(HEADS):
+        width = data.padded(vocab, TP)
+        logits = (data.ranked_rows(rows, width, vocab, dtype, ranked, seed=i) if ranked else
+                  data.hostile_rows(rows, width, vocab, dtype, seed=i))
+        heads.append(_head(vocab, rows, dtype, logits))
+    return heads
+
+
+def _processors():
+    """vLLM's LogitsProcessors of HEADS, as they are and with the drop-in on."""
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
 
-    rows = 12
-    heads, stock = [], []
-    for i, (vocab, org, dtype, cap, scale) in enumerate(HEADS):
-        logits = data.hostile_rows(rows, data.padded(vocab, TP), vocab, dtype, seed=i)
-        heads.append(_head(vocab, rows, dtype, logits))
-        stock.append(LogitsProcessor(vocab, org, scale=scale, soft_cap=cap))
+    def made():
+        processors = []
+        for vocab, org, _, cap, scale, head_dtype in HEADS:
+            processors.append(LogitsProcessor(vocab, org, scale=scale, soft_cap=cap))
+            processors[-1].head_dtype = head_dtype  # what vLLM reads from the model config
+        return processors
+
+    stock = made()
     _turn_on()
-    ours = [LogitsProcessor(vocab, org, scale=scale, soft_cap=cap)
-            for vocab, org, _, cap, scale in HEADS]
-    return heads, stock, ours
+    return stock, made()
 
 
 def _forward_and_logits(rank):
-    heads, stock, ours = _heads_on_off(rank)
+    records = []
+    log = logging.getLogger("vllm.klgen")
+    log.setLevel(logging.DEBUG)
+    log.addHandler(logging.Handler())
+    log.handlers[-1].emit = records.append
+    heads, (stock, ours) = _heads(), _processors()
     for (head, hidden), off, on, spec in zip(heads, stock, ours, HEADS):
         for n in (1, 5, 12):
             h = hidden[:n]
@@ -99,6 +120,8 @@ def _forward_and_logits(rank):
         # 3-D hidden states: the rows are flattened for the gather
         h3 = hidden[:12].reshape(3, 4, -1)
         data.assert_same(on(head, h3), off(head, h3), f"forward {spec} [3, 4, hidden]")
+    # the debug line that says it took effect
+    assert any("torch gather vllm_v32000_s16000" in r.getMessage() for r in records), records
 
 
 def test_forward_get_logits_and_gather_logits():
@@ -106,7 +129,7 @@ def test_forward_get_logits_and_gather_logits():
 
 
 def _top_tokens(rank):
-    heads, stock, ours = _heads_on_off(rank)
+    heads, (stock, ours) = _heads(), _processors()
     for (head, hidden), off, on, spec in zip(heads, stock, ours, HEADS):
         for n in (1, 12):
             h = hidden[:n]
@@ -120,18 +143,8 @@ def test_get_top_tokens():
 
 
 def _top_k_tokens(rank):
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
-
-    rows, k = 10, 5
-    heads, stock = [], []
-    for i, (vocab, org, dtype, cap, scale) in enumerate(HEADS):
-        # distinct values at the top: vLLM's torch.topk orders ties as it may
-        logits = data.ranked_rows(rows, data.padded(vocab, TP), vocab, dtype, k + 1, seed=i)
-        heads.append(_head(vocab, rows, dtype, logits))
-        stock.append(LogitsProcessor(vocab, org, scale=scale, soft_cap=cap))
-    _turn_on()
-    ours = [LogitsProcessor(vocab, org, scale=scale, soft_cap=cap)
-            for vocab, org, _, cap, scale in HEADS]
+    k = 5
+    heads, (stock, ours) = _heads(rows=10, ranked=k + 1), _processors()
     for (head, hidden), off, on, spec in zip(heads, stock, ours, HEADS):
         ids, values = on.get_top_k_tokens(head, hidden, k)
         want_ids, want_values = off.get_top_k_tokens(head, hidden, k)
@@ -164,7 +177,7 @@ def _lora(rank):
     from vllm.utils import torch_utils
 
     torch_utils.PIN_MEMORY = False  # vLLM's platform guess says yes; there is no GPU
-    heads, stock, ours = _heads_on_off(rank)
+    heads, (stock, ours) = _heads(), _processors()
     rows, rank_r = 12, 8
     gen = torch.Generator().manual_seed(7)
     for (head, hidden), off, on, spec in zip(heads, stock, ours, HEADS):
@@ -195,8 +208,7 @@ def _device_error(rank):
     import klgen
     from klgen.integrations import _gathers
 
-    heads, _, ours = _heads_on_off(rank)
-    (head, hidden), on = heads[0], ours[0]
+    (head, hidden), on = _heads()[0], _processors()[1][0]
     on(head, hidden)
 
     def fail(self, shard):
