@@ -7,6 +7,7 @@ every dtype for these values). A product 0 * x with x non-finite is NaN, so
 +-Inf come from a finite weight that overflows when multiplied by 4, and a
 NaN only as a whole column (a NaN weight spoils every row's dot product)."""
 
+import logging
 import socket
 
 import torch
@@ -29,6 +30,16 @@ def spawn(setup, fn):
 def _rank(rank, port, setup, fn):
     with setup(rank, port), torch.no_grad():
         fn(rank)
+
+
+def debug_lines(logger):
+    """A list that collects what `logger` logs from now on, debug included."""
+    lines = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger(logger).addHandler(handler)
+    logging.getLogger(logger).setLevel(logging.DEBUG)
+    return lines
 
 
 def padded(vocab, tp, pad_to=64):

@@ -112,6 +112,7 @@ def _served(layer, use):
 
 
 def _get_logits_and_forward(rank):
+    lines = data.debug_lines("sglang.klgen")
     heads, (stock, ours) = _heads(), _processors()
     for (head, hidden), off, on, spec in zip(heads, stock, ours, HEADS):
         for n in (1, 5, 12):
@@ -130,6 +131,8 @@ def _get_logits_and_forward(rank):
                              off(ids, h.clone(), head, _metadata()).next_token_logits,
                              f"forward {spec} rows {n}")
         assert _served(on, "gather") == 9
+    # the debug line that says it took effect
+    assert any("torch gather sglang_v32000_s16000" in line for line in lines), lines
 
 
 def test_get_logits_and_forward():
