@@ -81,6 +81,10 @@ for p in "$prefix"/bin/*; do
   readelf -d "$p" | grep -q 'RUNPATH.*\$ORIGIN/\.\./lib' && ok || no "$p: no RUNPATH \$ORIGIN/../lib"
 done
 expect 0 "$prefix/bin/klgen" --version
+# and find the installed specs by name
+expect 0 "$prefix/bin/klgen" --list; has "$tmp/out" "^shipped specs in $prefix/bin/../share/klgen/specs "
+expect 0 "$prefix/bin/klgen" -q kimi_k3_tp8 -o "$tmp/gen"
+[ -s "$tmp/gen/kimi_k3_tp8.h" ] && ok || no "the installed klgen did not find kimi_k3_tp8"
 expect 2 "$prefix/bin/klbench"; has "$tmp/err" "usage: klbench"
 expect 2 "$prefix/bin/klfloor" --frobnicate; has "$tmp/err" "usage: klfloor"
 
