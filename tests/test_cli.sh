@@ -27,6 +27,7 @@ has "$tmp/a/kimi_k3_tp8.h" "KL_KIMI_K3_TP8_GENERATED"
 readme=$specs/../README.md
 line=$(grep '^kimi_k3_tp8: vocab ' "$readme")
 [ -n "$line" ] && [ "$line" = "$(cat "$tmp/out")" ] && ok || no "README's quick-start line '$line' is not the CLI's '$(cat "$tmp/out")'"
+[ "$(wc -l <"$readme")" -le 220 ] && ok || no "README has $(wc -l <"$readme") lines, more than 220"
 
 # shipped specs by name; a file of that name wins; --list
 expect 0 "$klgen" kimi_k3_tp8 -o "$tmp/byname"
