@@ -26,10 +26,22 @@ opened=$($cc -std=c11 -E -H -I"$prefix/include" -x c - <<<'#include <klrt/klrt.h
 [ -z "$opened" ] && ok || no "klrt.h opens: $opened"
 grep -E -i "^(Cflags|Libs).*(cuda|nccl)" "$prefix"/lib/pkgconfig/*.pc && no ".pc files name CUDA or NCCL" || ok
 
-# find_package(klrt CONFIG), from the installed prefix alone, in C and C++
+# find_package(klrt CONFIG), from the installed prefix alone, in C and C++;
+# and a header made by the installed klgen, used from C++ as README shows
 mkdir -p "$tmp/cm"
 cp "$src/tests/install_consumer.c" "$tmp/cm/consumer.c"
 cp "$src/tests/install_consumer.c" "$tmp/cm/consumer.cpp"
+"$prefix/bin/klgen" -q kimi_k3_tp8 -o "$tmp/cm/gen"
+cat >"$tmp/cm/generated.cpp" <<'CPP'
+#include <klrt/klrt.h>
+#include <cstdio>
+#include "kimi_k3_tp8.h"
+int main() {
+  kl_generated gen = KL_KIMI_K3_TP8_GENERATED; // README's way, C and C++ alike
+  std::printf("%s abi %d\n", gen.name, gen.abi);
+  return 0;
+}
+CPP
 cat >"$tmp/cm/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.25)
 project(consumer C CXX)
@@ -47,12 +59,17 @@ foreach(t c_shared c_static cxx_shared cxx_static)
     target_link_libraries(${t} PRIVATE klrt::klrt_static)
   endif()
 endforeach()
+add_executable(cxx_generated generated.cpp)
+target_include_directories(cxx_generated PRIVATE gen)
+target_compile_options(cxx_generated PRIVATE -Wall -Wextra -Werror -pedantic)
+target_link_libraries(cxx_generated PRIVATE klrt::klrt)
 CM
 expect 0 cmake -S "$tmp/cm" -B "$tmp/cm/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_COMPILER="$cc" \
   -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_CMAKE_SYSTEM_PATH=OFF
 grep -q "^klrt_DIR:PATH=$prefix/lib/cmake/klrt$" "$tmp/cm/build/CMakeCache.txt" 2>/dev/null && ok ||
   no "klrt not found in the prefix: $(grep klrt_DIR "$tmp/cm/build/CMakeCache.txt" 2>/dev/null)"
 expect 0 cmake --build "$tmp/cm/build"
+expect 0 "$tmp/cm/build/cxx_generated"; has "$tmp/out" "^kimi_k3_tp8 abi 4$"
 for t in c_shared c_static cxx_shared cxx_static; do
   expect 0 "$tmp/cm/build/$t" "$spec"; has "$tmp/out" "kimi_k3_tp8: shard 20480, 8 ranks"
   case $t in
