@@ -198,11 +198,23 @@ static int run_rank(rank *R, ncclUniqueId id) {
   return R->mismatches ? 1 : 0;
 }
 
+static const char usage[] =
+    "usage: tp_decode SPEC_FILE [NAME] [--steps N] [--tokens T]\n"
+    "Runs a TP decode loop, one process per GPU (the spec's tp of them): a cuBLAS LM head\n"
+    "makes each rank's shard, kl_gather assembles the logits, eagerly and in a CUDA graph,\n"
+    "and the checked steps are compared bit for bit with all shards computed locally.\n"
+    "  NAME        which spec of a file that defines several\n"
+    "  --steps N   decode steps, at least 2 (default 64)\n"
+    "  --tokens T  tokens per step (default 1)\n";
+
+/* 1: --help asked for; -1: a usage error. */
 static int parse(int argc, char **argv, opts *o) {
   *o = (opts){NULL, NULL, 64, 1};
   for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return 1;
     if (!strcmp(argv[i], "--steps") && i + 1 < argc) o->steps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) o->tokens = atoi(argv[++i]);
+    else if (argv[i][0] == '-') return -1;
     else if (!o->spec) o->spec = argv[i];
     else if (!o->name) o->name = argv[i];
     else return -1;
@@ -226,10 +238,10 @@ static int gpu_count(void) {
 
 int main(int argc, char **argv) {
   opts o;
-  if (parse(argc, argv, &o)) {
-    fprintf(stderr, "usage: tp_decode SPEC_FILE [NAME] [--steps N] [--tokens T]\n");
-    return 2;
-  }
+  int p = parse(argc, argv, &o);
+  if (p > 0) return fputs(usage, stdout), 0;
+  if (p < 0) return fputs("usage: tp_decode SPEC_FILE [NAME] [--steps N] [--tokens T] (see --help)\n",
+                          stderr), 2;
   kl_info info = KL_INFO_INIT; /* reading a spec needs no GPU */
   if (kl_spec_info_file(o.spec, o.name, &info) != KLRT_OK) {
     fprintf(stderr, "tp_decode: %s\n", kl_last_error());

@@ -1,9 +1,11 @@
 /* klgen: specs/<model>.lua -> <name>.cu + <name>.h (and optionally cubins). */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "klgen.h"
 
@@ -12,7 +14,7 @@
 typedef struct opts {
   const char *out_dir, *templates;
   const char *arch[MAX_ARCH];
-  int n_arch, check, cubin, quiet;
+  int n_arch, check, cubin, quiet, list;
   kl_limits lim;
   char **specs;
   int n_specs;
@@ -28,11 +30,14 @@ typedef struct job {
 
 static void usage(FILE *f) {
   fputs("usage: klgen [options] [--] SPEC...\n"
-        "Generates a CUDA all-gather kernel specialized for each spec.\n\n"
+        "Generates a CUDA all-gather kernel specialized for each spec.\n"
+        "SPEC is a spec file, or the name of a shipped one (kimi_k3_tp8; see --list);\n"
+        "a file of that name wins.\n\n"
         "  -o DIR           write DIR/<name>.cu and DIR/<name>.h (default: .)\n"
+        "  --list           list the shipped specs and the names each defines\n"
         "  --check          validate and compile with NVRTC; write nothing\n"
-        "  --arch sm_XY     GPU architecture for --check/--cubin (repeatable;\n"
-        "                   default sm_90)\n"
+        "  --arch sm_XY     GPU architecture for --check/--cubin, sm_80 or newer\n"
+        "                   (repeatable; default sm_90)\n"
         "  --cubin          also write DIR/<name>.<arch>.cubin\n"
         "  --templates DIR  read templates from DIR instead of the built-in ones\n"
         "  --time-limit MS  wall-clock limit for each spec file's code (default 2000)\n"
@@ -63,6 +68,9 @@ static int is_arch(const char *s) {
   return 3 + d == n || (3 + d + 1 == n && s[n - 1] >= 'a' && s[n - 1] <= 'z');
 }
 
+/* The XY of sm_XY (is_arch already holds). */
+static int arch_number(const char *s) { return atoi(s + 3); }
+
 /* Returns -1 to continue, else an exit status. */
 static int parse(int argc, char **argv, opts *o) {
   memset(o, 0, sizeof *o);
@@ -81,6 +89,7 @@ static int parse(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout), 0;
     else if (!strcmp(a, "--version")) return printf("klgen %s\n", KLGEN_VERSION), 0;
     else if (!strcmp(a, "--check")) o->check = 1;
+    else if (!strcmp(a, "--list")) o->list = 1;
     else if (!strcmp(a, "--cubin")) o->cubin = 1;
     else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
     else if (!strcmp(a, "-o") || !strcmp(a, "--templates") || !strcmp(a, "--arch") ||
@@ -100,12 +109,16 @@ static int parse(int argc, char **argv, opts *o) {
     } else if (a[0] == '-' && a[1] != 0) return usage_error("unknown option %s", a);
     else o->specs[o->n_specs++] = argv[i];
   }
+  if (o->list) return o->n_specs ? usage_error("%s", "--list takes no spec") : -1;
   if (o->n_specs == 0) return usage_error("%s", "no spec file given");
   if (o->check && o->cubin) return usage_error("%s", "--check writes nothing; drop --cubin");
   if (o->n_arch == 0) o->arch[o->n_arch++] = "sm_90";
   for (int i = 0; i < o->n_arch; i++)
     if (!is_arch(o->arch[i]))
       return usage_error("--arch %s: expected sm_XY (e.g. sm_90, sm_100)", o->arch[i]);
+    else if (arch_number(o->arch[i]) < 80) /* one line: --help would not help */
+      return fprintf(stderr, "klgen: --arch %s: the kernels need sm_80 or newer (Ampere, Hopper, "
+                     "Blackwell)\n", o->arch[i]), 2;
   return -1;
 }
 
@@ -122,12 +135,115 @@ static int render(job *j, const opts *o, kl_err *err) {
   return rc;
 }
 
+/* ---- shipped specs, by name ----
+ * Where they are, relative to this executable: an installed klgen
+ * (bin/../share/klgen/specs) and the Python package's (klgen/bin/../specs);
+ * the build tree's klgen also looks in the source tree. */
+static const char *const spec_dirs_rel[] = {"../share/klgen/specs", "../specs"};
+#define N_SPEC_DIRS (sizeof spec_dirs_rel / sizeof *spec_dirs_rel + 1)
+
+/* The directories that exist, in order of preference; returns their number. */
+static int spec_dirs(char dirs[N_SPEC_DIRS][4096]) {
+  char exe[4096];
+  int n = 0;
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  struct stat st;
+  if (len > 0) {
+    exe[len] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    for (size_t i = 0; i < N_SPEC_DIRS - 1; i++) {
+      int w = snprintf(dirs[n], sizeof dirs[n], "%s/%s", exe, spec_dirs_rel[i]);
+      if (w > 0 && (size_t)w < sizeof dirs[n] && stat(dirs[n], &st) == 0 && S_ISDIR(st.st_mode))
+        n++;
+    }
+  }
+#ifdef KL_SOURCE_SPECS_DIR
+  snprintf(dirs[n], sizeof dirs[n], "%s", KL_SOURCE_SPECS_DIR);
+  if (stat(dirs[n], &st) == 0 && S_ISDIR(st.st_mode)) n++;
+#endif
+  return n;
+}
+
+/* A shipped spec's name: letters, digits and '_' (no path, no extension). */
+static int is_spec_name(const char *s) {
+  if (!*s) return 0;
+  for (; *s; s++)
+    if (!(*s == '_' || (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9')))
+      return 0;
+  return 1;
+}
+
+/* arg as a spec file: itself when it exists or is no name; else the shipped
+ * spec of that name (*path malloc'd). */
+static int resolve_spec(const char *arg, char **path, kl_err *err) {
+  struct stat st;
+  *path = NULL;
+  if (stat(arg, &st) == 0 || !is_spec_name(arg)) return 0;
+  char dirs[N_SPEC_DIRS][4096];
+  int n = spec_dirs(dirs);
+  for (int i = 0; i < n; i++) {
+    size_t len = strlen(dirs[i]) + strlen(arg) + 6;
+    char *p = malloc(len);
+    if (!p) return kl_fail(err, KL_ENOMEM, "out of memory");
+    snprintf(p, len, "%s/%s.lua", dirs[i], arg);
+    if (stat(p, &st) == 0) return *path = p, 0;
+    free(p);
+  }
+  return kl_fail(err, KL_EIO, "%s: no such file, and no shipped spec of that name "
+                 "(klgen --list shows them)", arg);
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* klgen --list: each shipped spec file's stem and the names it defines. */
+static int list_specs(const opts *o, kl_err *err) {
+  char dirs[N_SPEC_DIRS][4096];
+  if (spec_dirs(dirs) == 0) return kl_fail(err, KL_EIO, "no shipped specs beside this klgen");
+  DIR *d = opendir(dirs[0]);
+  if (!d) return kl_fail(err, KL_EIO, "%s: cannot open: %s", dirs[0], strerror(errno));
+  char **stems = NULL;
+  int n = 0, rc = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL && !rc;) {
+    size_t len = strlen(e->d_name);
+    if (len < 5 || strcmp(e->d_name + len - 4, ".lua") != 0) continue;
+    char **grown = realloc(stems, (size_t)(n + 1) * sizeof *stems);
+    if (!grown || !(grown[n] = strndup(e->d_name, len - 4)))
+      rc = kl_fail(err, KL_ENOMEM, "out of memory");
+    if (grown) stems = grown;
+    if (!rc) n++;
+  }
+  closedir(d);
+  if (!rc) qsort(stems, (size_t)n, sizeof *stems, cmp_str);
+  if (!rc) printf("shipped specs in %s (name: the specs it defines):\n", dirs[0]);
+  for (int i = 0; i < n && !rc; i++) {
+    char path[8192];
+    kl_spec_list l;
+    snprintf(path, sizeof path, "%s/%s.lua", dirs[0], stems[i]); /* both fit */
+    rc = kl_spec_load_file(path, &o->lim, &l, err);
+    if (rc) break;
+    printf("%s:", stems[i]);
+    for (int k = 0; k < l.n; k++) printf(" %s", l.v[k].name);
+    printf("\n");
+    kl_spec_list_free(&l);
+  }
+  for (int i = 0; i < n; i++) free(stems[i]);
+  free(stems);
+  return rc;
+}
+
 /* Loads every spec of every file; names must be unique across them all. */
 static int load_all(const opts *o, job **jobs, int *n, kl_err *err) {
   *jobs = NULL, *n = 0;
   for (int f = 0; f < o->n_specs; f++) {
     kl_spec_list l;
-    int rc = kl_spec_load_file(o->specs[f], &o->lim, &l, err);
+    char *shipped;
+    int rc = resolve_spec(o->specs[f], &shipped, err);
+    if (rc) return rc;
+    rc = kl_spec_load_file(shipped ? shipped : o->specs[f], &o->lim, &l, err);
+    free(shipped);
     if (rc) return rc;
     job *grown = realloc(*jobs, (size_t)(*n + l.n) * sizeof **jobs);
     if (!grown) return kl_spec_list_free(&l), kl_fail(err, KL_ENOMEM, "out of memory");
@@ -189,6 +305,16 @@ static int write_all(job *jobs, int n, const opts *o, kl_err *err) {
   return rc;
 }
 
+/* v as the shortest text that reads back as v. */
+static void print_double(const char *label, double v) {
+  char buf[40];
+  for (int prec = 6; prec <= 17; prec++) {
+    snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (strtod(buf, NULL) == v) break;
+  }
+  printf("%s%s", label, buf);
+}
+
 static void summary(const job *j, const opts *o) {
   const kl_spec *s = &j->spec;
   const kl_layout *l = &j->layout;
@@ -197,6 +323,12 @@ static void summary(const job *j, const opts *o) {
          s->name, (long long)s->vocab_size, (long long)l->padded_vocab, s->tp,
          (long long)l->shard, (long long)l->shard_bytes, kl_dtype_name(s->dtype), l->vec_bytes,
          (double)l->recv_bytes / (1 << 20));
+  if (l->epilogue) {
+    printf(", out %s", kl_dtype_name(s->out_dtype));
+    if (s->softcap != 0) print_double(", softcap ", s->softcap);
+    if (s->scale != 0) print_double(", scale ", s->scale);
+    printf(", %s numerics", s->numerics == KL_NUMERICS_FP32 ? "fp32" : "engine");
+  }
   if (s->topk) printf(", top-%d", s->topk);
   for (int a = 0; (o->check || o->cubin) && a < o->n_arch; a++)
     printf("%s%s", a ? " " : ", compiled for ", o->arch[a]);
@@ -208,6 +340,11 @@ int main(int argc, char **argv) {
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return free(o.specs), rc;
   kl_err err = {{0}};
+  if (o.list) {
+    rc = list_specs(&o, &err);
+    if (rc) fprintf(stderr, "klgen: %s\n", err.msg);
+    return free(o.specs), rc ? 1 : 0;
+  }
   job *jobs = NULL;
   int n = 0;
   rc = load_all(&o, &jobs, &n, &err);

@@ -18,7 +18,7 @@
 
 #include "rt.h"
 
-/* Measured on 2 x H200 (sm_90) with klbench (README "Benchmark"): the
+/* Measured on 2 x H200 (sm_90) with klbench (docs/BENCHMARKS.md): the
  * one-shot kernel beat NCCL (ring and symmetric windows) at every size up to
  * 16 MiB per rank, by 1.4x at the top. Past what was measured, NCCL. */
 static const struct {

@@ -30,6 +30,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nccl.h> /* klrt.h includes no NCCL header */
+
 #include "gpu_util.h"
 #include "klrt/klrt.h"
 

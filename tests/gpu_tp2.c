@@ -17,6 +17,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nccl.h> /* and cuda_runtime.h: klrt.h includes neither */
+
 #include "gpu_util.h"
 #include "klrt/klrt.h"
 

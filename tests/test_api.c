@@ -13,6 +13,11 @@
 #include "klrt/klrt.h"
 #include "rt.h"
 
+#include <nccl.h>
+/* klrt.h declares the communicator without nccl.h: it must be ncclComm_t itself. */
+_Static_assert(_Generic(((kl_config *)0)->nccl, ncclComm_t: 1, default: 0),
+               "kl_config.nccl is not ncclComm_t");
+
 static const char *kimi = "return { name = 'kimi_k3_tp8', vocab_size = 163840, tp = 8, "
                           "dtype = 'bf16', max_tokens = 64 }";
 

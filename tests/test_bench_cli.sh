@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# klbench's and klfloor's command lines: misuse is refused (exit 2, or 1 for a
+# klbench's, klfloor's and tp_decode's command lines: misuse is refused (exit 2, or 1 for a
 # bad value) with a message, before any GPU is touched (CI has none).
-#   test_bench_cli.sh KLBENCH KLFLOOR SPEC
+#   test_bench_cli.sh KLBENCH KLFLOOR SPEC TP_DECODE
 set -u
-klbench=$1 klfloor=$2 spec=$3
+klbench=$1 klfloor=$2 spec=$3 tp_decode=$4
 source "$(dirname "$0")/cli_lib.sh"
 
 expect 2 "$klbench";                          has "$tmp/err" "usage: klbench SPEC"
@@ -12,6 +12,11 @@ expect 2 "$klbench" "$spec" --steps 0;        has "$tmp/err" "usage: klbench SPE
 expect 2 "$klbench" "$spec" --replays 65;     has "$tmp/err" "usage: klbench SPEC"
 expect 2 "$klbench" "$spec" name extra;       has "$tmp/err" "usage: klbench SPEC"
 expect 1 "$klbench" "$spec" --tokens 1,x;     has "$tmp/err" "expected a list like 1,2,4,8"
+
+expect 0 "$tp_decode" --help;                has "$tmp/out" "usage: tp_decode SPEC_FILE"
+expect 2 "$tp_decode" --frobnicate;           has "$tmp/err" "usage: tp_decode SPEC_FILE"
+[ "$(wc -l <"$tmp/err")" = 1 ] && ok || no "tp_decode: $(cat "$tmp/err")"
+expect 2 "$tp_decode" "$spec" --steps 1;      has "$tmp/err" "usage: tp_decode SPEC_FILE"
 
 expect 2 "$klfloor" --frobnicate;             has "$tmp/err" "usage: klfloor"
 expect 2 "$klfloor" --ctas 0;                 has "$tmp/err" "usage: klfloor"

@@ -23,6 +23,38 @@ grep -q '#include' "$tmp/a/kimi_k3_tp8.cu" && no ".cu includes a header" || ok
 has "$tmp/a/kimi_k3_tp8.h" "KL_KIMI_K3_TP8_GENERATED"
 [ -z "$(ls -A "$tmp/a" | grep -v -e '^kimi_k3_tp8.cu$' -e '^kimi_k3_tp8.h$')" ] && ok || no "stray files: $(ls -A "$tmp/a")"
 
+# README's quick start shows this very line
+readme=$specs/../README.md
+line=$(grep '^kimi_k3_tp8: vocab ' "$readme")
+[ -n "$line" ] && [ "$line" = "$(cat "$tmp/out")" ] && ok || no "README's quick-start line '$line' is not the CLI's '$(cat "$tmp/out")'"
+[ "$(wc -l <"$readme")" -le 220 ] && ok || no "README has $(wc -l <"$readme") lines, more than 220"
+
+# shipped specs by name; a file of that name wins; --list
+expect 0 "$klgen" kimi_k3_tp8 -o "$tmp/byname"
+cmp -s "$tmp/byname/kimi_k3_tp8.h" "$tmp/a/kimi_k3_tp8.h" && ok || no "klgen NAME made another header"
+expect 0 "$klgen" -q deepseek_v3 --check
+mkdir -p "$tmp/wins" && printf 'return { name = "mine", vocab_size = 8, tp = 1, dtype = "bf16", max_tokens = 1 }' >"$tmp/wins/kimi_k3_tp8"
+(cd "$tmp/wins" && "$klgen" --check kimi_k3_tp8) >"$tmp/out" 2>&1; has "$tmp/out" "^mine: vocab 8"
+expect 1 "$klgen" no_such_spec
+has "$tmp/err" "klgen: no_such_spec: no such file, and no shipped spec of that name (klgen --list shows them)"
+[ "$(wc -l <"$tmp/err")" = 1 ] && ok || no "klgen NAME: $(cat "$tmp/err")"
+expect 1 "$klgen" no_such.lua; has "$tmp/err" "no_such.lua: cannot open"
+expect 0 "$klgen" --list
+has "$tmp/out" "^deepseek_v3: deepseek_v3_tp2 deepseek_v3_tp4 deepseek_v3_tp8$"
+has "$tmp/out" "^kimi_k3_tp8: kimi_k3_tp8$"
+[ "$(grep -c '^[a-z0-9_]*: ' "$tmp/out")" = "$(ls "$specs"/*.lua | wc -l)" ] && ok || no "--list: $(cat "$tmp/out")"
+expect 2 "$klgen" --list kimi_k3_tp8; has "$tmp/err" "--list takes no spec"
+
+# GPUs the kernels cannot run on: one line, before any compilation
+expect 2 "$klgen" --arch sm_75 --check kimi_k3_tp8
+has "$tmp/err" "klgen: --arch sm_75: the kernels need sm_80 or newer"
+[ "$(wc -l <"$tmp/err")" = 1 ] && ok || no "sm_75: $(cat "$tmp/err")"
+
+# the summary shows the epilogue and top-k
+printf 'return { name = "ep", vocab_size = 256000, tp = 8, dtype = "bf16", max_tokens = 8, out_dtype = "fp32", softcap = 30.0, scale = 0.1, topk = 8 }' >"$tmp/ep.lua"
+expect 0 "$klgen" --check "$tmp/ep.lua"
+has "$tmp/out" "bf16, vec 16 B, buffers [0-9.]* MiB/rank, out fp32, softcap 30, scale 0.1, engine numerics, top-8, compiled for sm_90$"
+
 # several specs and files at once; a loop file gives three
 expect 0 "$klgen" -q "$specs/deepseek_v3.lua" "$specs/gpt2_tp4.lua" -o "$tmp/b"
 [ "$(ls "$tmp/b" | wc -l)" = 8 ] && ok || no "expected 8 files: $(ls "$tmp/b")"

@@ -1,8 +1,8 @@
 """klgen: the tensor-parallel logits all-gather, generated for your model.
 
     import klgen
-    info = klgen.spec_info(klgen.spec_path("kimi_k3_tp8"))
-    info.shard, info.padded_vocab        # 20480, 163840
+    info = klgen.spec_info("kimi_k3_tp8")   # a shipped spec by name, or a path
+    info.shard, info.padded_vocab           # 20480, 163840
 
 Specs are sandboxed Lua files (see the specs/ guide shipped in SPECS_DIR);
 klgen.generate() writes the CUDA source and C header the `klgen` command
@@ -24,13 +24,20 @@ from ._errors import DeviceError, Error, SpecError
 __version__ = "0.1.0"
 __all__ = [
     "DeviceError", "Error", "LogitsGather", "SPECS_DIR", "SpecError", "SpecInfo", "TopK",
-    "generate", "spec_info", "spec_names", "spec_path",
+    "generate", "shipped_specs", "spec_info", "spec_names", "spec_path",
 ]
 
 
 def __getattr__(name):
     # The PyTorch part loads torch only when asked for: spec queries need no torch.
     if name in ("LogitsGather", "TopK"):
+        try:
+            import torch  # noqa: F401
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                raise
+            raise ImportError(f"klgen.{name} needs PyTorch: pip install 'klgen[torch]'",
+                              name="torch") from None
         from . import _torch
         return getattr(_torch, name)
     raise AttributeError(f"module 'klgen' has no attribute {name!r}")
@@ -58,8 +65,24 @@ def spec_path(name):
     """The path of a shipped spec, by file stem ('kimi_k3_tp8')."""
     path = os.path.join(SPECS_DIR, name + ".lua")
     if not os.path.exists(path):
-        shipped = sorted(f[:-4] for f in os.listdir(SPECS_DIR) if f.endswith(".lua"))
-        raise FileNotFoundError(f"no shipped spec {name!r}; shipped: {', '.join(shipped)}")
+        raise FileNotFoundError(f"{name}: no such file, and no shipped spec of that name "
+                                f"(shipped: {', '.join(shipped_specs())})")
+    return path
+
+
+def shipped_specs() -> List[str]:
+    """The names of the shipped specs (file stems), as `klgen --list` shows them."""
+    return sorted(f[:-4] for f in os.listdir(SPECS_DIR) if f.endswith(".lua"))
+
+
+_NAME = re.compile(r"[A-Za-z0-9_]+\Z")
+
+
+def _resolve(path):
+    """A spec argument as a file: the path itself when it exists or is no
+    name, else the shipped spec of that name (a file of that name wins)."""
+    if isinstance(path, str) and _NAME.match(path) and not os.path.exists(path):
+        return spec_path(path)
     return path
 
 
@@ -75,7 +98,7 @@ def _source_args(path, source, what):
     if (path is None) == (source is None):
         raise TypeError(f"{what}() takes a spec path or source=..., exactly one of them")
     if path is not None:
-        path = _path_arg(path, what)
+        path = _resolve(_path_arg(path, what))
         if not os.path.exists(path):
             raise FileNotFoundError(2, "No such file or directory", path)
         return os.fsencode(path), None
@@ -106,7 +129,8 @@ def _name_arg(name):
 
 
 def spec_info(path=None, name: Optional[str] = None, *, source: Optional[str] = None) -> SpecInfo:
-    """Sizes of the spec in a file (path) or a string (source=...).
+    """Sizes of the spec in a file (a path, or a shipped spec's name such as
+    'kimi_k3_tp8') or a string (source=...).
 
     name picks one spec of a file that defines several; without it the file
     must define exactly one. Needs no GPU.
@@ -124,7 +148,7 @@ def spec_info(path=None, name: Optional[str] = None, *, source: Optional[str] = 
 
 
 def spec_names(path=None, *, source: Optional[str] = None) -> List[str]:
-    """The names of the specs a file (or a string) defines, in order."""
+    """The names of the specs a file (path or shipped name) or a string defines, in order."""
     file, text = _source_args(path, source, "spec_names")
     fn = _capi.lib.kl_spec_names_file if file is not None else _capi.lib.kl_spec_names_string
     # One evaluation for the count and the names: room for the most a file may define.
@@ -146,7 +170,7 @@ def generate(path, out_dir) -> List[str]:
     Every spec of the file gives <out_dir>/<name>.cu and <name>.h. On any error
     nothing is replaced: a bad spec raises SpecError, anything else Error.
     """
-    path, out_dir = _path_arg(path, "generate"), _path_arg(out_dir, "generate")
+    path, out_dir = _resolve(_path_arg(path, "generate")), _path_arg(out_dir, "generate")
     if not os.path.exists(path):
         raise FileNotFoundError(2, "No such file or directory", path)
     # "--": the path is a path even if it starts with '-'. The files are those

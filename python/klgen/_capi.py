@@ -138,7 +138,9 @@ lib = _load()
 # A spec's fields (kl_field_names in gen/spec.c).
 FIELDS = ("name", "vocab_size", "pad_to", "padded_vocab", "tp", "dtype", "max_tokens", "timeout_ms",
           "out_dtype", "softcap", "scale", "numerics", "topk")
-_LOCATED = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?:(?P<field>%s): )?" % "|".join(FIELDS))
+# The field is one of FIELDS, or the key a spec wrote that is none of them.
+_LOCATED = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?:(?P<field>%s): |(?P<unknown>.+?): unknown "
+                      r"field(?=$| \())?" % "|".join(FIELDS))
 
 
 def spec_error(message):
@@ -146,7 +148,8 @@ def spec_error(message):
     m = _LOCATED.match(message)
     if not m:
         return SpecError(message)
-    return SpecError(message, file=m.group("file"), line=int(m.group("line")), field=m.group("field"))
+    return SpecError(message, file=m.group("file"), line=int(m.group("line")),
+                     field=m.group("field") or m.group("unknown"))
 
 
 def check(result):

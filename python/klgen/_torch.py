@@ -124,7 +124,8 @@ class LogitsGather:
 
     LogitsGather(spec=None, *, group=None, device=None, nccl_comm=None, **fields)
 
-    spec: a spec file's path, a spec's Lua source, or None with the fields
+    spec: a spec file's path, a shipped spec's name ('kimi_k3_tp8'), a
+    spec's Lua source, or None with the fields
     given as keywords (vocab_size, tp, dtype, pad_to or padded_vocab,
     max_tokens, timeout_ms, name, and the epilogue's out_dtype, softcap,
     scale, numerics, and topk; dtype may be a torch.dtype, tp defaults to
@@ -137,6 +138,9 @@ class LogitsGather:
 
     def __init__(self, spec=None, *, group=None, device=None, nccl_comm=None, name=None,
                  **fields):
+        if not torch.cuda.is_available():  # before torch's own error from deep inside
+            raise DeviceError("LogitsGather needs a CUDA GPU and its driver: torch finds none "
+                              "(torch.cuda.is_available() is False)")
         if not dist.is_available() or not dist.is_initialized():
             raise Error("torch.distributed is not initialized: call init_process_group first")
         self.group = group if group is not None else dist.group.WORLD

@@ -37,9 +37,16 @@ import statistics
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+except ModuleNotFoundError as e:  # the benchmark is of the PyTorch part
+    if e.name != "torch":
+        raise
+    if __name__ == "__main__":
+        sys.exit("python -m klgen.bench needs PyTorch: pip install 'klgen[torch]'")
+    raise ImportError("klgen.bench needs PyTorch: pip install 'klgen[torch]'", name="torch") from None
 
 import klgen
 from klgen import _capi, _libs

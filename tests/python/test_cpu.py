@@ -1,7 +1,9 @@
 """The Python package without a GPU: spec queries, generation, errors, arguments."""
 
+import importlib
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -262,6 +264,96 @@ def test_a_dead_group_raises_device_error():
     with pytest.raises(klgen.DeviceError):
         _capi.check(_capi.EDEVICE)
     assert issubclass(klgen.DeviceError, klgen.Error)
+
+
+def test_unknown_field_is_named():
+    for extra, field in (("frob = 1", "frob"), ("vocab_sise = 1", "vocab_sise")):
+        with pytest.raises(klgen.SpecError) as e:
+            klgen.spec_info(source="return { name = 'g', vocab_size = 256, tp = 1, "
+                                   f"dtype = 'bf16', max_tokens = 1, {extra} }}")
+        assert e.value.field == field and f": {field}: unknown field" in str(e.value)
+
+
+def test_shipped_specs_by_name(tmp_path, monkeypatch):
+    assert "kimi_k3_tp8" in klgen.shipped_specs()
+    assert klgen.spec_info("kimi_k3_tp8") == klgen.spec_info(KIMI)
+    assert klgen.spec_names("deepseek_v3") == klgen.spec_names(klgen.spec_path("deepseek_v3"))
+    assert klgen.generate("gpt2_tp4", tmp_path / "out") == [
+        str(tmp_path / "out" / "gpt2_tp4.cu"), str(tmp_path / "out" / "gpt2_tp4.h")]
+    with pytest.raises(FileNotFoundError) as e:
+        klgen.spec_info("no_such_spec")
+    assert str(e.value).startswith("no_such_spec: no such file, and no shipped spec of that name "
+                                   "(shipped: deepseek_v3, ") and "\n" not in str(e.value)
+    # a file of that name wins
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kimi_k3_tp8").write_text(GOOD)
+    assert klgen.spec_info("kimi_k3_tp8").name == "m"
+
+
+def _has_torch():
+    try:
+        import torch  # noqa: F401
+        return True
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(_has_torch(), reason="torch is installed")
+def test_without_torch_the_torch_parts_say_how_to_get_it():
+    for name in ("LogitsGather", "TopK"):
+        with pytest.raises(ImportError, match=r"^klgen\.%s needs PyTorch: pip install 'klgen\[torch\]'$"
+                           % name):
+            getattr(klgen, name)
+    with pytest.raises(ImportError, match=r"pip install 'klgen\[torch\]'"):
+        importlib.import_module("klgen.bench")
+    done = subprocess.run([sys.executable, "-m", "klgen.bench", "--help"], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1
+    assert done.stderr == "python -m klgen.bench needs PyTorch: pip install 'klgen[torch]'\n"
+
+
+# A stand-in for torch on a machine with no GPU driver: what klgen's PyTorch
+# part touches before it asks torch for a GPU, and a CUDA that is unavailable.
+_NO_DRIVER_TORCH = '''
+import types
+class dtype: pass
+class Tensor: pass
+bfloat16, float16, float32 = dtype(), dtype(), dtype()
+_C = types.SimpleNamespace()
+class _Op:
+    def __init__(self, fn): self.fn = fn
+    def register_fake(self, fn): return fn
+library = types.SimpleNamespace(custom_op=lambda name, mutates_args: _Op)
+def _no_driver(*a):
+    raise RuntimeError("Found no NVIDIA driver on your system.")
+cuda = types.SimpleNamespace(is_available=lambda: False, current_device=_no_driver)
+'''
+
+
+def test_without_a_driver_logits_gather_says_so(tmp_path):
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(_NO_DRIVER_TORCH)
+    (tmp_path / "torch" / "distributed.py").write_text(
+        "is_available = lambda: True\nis_initialized = lambda: True\n")
+    code = ("import klgen\ntry:\n    klgen.LogitsGather('kimi_k3_tp8')\n"
+            "except klgen.DeviceError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path)), stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ("LogitsGather needs a CUDA GPU and its driver: torch finds none "
+                           "(torch.cuda.is_available() is False)\n")
+
+
+def test_the_package_is_python_3_9():
+    # the wheel installs on Python >= 3.9: no syntax of a later Python
+    import ast
+    pkg = os.path.dirname(klgen.__file__)
+    for root, _, files in os.walk(pkg):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                with open(path, encoding="utf-8") as src:
+                    ast.parse(src.read(), path, feature_version=(3, 9))
 
 
 def test_engine_plugins(monkeypatch):

@@ -38,8 +38,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <nccl.h>
-
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -62,6 +60,10 @@ typedef enum kl_result {
 
 /* CUstream and cudaStream_t are both this type. */
 typedef struct CUstream_st *kl_stream;
+/* NCCL's communicator: ncclComm_t is this very type (nccl.h declares it as
+ * struct ncclComm *), so one is assigned as it is, and this header needs no
+ * NCCL header. */
+typedef struct ncclComm *kl_nccl_comm;
 
 typedef struct kl_ctx kl_ctx;
 /* Ranks that are threads of one process meet through a group. */
@@ -78,8 +80,8 @@ typedef struct kl_config {
   int rank;           /* this rank, 0..nranks-1 */
   int nranks;         /* must equal the spec's tp */
   int device;         /* CUDA device ordinal; -1: the current context's device */
-  ncclComm_t nccl;    /* the NCCL path, and the handle exchange across processes;
-                         must outlive the context */
+  kl_nccl_comm nccl;  /* an ncclComm_t: the NCCL path, and the handle exchange
+                         across processes; must outlive the context */
   kl_allgather_fn allgather; /* handle exchange when nccl is NULL */
   void *allgather_user;
   kl_group *group;    /* ranks in this process (threads), made for nranks ranks;
