@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The real-engine tests (issue 19): klgen's drop-ins inside vLLM and SGLang,
 # each engine pinned and installed from PyPI into a venv of its own (CPU: no
-# GPU here), with the wheel of this tree, and tests/python/test_<engine>.py
-# run there. The venvs live under $KLGEN_CI_CACHE (default
-# ~/.cache/klgen-ci), are made once and reused by later runs on the same
-# machine (remade when their pin changes); only the wheel is new each run.
-#   engines.sh
+# GPU here), with klgen's wheel, and tests/python/test_<engine>.py run there.
+# The venvs live under $KLGEN_CI_CACHE (default ~/.cache/klgen-ci), are made
+# once and reused by later runs on the same machine (remade when their pin
+# changes); only the wheel is new each run.
+#   engines.sh [WHEEL]   (default: a wheel built from this tree)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$(pwd)
@@ -33,11 +33,15 @@ venv() {
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-venv "$cache/wheel-build" "scikit-build-core>=0.10"
-# --no-build-isolation: that venv has the backend; the wheel is this tree's
-"$cache/wheel-build/bin/pip" wheel -q --disable-pip-version-check --no-deps \
-  --no-build-isolation -w "$work" "$src"
-wheel=$(ls "$work"/klgen-*.whl)
+if [ $# -ge 1 ]; then
+  wheel=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+else
+  venv "$cache/wheel-build" "scikit-build-core>=0.10"
+  # --no-build-isolation: that venv has the backend; the wheel is this tree's
+  "$cache/wheel-build/bin/pip" wheel -q --disable-pip-version-check --no-deps \
+    --no-build-isolation -w "$work" "$src"
+  wheel=$(ls "$work"/klgen-*.whl)
+fi
 
 for pin in "${pins[@]}"; do
   engine=${pin%%==*}
