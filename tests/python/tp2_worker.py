@@ -170,8 +170,9 @@ def integration_specs(rank):
     tests run on without a GPU (tests/python/test_vllm.py, test_sglang.py):
     vLLM and SGLang cannot be installed on the GPU machines, so this is what
     ties those tests to the kernels. Both paths (past max_tokens: NCCL)."""
-    cases = [  # vLLM: forward's, the unsliced gather's, a soft-capped head's,
-        # a scaled one's with top-k; SGLang: the fp32 upcast, deferred_argmax's
+    # vLLM: forward's, the unsliced gather's, a soft-capped head's with top-k, a
+    # scaled fp16 one's; SGLang: the fp32 upcast, deferred_argmax's (fp32, capped)
+    cases = [
         dict(vocab_size=50257, padded_vocab=50304, dtype=torch.bfloat16),
         dict(vocab_size=50304, padded_vocab=50304, dtype=torch.bfloat16),
         dict(vocab_size=50257, padded_vocab=50304, dtype=torch.bfloat16, softcap=30.0, topk=5),
@@ -181,9 +182,9 @@ def integration_specs(rank):
         dict(vocab_size=151655, padded_vocab=151680, dtype=torch.float32, softcap=30.0),
     ]
     for i, fields in enumerate(cases):
-        made = [_gathers.new_gather(backend, name=f"integration{i}", max_tokens=4, **fields)
-                for backend in ("klgen", "torch")]
-        ours, torch_ = made
+        ours, torch_ = (_gathers.new_gather(backend, name=f"integration{i}", max_tokens=4,
+                                            **fields)
+                        for backend in ("klgen", "torch"))
         bad = 0
         for tokens in (1, 3, 4, 7):
             x = hostile(data(tokens, ours.shard, ours.dtype, 800 + 10 * i + tokens + rank) * 8,
