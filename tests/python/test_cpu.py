@@ -354,3 +354,30 @@ def test_the_package_is_python_3_9():
                 path = os.path.join(root, f)
                 with open(path, encoding="utf-8") as src:
                     ast.parse(src.read(), path, feature_version=(3, 9))
+
+
+def test_engine_plugins(monkeypatch):
+    # the installed wheel declares both entry points; unasked they import
+    # nothing (here there is no vLLM or SGLang to import); a value they cannot
+    # read is an error that names the variable
+    import sys
+    from importlib.metadata import entry_points
+
+    from klgen import integrations
+    for group, name in (("vllm.general_plugins", "vllm_plugin"),
+                        ("sglang.srt.plugins", "sglang_plugin")):
+        (ep,) = [ep for ep in entry_points(group=group) if ep.name == "klgen"]
+        assert ep.value == f"klgen.integrations:{name}"
+    for variable, plugin in (("KLGEN_VLLM", integrations.vllm_plugin),
+                             ("KLGEN_SGLANG", integrations.sglang_plugin)):
+        for off in (None, "", "0"):
+            if off is None:
+                monkeypatch.delenv(variable, raising=False)
+            else:
+                monkeypatch.setenv(variable, off)
+            plugin()
+        monkeypatch.setenv(variable, "yes")
+        with pytest.raises(ValueError, match=f"{variable}='yes'"):
+            plugin()
+    assert "klgen.integrations.vllm" not in sys.modules
+    assert "klgen.integrations.sglang" not in sys.modules

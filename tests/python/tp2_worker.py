@@ -10,10 +10,7 @@ import torch
 import torch.distributed as dist
 
 import klgen
-from klgen.integrations import sglang as ksg
-from klgen.integrations import vllm as kv
-
-import standins
+from klgen.integrations import _gathers
 
 failures = 0
 
@@ -167,6 +164,47 @@ def same_f32(a, b):
                                         (torch.isnan(a) & torch.isnan(b))).all())
 
 
+def integration_specs(rank):
+    """The specs the engine drop-ins make (klgen.integrations), on klgen against
+    TorchGather, the torch implementation of the contract that the real-engine
+    tests run on without a GPU (tests/python/test_vllm.py, test_sglang.py):
+    vLLM and SGLang cannot be installed on the GPU machines, so this is what
+    ties those tests to the kernels. Both paths (past max_tokens: NCCL)."""
+    # vLLM: forward's, the unsliced gather's, a soft-capped head's with top-k, a
+    # scaled fp16 one's; SGLang: the fp32 upcast, deferred_argmax's (fp32, capped)
+    cases = [
+        dict(vocab_size=50257, padded_vocab=50304, dtype=torch.bfloat16),
+        dict(vocab_size=50304, padded_vocab=50304, dtype=torch.bfloat16),
+        dict(vocab_size=50257, padded_vocab=50304, dtype=torch.bfloat16, softcap=30.0, topk=5),
+        dict(vocab_size=32000, padded_vocab=32000, dtype=torch.float16, softcap=50.0,
+             scale=0.75, topk=8),
+        dict(vocab_size=50257, padded_vocab=50304, dtype=torch.bfloat16, out_dtype=torch.float32),
+        dict(vocab_size=151655, padded_vocab=151680, dtype=torch.float32, softcap=30.0),
+    ]
+    for i, fields in enumerate(cases):
+        ours, torch_ = (_gathers.new_gather(backend, name=f"integration{i}", max_tokens=4,
+                                            **fields)
+                        for backend in ("klgen", "torch"))
+        bad = 0
+        for tokens in (1, 3, 4, 7):
+            x = hostile(data(tokens, ours.shard, ours.dtype, 800 + 10 * i + tokens + rank) * 8,
+                        tokens, rank, ours.shard, ours.vocab_size)
+            ok = same(ours(x), torch_(x))
+            ok &= torch.equal(ours.argmax(x), torch_.argmax(x))
+            if ours.k:
+                got, want = ours.topk(x), torch_.topk(x)
+                ok &= torch.equal(got.indices, want.indices) and same_f32(got.values, want.values)
+                finite = torch.isfinite(want.lse)
+                ok &= torch.allclose(got.lse[finite], want.lse[finite], rtol=1e-5, atol=1e-5)
+                ok &= torch.equal(got.lse[~finite].nan_to_num(), want.lse[~finite].nan_to_num())
+            bad += not ok
+        st = ours.stats()
+        say(bad == 0 and st["nccl"] > 0 and st["oneshot"] > 0,
+            f"integration spec {i} ({fields}): klgen == TorchGather, {bad} bad steps; paths "
+            f"{st['oneshot']} one-shot, {st['nccl']} NCCL")
+        ours.close()
+
+
 def main():
     dist.init_process_group("nccl")
     rank, tp = dist.get_rank(), dist.get_world_size()
@@ -285,28 +323,7 @@ def main():
             say(bad == 0 and st["nccl"] == 1 and st["oneshot"] == 3,
                 f"epilogue {fields['name']} ({fn.__name__}): one-shot and NCCL path, {bad} bad")
     sampling(rank, tp, int(os.environ.get("KLGEN_TEST_STEPS", "2000")))
-    # vLLM: the patched LogitsProcessor against the stock one (2-D and 3-D logits)
-    g = gathers[1]  # gpt2: org vocab 50257, padded 50304
-    lp = standins.VllmLogitsProcessor(g.vocab_size)
-    inputs = [data(5, g.shard, g.dtype, 300 + rank), data(6, g.shard, g.dtype, 301 + rank).view(2, 3, -1)]
-    stock = [lp._gather_logits(x) for x in inputs]
-    original = kv.patch_logits_processor(standins.VllmLogitsProcessor, g)
-    for x, ref in zip(inputs, stock):
-        say(same(lp._gather_logits(x), ref), f"vLLM LogitsProcessor patched, logits {tuple(x.shape)}")
-    standins.VllmLogitsProcessor._gather_logits = original
-    try:
-        kv.all_gather(g)(inputs[0], dim=0)
-        say(False, "vLLM all_gather accepted dim=0")
-    except ValueError:
-        say(True, "vLLM all_gather refuses another dim")
-    # SGLang: [rows, local] -> [rows, tp * local], padding included
-    vg = ksg.VocabGather(local_vocab=25152, dtype=torch.float16, max_rows=8)
-    for rows in (1, 7, 11):
-        x = data(rows, 25152, torch.float16, 400 + rows + rank)
-        say(same(vg(x), standins.all_gather(x)) and
-            same(standins.sglang_get_logits(x, 50257, vg), standins.sglang_get_logits(x, 50257)),
-            f"SGLang vocab gather, rows {rows}")
-    vg.close()
+    integration_specs(rank)
     # wrong tensors: a clean error, raised before anything collective
     g = gathers[0]
     bad = [

@@ -1,49 +1,123 @@
-"""SGLang: the vocab gather of its LogitsProcessor, on klgen.
+"""SGLang: the gather of its LogitsProcessor on klgen.
 
-SGLang's LogitsProcessor._get_logits does, with TP > 1,
+SGLang's LogitsProcessor._get_logits, with TP > 1, multiplies the shard by
+logit_scale in place, gathers it with self._logits_gatherer ([rows, local]
+-> [rows, tp * local], a MultimemAllGatherer that falls back to NCCL), then
+_copy_logits_to_buffer slices to vocab_size and casts to fp32, and the
+soft-cap follows in fp32. install(processor) gives an instance a
+LogitsGatherer: the gather, the slice and the fp32 upcast in one klgen step,
+so that the slice and the cast find nothing left to do. logit_scale stays
+before the gather and the soft-cap after it, where SGLang applies them, in
+the same precision. deferred_argmax (speculative verification's greedy
+token from the fp32 shards) runs on kl_argmax over the soft-capped row.
 
-    logits = tensor_model_parallel_all_gather(logits)   # [rows, tp * local]
-    ...
-    logits = logits[:, : self.config.vocab_size]
+Turn it on with KLGEN_SGLANG=1 in the environment SGLang starts with.
+klgen's package declares a `sglang.srt.plugins` entry point
+(klgen.integrations:sglang_plugin) that SGLang runs in every process it
+starts; with the variable set it calls enable(), which hooks
+LogitsProcessor.__init__ through SGLang's HookRegistry (an AFTER hook), so
+that every LogitsProcessor built from then on -- each head, each with its own
+vocabulary -- is installed.
 
-VocabGather keeps that contract ([rows, local] -> [rows, tp * local], padding
-columns included, the slice left to SGLang), so switching is one assignment
-(every TP rank, after torch.distributed is up):
-
-    from klgen.integrations.sglang import VocabGather
-    import sglang.srt.layers.logits_processor as lp
-
-    lp.tensor_model_parallel_all_gather = VocabGather(
-        local_vocab=padded_vocab // tp, dtype=torch.bfloat16, max_rows=512,
-        group=get_tp_group().device_group)
+What does not fit stays with SGLang's gatherer: TP 1, the attention-TP LM
+head, an empty batch, logits that are not [rows, local] on a GPU. stats() and
+the debug log (logger "sglang.klgen") say which calls klgen served.
+enable("torch") / install(p, "torch") run the same glue on TorchGather, the
+torch implementation of klgen's contract: for CPUs and tests.
 """
 
+import logging
+import types
+
 import torch
+from sglang.srt.distributed.parallel_state import get_tp_group
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from .._torch import LogitsGather
+from . import _gathers, check_backend
+from ._gathers import Gathers
+
+log = logging.getLogger("sglang.klgen")
+
+_INIT = f"{LogitsProcessor.__module__}.LogitsProcessor.__init__"
+_backend = None  # enable()'s; the hook reads it: HookRegistry patches a target once
 
 
-class VocabGather:
-    """[rows, local] -> [rows, tp * local] over a group, through klgen.
+def enable(backend="klgen"):
+    """Installs klgen (`backend` "klgen", or "torch" for CPUs) in every
+    LogitsProcessor this process builds from now on."""
+    global _backend
+    first = _backend is None
+    _backend = check_backend(backend, "enable")
+    if first:
+        HookRegistry.register(_INIT, _built, HookType.AFTER)
+        HookRegistry.apply_hooks()  # what load_plugins does after its plugins
+    log.debug("klgen: every new LogitsProcessor gathers on %s", backend)
 
-    VocabGather(local_vocab, dtype, max_rows, group=None, device=None): the
-    spec has vocab_size = tp * local_vocab (no slice: SGLang slices).
-    """
 
-    def __init__(self, local_vocab, dtype=torch.bfloat16, max_rows=256, group=None, device=None):
-        import torch.distributed as dist
+def _built(result, processor, *args, **kwargs):
+    install(processor, _backend)
 
-        tp = dist.get_world_size(group if group is not None else dist.group.WORLD)
-        self.gather = LogitsGather(vocab_size=tp * local_vocab, padded_vocab=tp * local_vocab,
-                                   dtype=dtype, max_tokens=max_rows, group=group, device=device,
-                                   name="sglang_vocab")
-        self.local_vocab, self.tp = local_vocab, tp
 
-    def __call__(self, input_, dim=-1):
-        if dim not in (-1, input_.dim() - 1) or input_.dim() != 2:
-            raise ValueError(f"expected [rows, {self.local_vocab}] gathered along dim -1, got "
-                             f"shape {tuple(input_.shape)} and dim={dim}")
-        return self.gather(input_)
+def install(processor, backend="klgen"):
+    """Gives `processor` (SGLang's LogitsProcessor) klgen's gather and
+    deferred_argmax, if it gathers over the TP group; returns it."""
+    if not processor.do_tensor_parallel_all_gather or processor.use_attn_tp_group:
+        log.debug("klgen: a LogitsProcessor that does not gather over the TP group is left as is")
+        return processor
+    gathers = Gathers(backend, get_tp_group().device_group, log, "sglang",
+                      vocab_size=processor.vocab_size)
+    processor.klgen = gathers
+    processor._logits_gatherer = LogitsGatherer(processor.vocab_size, gathers,
+                                                processor._logits_gatherer)
+    processor.deferred_argmax = types.MethodType(_deferred_argmax(processor.deferred_argmax),
+                                                 processor)
+    return processor
 
-    def close(self):
-        self.gather.close()
+
+def stats():
+    """One entry per live installed LogitsProcessor that has been built: its
+    vocabulary, the calls klgen served and those left to SGLang, by use, and
+    each of its gathers' stats()."""
+    return _gathers.stats("sglang")
+
+
+def _unfit(gathers, logits):
+    if logits.dim() != 2:
+        return f"logits of shape {tuple(logits.shape)}, not [rows, local]"
+    return gathers.unfit(logits.shape[0], logits.device)
+
+
+class LogitsGatherer:
+    """A LogitsProcessor's _logits_gatherer on klgen: [rows, local] ->
+    [rows, vocab_size] in fp32; what does not fit goes to `fallback`, the
+    gatherer it replaces ([rows, tp * local] in the logits' dtype: SGLang
+    slices and casts that itself)."""
+
+    def __init__(self, vocab_size, gathers, fallback):
+        self.vocab_size, self.gathers, self.fallback = vocab_size, gathers, fallback
+
+    def __call__(self, logits):
+        reason = _unfit(self.gathers, logits)
+        if reason is not None:
+            self.gathers.decline("gather", reason)
+            return self.fallback(logits)
+        vocab = min(self.vocab_size, self.gathers.tp * logits.shape[-1])
+        return self.gathers.get("gather", logits, vocab_size=vocab, out_dtype=torch.float32)(logits)
+
+
+def _deferred_argmax(sglangs):
+    """deferred_argmax on kl_argmax, `sglangs` (the bound method it replaces)
+    for what does not fit."""
+
+    def deferred_argmax(self, logits):
+        reason = _unfit(self.klgen, logits)
+        if reason is not None:
+            self.klgen.decline("argmax", reason)
+            return sglangs(logits)
+        vocab = min(self.vocab_size, self.klgen.tp * logits.shape[-1])
+        g = self.klgen.get("argmax", logits, vocab_size=vocab,
+                           softcap=self.final_logit_softcapping)
+        return g.argmax(logits)
+
+    return deferred_argmax

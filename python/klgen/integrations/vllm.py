@@ -1,57 +1,175 @@
-"""vLLM: the logits gather of LogitsProcessor, on klgen.
+"""vLLM: its LogitsProcessor on klgen, through vLLM's own extension points.
 
-vLLM's LogitsProcessor._gather_logits does, with TP > 1 and all-gather on,
+Turn it on with KLGEN_VLLM=1 in the environment vLLM starts with. klgen's
+package declares a `vllm.general_plugins` entry point (klgen.integrations:
+vllm_plugin) that vLLM runs in every process it starts; with the variable set
+it calls enable(), which registers KlgenLogitsProcessor as the out-of-tree LogitsProcessor
+(PluggableLayer.register_oot), so every LogitsProcessor a model builds from
+then on -- target, draft, MTP heads, each with its own vocabulary -- is one.
+In a process of your own, enable() does the same.
 
-    logits = tensor_model_parallel_all_gather(logits)   # [..., tp * shard]
-    logits = logits[..., :self.org_vocab_size]
+Each instance makes its klgen gathers from itself on first use (vocab,
+org vocab, shard width, TP group, logits dtype, soft_cap, scale) and keeps
+vLLM's contracts:
 
-all_gather(gather) returns a function with the contract of
-tensor_model_parallel_all_gather(input_, dim=-1) followed by that slice, done
-in one one-shot step. To switch vLLM over (every TP rank, after the model is
-built and torch.distributed is up):
+- _gather_logits: the unsliced all-gather [..., tp * shard] (LoRA's
+  LogitsProcessorWithLoRA re-indexes it);
+- _get_logits: that gather and the slice to org_vocab_size, in one step;
+- forward: gather, slice, soft-cap and scale in one step (forward applies
+  them nowhere else);
+- get_top_tokens: kl_argmax over the soft-capped, scaled row;
+- get_top_k_tokens: kl_topk, with return_log_probs its log-sum-exp of the row.
 
-    import klgen
-    from klgen.integrations import vllm as kv
-    from vllm.distributed import get_tp_group
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+What does not fit stays with vLLM's own code: a platform that gathers to one
+rank, TP 1, an LM head split over another group, an empty batch, logits off
+the GPU, and for the selections a vocabulary with added (LoRA) tokens,
+k > 64, a scale <= 0 (vLLM's error). stats() and vLLM's debug log
+(VLLM_LOGGING_LEVEL=DEBUG, logger "vllm.klgen") say which calls klgen served.
 
-    gather = klgen.LogitsGather(vocab_size=org_vocab_size, dtype=torch.bfloat16,
-                                padded_vocab=padded_vocab_size, max_tokens=512,
-                                group=get_tp_group().device_group)
-    kv.patch_logits_processor(LogitsProcessor, gather)
-
-The org vocabulary is vocab_size and the padded one padded_vocab (what vLLM's
-VocabParallelEmbedding pads to, a multiple of 64 by default).
+KLGEN_VLLM=torch (or enable("torch")) runs the same glue on TorchGather, the
+torch implementation of klgen's contract: for CPUs and tests.
 """
 
+import logging
+
 import torch
+from vllm.distributed import get_tp_group
+from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+from . import _gathers, check_backend
+from ._gathers import MAX_TOPK, Gathers
+
+# Under vLLM's "vllm" logger: its handler, and its level (VLLM_LOGGING_LEVEL).
+log = logging.getLogger("vllm.klgen")
 
 
-def all_gather(gather):
-    """input_ [..., shard] -> [..., vocab_size]: the all-gather along the last
-    dimension and the slice to the org vocabulary, in one step."""
+def enable(backend="klgen"):
+    """Makes every LogitsProcessor this process builds from now on a
+    KlgenLogitsProcessor on `backend` ("klgen", or "torch" for CPUs)."""
+    KlgenLogitsProcessor.backend = check_backend(backend, "enable")
+    registered = op_registry_oot.get("LogitsProcessor")
+    if registered is KlgenLogitsProcessor:
+        return
+    if registered is not None:
+        raise RuntimeError(f"vLLM's LogitsProcessor is already replaced by {registered!r}")
+    PluggableLayer.register_oot(KlgenLogitsProcessor, name="LogitsProcessor")
+    log.debug("klgen: LogitsProcessor replaced (backend %s)", backend)
 
-    def tensor_model_parallel_all_gather(input_, dim=-1):
-        if dim not in (-1, input_.dim() - 1):
-            raise ValueError(f"klgen gathers logits along the last dimension, not dim={dim}")
-        lead = input_.shape[:-1]
-        out = gather(input_.reshape(-1, input_.shape[-1]))
-        return out.view(*lead, out.shape[-1])
 
-    return tensor_model_parallel_all_gather
+def stats():
+    """One entry per live KlgenLogitsProcessor that has been called: its
+    vocabulary, the calls klgen served and those left to vLLM, by use, and
+    each of its gathers' stats()."""
+    return _gathers.stats("vllm")
 
 
-def patch_logits_processor(cls, gather):
-    """Makes cls._gather_logits (vLLM's LogitsProcessor) gather with klgen; returns
-    the method it replaced."""
-    fn = all_gather(gather)
-    original = cls._gather_logits
+def _gathered(g, logits):
+    """g over logits [..., shard]: the rows flattened, the result shaped back."""
+    out = g(logits.reshape(-1, logits.shape[-1]))
+    return out.view(*logits.shape[:-1], out.shape[-1])
+
+
+class KlgenLogitsProcessor(LogitsProcessor):
+    """vLLM's LogitsProcessor with its gathers and vocab-parallel selections
+    on klgen where the instance fits (the module's docstring says when)."""
+
+    backend = "klgen"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.klgen = None  # Gathers, made on first use: the shard is known then
+
+    def _gathers(self):
+        if self.klgen is None:
+            self.klgen = Gathers(self.backend, get_tp_group().device_group, log, "vllm",
+                                 vocab_size=self.vocab_size, org_vocab_size=self.org_vocab_size)
+        return self.klgen
+
+    def _declines(self, rows, device, lm_head=None):
+        """Why a call on `rows` rows on `device` stays with vLLM, or None."""
+        tp = self._gathers().tp
+        if not self.use_all_gather:
+            return "the platform gathers to one rank"
+        if lm_head is not None and lm_head.tp_size != tp:
+            return f"the LM head is split {lm_head.tp_size} ways, the TP group has {tp} ranks"
+        if lm_head is not None and lm_head.num_embeddings_padded < self.org_vocab_size:
+            return "the LM head is narrower than org_vocab_size"
+        return self._gathers().unfit(rows, device)
+
+    def _select_declines(self, hidden_states, lm_head, k=1):
+        """_declines for get_top_tokens / get_top_k_tokens, which also need
+        gathered columns that are token ids and a k kl_topk has."""
+        if self.scale <= 0.0 and self.scale != 1.0:
+            return "a scale <= 0 (vLLM refuses it)"
+        if lm_head.num_added_embeddings:
+            return "added vocabulary: gathered columns are not token ids"
+        if not 0 < k <= min(MAX_TOPK, self.org_vocab_size):
+            return f"k {k} beyond kl_topk's 1 ... {MAX_TOPK}"
+        return self._declines(hidden_states.shape[:-1].numel(), hidden_states.device, lm_head)
+
+    def _spec(self, epilogue=True, **fields):
+        """The fields of this instance's spec: the org vocabulary, and with
+        epilogue forward's soft-cap and scale."""
+        if epilogue:
+            fields["softcap"] = self.soft_cap
+            fields["scale"] = self.scale if self.scale != 1.0 else None
+        return dict(vocab_size=self.org_vocab_size, **fields)
 
     def _gather_logits(self, logits):
-        if logits.shape[-1] != gather.shard:
-            raise ValueError(f"logits have {logits.shape[-1]} columns per rank; the klgen spec "
-                             f"has {gather.shard}")
-        return fn(logits)
+        # vLLM's contract: only the gather; the slice is _get_logits'.
+        reason = self._declines(logits.shape[:-1].numel(), logits.device)
+        if reason is not None:
+            self._gathers().decline("gather", reason)
+            return super()._gather_logits(logits)
+        g = self._gathers().get("gather", logits, vocab_size=self._gathers().tp * logits.shape[-1])
+        return _gathered(g, logits)
 
-    cls._gather_logits = _gather_logits
-    return original
+    def _get_logits(self, hidden_states, lm_head, embedding_bias, skip_gather=False):
+        reason = self._declines(hidden_states.shape[:-1].numel(), hidden_states.device, lm_head)
+        if skip_gather or reason is not None:
+            if reason is not None:
+                self._gathers().decline("logits", reason)
+            return super()._get_logits(hidden_states, lm_head, embedding_bias, skip_gather)
+        logits = self._apply_head(lm_head, hidden_states, embedding_bias)
+        g = self._gathers().get("logits", logits, **self._spec(epilogue=False))
+        return _gathered(g, logits)
+
+    def forward(self, lm_head, hidden_states, embedding_bias=None, skip_gather=False):
+        # LogitsProcessorWithLoRA runs this forward on itself: vLLM's then.
+        if not isinstance(self, KlgenLogitsProcessor) or self.logits_as_input or skip_gather:
+            return LogitsProcessor.forward(self, lm_head, hidden_states, embedding_bias,
+                                           skip_gather)
+        if self._declines(hidden_states.shape[:-1].numel(), hidden_states.device, lm_head):
+            return super().forward(lm_head, hidden_states, embedding_bias)  # _get_logits counts it
+        logits = self._apply_head(lm_head, hidden_states, embedding_bias)
+        return _gathered(self._gathers().get("forward", logits, **self._spec()), logits)
+
+    def get_top_tokens(self, lm_head, hidden_states, embedding_bias=None):
+        reason = self._select_declines(hidden_states, lm_head)
+        if reason is not None:
+            self._gathers().decline("argmax", reason)
+            return super().get_top_tokens(lm_head, hidden_states, embedding_bias)
+        logits = self._apply_head(lm_head, hidden_states, embedding_bias)
+        return self._gathers().get("argmax", logits, **self._spec()).argmax(logits)
+
+    def get_top_k_tokens(self, lm_head, hidden_states, k, embedding_bias=None, *,
+                         return_log_probs=False):
+        reason = self._select_declines(hidden_states, lm_head, k)
+        if reason is not None:
+            self._gathers().decline("topk", reason)
+            return super().get_top_k_tokens(lm_head, hidden_states, k, embedding_bias,
+                                            return_log_probs=return_log_probs)
+        logits = self._apply_head(lm_head, hidden_states, embedding_bias)
+        # With log-probs vLLM selects on the soft-capped, scaled row; without,
+        # on the raw row, then caps and scales the k values in fp32.
+        spec = self._spec(epilogue=return_log_probs, topk=k)
+        top = self._gathers().get("topk", logits, **spec).topk(logits)
+        if return_log_probs:
+            return top.indices, top.values - top.lse[:, None]
+        values = top.values
+        if self.scale != 1.0:
+            values = values * self.scale
+        if self.soft_cap is not None:
+            values = torch.tanh(values / self.soft_cap) * self.soft_cap
+        return top.indices, values

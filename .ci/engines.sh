@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The real-engine tests (issue 19): klgen's drop-ins inside vLLM and SGLang,
+# each engine pinned and installed from PyPI into a venv of its own (CPU: no
+# GPU here), with klgen's wheel, and tests/python/test_<engine>.py run there.
+# The venvs live under $KLGEN_CI_CACHE (default ~/.cache/klgen-ci), are made
+# once and reused by later runs on the same machine (remade when their pin
+# changes); only the wheel is new each run.
+#   engines.sh [WHEEL]   (default: a wheel built from this tree)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=$(pwd)
+cache=${KLGEN_CI_CACHE:-$HOME/.cache/klgen-ci}
+# The versions the drop-ins are tested against (README, "Use with vLLM" and
+# "Use with SGLang", names them too).
+pins=(vllm==0.33.0 sglang==0.5.23)
+
+# venv DIR REQUIREMENT...: DIR holding exactly these, made again only when
+# they change (the stamp, written last, names them: a half-made venv is redone)
+venv() {
+  local dir=$1
+  shift
+  if [ "$(cat "$dir/klgen-ci.stamp" 2>/dev/null)" = "$*" ]; then
+    echo "engines: $dir reused"
+    return
+  fi
+  local start=$SECONDS
+  rm -rf "$dir"
+  python3 -m venv "$dir"
+  "$dir/bin/pip" install -q --disable-pip-version-check "$@"
+  echo "$*" > "$dir/klgen-ci.stamp"
+  echo "engines: $dir made in $((SECONDS - start)) s"
+}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ $# -ge 1 ]; then
+  wheel=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+else
+  venv "$cache/wheel-build" "scikit-build-core>=0.10"
+  # --no-build-isolation: that venv has the backend; the wheel is this tree's
+  "$cache/wheel-build/bin/pip" wheel -q --disable-pip-version-check --no-deps \
+    --no-build-isolation -w "$work" "$src"
+  wheel=$(ls "$work"/klgen-*.whl)
+fi
+
+for pin in "${pins[@]}"; do
+  engine=${pin%%==*}
+  dir=$cache/$engine-${pin#*==}
+  venv "$dir" "$pin" pytest
+  "$dir/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$wheel"
+  # the pin is what is imported, or the tests would skip and prove nothing
+  "$dir/bin/python" -c "import sys, $engine; sys.exit($engine.__version__ != '${pin#*==}')" ||
+    { echo "FAIL: $engine in $dir is not $pin" >&2; exit 1; }
+  echo "engines: $pin, tests/python/test_$engine.py"
+  # from elsewhere than the tree: the installed klgen is what is imported
+  (cd "$work" && "$dir/bin/python" -m pytest -q -p no:cacheprovider -rs \
+    "$src/tests/python/test_$engine.py")
+done

@@ -1,0 +1,234 @@
+"""vLLM's own LogitsProcessor (the installed vllm, 0.33.0 in CI: .ci/engines.sh)
+with klgen's drop-in off and on, on CPU: two gloo processes, the drop-in
+turned on the way a user does it (KLGEN_VLLM, read by klgen's
+vllm.general_plugins entry point), on the torch backend (TorchGather, klgen's
+contract in torch ops: there is no GPU). Equal outputs, and the drop-in's
+stats show that klgen served each call. Skipped without vLLM."""
+
+import contextlib
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+import engine_util as data  # noqa: E402
+from engine_util import TP  # noqa: E402
+
+
+@contextlib.contextmanager
+def _setup(rank, port):
+    """Rank `rank` of TP over gloo, as the engine sets it up."""
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    # no GPU: vLLM cannot infer the device, so it is told
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        init_distributed_environment(world_size=TP, rank=rank, local_rank=rank, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}")
+        initialize_model_parallel(tensor_model_parallel_size=TP)
+        yield
+
+
+def _head(vocab, rows, dtype, logits):
+    """vLLM's ParallelLMHead and hidden states for which it computes exactly
+    `logits` [rows, padded vocab] (engine_util's recipe)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    head = ParallelLMHead(vocab, rows, params_dtype=dtype)
+    shard = head.num_embeddings_per_partition
+    head.weight.copy_(data.head_weight(logits)[head.tp_rank * shard:][:shard])
+    return head, data.hidden(rows, dtype)
+
+
+def _turn_on():
+    """The user's step: KLGEN_VLLM in the environment, which klgen's entry
+    point reads when vLLM loads its general plugins."""
+    from vllm.plugins import load_general_plugins
+
+    os.environ["KLGEN_VLLM"] = "torch"
+    load_general_plugins()
+
+
+def _served(layer, use):
+    """The calls of `use` that klgen served on `layer` (a KlgenLogitsProcessor)."""
+    from klgen.integrations import vllm as kv
+
+    assert type(layer) is kv.KlgenLogitsProcessor, f"not the drop-in: {type(layer)}"
+    return layer.klgen.stats()["calls"].get(use, 0) if layer.klgen else 0
+
+
+# (vocab, org vocab, dtype, soft_cap, scale, head_dtype): GPT-2 (padded), a
+# Gemma-like soft-cap, a scaled fp16 head, an EAGLE-like draft head of another
+# vocab, an fp32 head over bf16 weights (--hf-overrides head_dtype)
+HEADS = [
+    (50257, None, torch.bfloat16, None, 1.0, None),
+    (50257, None, torch.bfloat16, 30.0, 1.0, None),
+    (50257, None, torch.float16, 50.0, 0.75, None),
+    (32000, None, torch.float16, None, 1.0, None),
+    (50257, None, torch.bfloat16, 30.0, 1.0, torch.float32),
+]
+
+
+def _heads(rows=12, ranked=0):
+    """An LM head per HEADS, with hostile logits, or with `ranked` distinct
+    largest values (vLLM's torch.topk orders ties as it may)."""
+    heads = []
+    for i, (vocab, _, dtype, *_) in enumerate(HEADS):
+        width = data.padded(vocab, TP)
+        logits = (data.ranked_rows(rows, width, vocab, dtype, ranked, seed=i) if ranked else
+                  data.hostile_rows(rows, width, vocab, dtype, seed=i))
+        heads.append(_head(vocab, rows, dtype, logits))
+    return heads
+
+
+def _processors():
+    """vLLM's LogitsProcessors of HEADS, as they are and with the drop-in on."""
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    def made():
+        processors = []
+        for vocab, org, _, cap, scale, head_dtype in HEADS:
+            processors.append(LogitsProcessor(vocab, org, scale=scale, soft_cap=cap))
+            processors[-1].head_dtype = head_dtype  # what vLLM reads from the model config
+        return processors
+
+    stock = made()
+    _turn_on()
+    return stock, made()
+
+
+def _forward_and_logits(rank):
+    lines = data.debug_lines("vllm.klgen")
+    heads, (stock, ours) = _heads(), _processors()
+    for (head, hidden), off, on, spec in zip(heads, stock, ours, HEADS):
+        for n in (1, 5, 12):
+            h = hidden[:n]
+            data.assert_same(on(head, h), off(head, h), f"forward {spec} rows {n}")
+            data.assert_same(on._get_logits(h, head, None), off._get_logits(h, head, None),
+                             f"_get_logits {spec} rows {n}")
+            shard = off._apply_head(head, h, None)
+            data.assert_same(on._gather_logits(shard), off._gather_logits(shard),
+                             f"_gather_logits {spec} rows {n}")
+        assert _served(on, "forward") == 3 and _served(on, "logits") == 3
+        assert _served(on, "gather") == 3
+        # 3-D hidden states: the rows are flattened for the gather
+        h3 = hidden[:12].reshape(3, 4, -1)
+        data.assert_same(on(head, h3), off(head, h3), f"forward {spec} [3, 4, hidden]")
+    # the debug line that says it took effect
+    assert any("torch gather vllm_v32000_s16000" in line for line in lines), lines
+
+
+def test_forward_get_logits_and_gather_logits():
+    data.spawn(_setup, _forward_and_logits)
+
+
+def _top_tokens(rank):
+    heads, (stock, ours) = _heads(), _processors()
+    for (head, hidden), off, on, spec in zip(heads, stock, ours, HEADS):
+        for n in (1, 12):
+            h = hidden[:n]
+            got, want = on.get_top_tokens(head, h), off.get_top_tokens(head, h)
+            assert got.dtype == want.dtype and torch.equal(got, want), (spec, n, got, want)
+        assert _served(on, "argmax") == 2
+
+
+def test_get_top_tokens():
+    data.spawn(_setup, _top_tokens)
+
+
+def _top_k_tokens(rank):
+    k = 5
+    heads, (stock, ours) = _heads(rows=10, ranked=k + 1), _processors()
+    for (head, hidden), off, on, spec in zip(heads, stock, ours, HEADS):
+        ids, values = on.get_top_k_tokens(head, hidden, k)
+        want_ids, want_values = off.get_top_k_tokens(head, hidden, k)
+        assert torch.equal(ids, want_ids), (spec, ids, want_ids)
+        data.assert_same(values, want_values, f"top-k values {spec}")
+        ids, logp = on.get_top_k_tokens(head, hidden, k, return_log_probs=True)
+        want_ids, want_logp = off.get_top_k_tokens(head, hidden, k, return_log_probs=True)
+        assert torch.equal(ids, want_ids), (spec, ids, want_ids)
+        # one log-sum-exp of the row against vLLM's of the ranks' ones: float
+        # rounding apart (kl_topk's is within 1e-5 of float64)
+        torch.testing.assert_close(logp, want_logp, rtol=1e-5, atol=1e-5)
+        assert _served(on, "topk") == 2
+        # k past kl_topk's 64: vLLM's own code, and said so
+        ids, _ = on.get_top_k_tokens(head, hidden, 65)
+        assert torch.equal(ids, off.get_top_k_tokens(head, hidden, 65)[0])
+        assert on.klgen.stats()["declined"] == {"topk": 1}
+
+
+def test_get_top_k_tokens():
+    data.spawn(_setup, _top_k_tokens)
+
+
+def _lora(rank):
+    """LogitsProcessorWithLoRA over each: it re-indexes the unsliced gather
+    (get_sharded_to_full_mapping), adds the adapter's logits, then slices."""
+    from vllm.config.lora import LoRAConfig
+    from vllm.lora.layers import LogitsProcessorWithLoRA
+    from vllm.lora.layers.utils import LoRAMapping
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+    from vllm.utils import torch_utils
+
+    torch_utils.PIN_MEMORY = False  # vLLM's platform guess says yes; there is no GPU
+    heads, (stock, ours) = _heads(), _processors()
+    rows, rank_r = 12, 8
+    gen = torch.Generator().manual_seed(7)
+    for (head, hidden), off, on, spec in zip(heads, stock, ours, HEADS):
+        config = LoRAConfig(max_lora_rank=rank_r, max_loras=1, lora_dtype=hidden.dtype)
+        a = torch.randn(rank_r, rows, generator=gen).to(hidden.dtype)
+        b = torch.randn(off.vocab_size, rank_r, generator=gen).to(hidden.dtype)
+        punica = PunicaWrapperCPU(64, 4, "cpu")
+        punica.update_metadata(LoRAMapping([1] * rows, [1] * rows, is_prefill=False), [1], 1,
+                               off.vocab_size)
+        wrapped = []
+        for base in (off, on):
+            layer = LogitsProcessorWithLoRA(base, rows, hidden.dtype, "cpu",
+                                            head.get_sharded_to_full_mapping())
+            layer.create_lora_weights(1, config)
+            layer.set_lora(0, a, b)
+            layer.set_mapping(punica)
+            wrapped.append(layer)
+        data.assert_same(wrapped[1](head, hidden), wrapped[0](head, hidden), f"LoRA {spec}")
+        assert _served(on, "gather") == 1
+
+
+def test_lora_wrapper():
+    data.spawn(_setup, _lora)
+
+
+def _device_error(rank):
+    """A DeviceError from the gather reaches forward's caller."""
+    import klgen
+    from klgen.integrations import _gathers
+
+    (head, hidden), on = _heads()[0], _processors()[1][0]
+    on(head, hidden)
+
+    def fail(self, shard):
+        raise klgen.DeviceError("rank 1 timed out at step 7")
+
+    _gathers.TorchGather.__call__ = fail
+    with pytest.raises(klgen.DeviceError, match="timed out"):
+        on(head, hidden)
+    with pytest.raises(klgen.DeviceError):
+        on.get_top_tokens(head, hidden)
+
+
+def test_device_error_propagates():
+    data.spawn(_setup, _device_error)
+
+
+def _off(rank):
+    """Without KLGEN_VLLM the entry point changes nothing."""
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    from vllm.plugins import load_general_plugins
+
+    os.environ.pop("KLGEN_VLLM", None)
+    load_general_plugins()
+    assert type(LogitsProcessor(50257)) is LogitsProcessor
+
+
+def test_entry_point_does_nothing_unasked():
+    data.spawn(_setup, _off)
