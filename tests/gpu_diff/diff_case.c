@@ -519,7 +519,7 @@ static void step(case_run *run, rng *r, ref_step *ref, long long crossover, cons
     make_inputs(run, r, ref, run->plan.tokens);
     reference_values(run, ref, run->plan.tokens);
   }
-  diff_watchdog_note(run->env, label);
+  diff_watchdog_note(label);
   pthread_barrier_wait(&run->all); /* go */
   if (!run->plan.capture) reference_selections(run, ref, run->plan.tokens);
   pthread_barrier_wait(&run->all); /* done */

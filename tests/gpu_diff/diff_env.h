@@ -69,6 +69,6 @@ typedef struct diff_env {
 void diff_run_case(diff_env *env, const diff_case *c);
 /* diff_main.c */
 void diff_device_tanh(diff_env *env, size_t n); /* h_tout[i] = tanhf(h_targ[i]) */
-void diff_watchdog_note(diff_env *env, const char *where);
+void diff_watchdog_note(const char *where);
 
 #endif

@@ -202,8 +202,7 @@ static _Atomic double deadline;
 static char where[160], current_lua[1024];
 static _Atomic unsigned long long current_seed;
 
-void diff_watchdog_note(diff_env *env, const char *w) {
-  (void)env;
+void diff_watchdog_note(const char *w) {
   snprintf(where, sizeof where, "%s", w);
 }
 
