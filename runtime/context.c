@@ -194,6 +194,17 @@ static kl_result bind_device(kl_ctx *c, int device, int no_pdl) {
 
 /* Render, compile (or hit the cache) and load. A failure here is not fatal:
  * it makes this rank's one-shot path unusable, which the group then agrees on. */
+/* Loads the kernels onto the GPU now. With lazy loading (the driver's default
+ * since CUDA 12.2) a kernel's first launch may wait for the whole context to
+ * go idle; ranks that share a GPU spin on each other's kernels, so that wait
+ * would last until their polls time out. Drivers without cuFuncLoad load eagerly. */
+static CUresult load_now(const kl_cu *cu, const CUfunction *f, int n) {
+  CUresult r = CUDA_SUCCESS;
+  for (int i = 0; i < n && r == CUDA_SUCCESS && cu->cuFuncLoad; i++)
+    if (f[i]) r = cu->cuFuncLoad(f[i]);
+  return r;
+}
+
 static int build_kernels(kl_ctx *c, const char *source, char *why) {
   if (!source) {
     snprintf(why, KL_WHY_MAX, "rank %d: render: %.200s", c->rank, c->render_error);
@@ -228,6 +239,8 @@ static int build_kernels(kl_ctx *c, const char *source, char *why) {
   if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->relayout, c->mod, rl);
   if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->argmax, c->mod, am);
   if (r == CUDA_SUCCESS && c->spec.topk) r = c->cu->cuModuleGetFunction(&c->topk, c->mod, tk);
+  if (r == CUDA_SUCCESS) r = load_now(c->cu, (CUfunction[]){c->oneshot, c->relayout, c->argmax,
+                                                             c->topk}, 4);
   kl_binary_free(&bin);
   if (r != CUDA_SUCCESS) {
     if (c->mod) c->cu->cuModuleUnload(c->mod);

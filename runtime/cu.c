@@ -25,6 +25,9 @@ static int resolve(void *lib) {
   }
   KL_CU_FUNCS(KL_CU_LOAD)
 #undef KL_CU_LOAD
+#define KL_CU_LOAD_OPTIONAL(name) *(void **)(&table.name) = dlsym(lib, KL_STR(name));
+  KL_CU_OPTIONAL(KL_CU_LOAD_OPTIONAL)
+#undef KL_CU_LOAD_OPTIONAL
   return 0;
 }
 

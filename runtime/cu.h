@@ -25,9 +25,13 @@
   X(cuStreamIsCapturing) X(cuStreamBeginCapture) X(cuStreamEndCapture)                  \
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)
 
+/* Newer than the oldest driver the runtime runs on: NULL where the driver lacks them. */
+#define KL_CU_OPTIONAL(X) X(cuFuncLoad)
+
 #define KL_CU_MEMBER(name) __typeof__(&name) name;
 typedef struct kl_cu {
   KL_CU_FUNCS(KL_CU_MEMBER)
+  KL_CU_OPTIONAL(KL_CU_MEMBER)
 } kl_cu;
 #undef KL_CU_MEMBER
 

@@ -124,7 +124,8 @@ static int load_kernel(const kl_cu *cu, standin_group *g) {
     return -1;
   }
   rc = cu->cuModuleLoadData(&g->mod, bin.data) != CUDA_SUCCESS ||
-       cu->cuModuleGetFunction(&g->fn, g->mod, "allgather") != CUDA_SUCCESS;
+       cu->cuModuleGetFunction(&g->fn, g->mod, "allgather") != CUDA_SUCCESS ||
+       (cu->cuFuncLoad && cu->cuFuncLoad(g->fn) != CUDA_SUCCESS); /* no lazy load beside spinning kernels */
   kl_binary_free(&bin);
   return rc ? -1 : 0;
 }
