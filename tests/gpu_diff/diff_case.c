@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "diff_env.h"
 #include "kl_abi.h"
@@ -40,8 +41,11 @@ typedef struct rank_report {
   kl_result rc[OP_COUNT];
   char err[OP_COUNT][240];
   int path[OP_COUNT];
+  double host_ms[OP_COUNT]; /* the call's own time: a call that blocks makes its peers wait */
+  long long staged[OP_COUNT]; /* copies it made first (kl_stats.staged) */
   int cuda_failed;
   char cuda_err[200];
+  char status[240]; /* kl_ctx_status's error after the step, if any */
 } rank_report;
 
 typedef struct case_run {
@@ -91,8 +95,22 @@ static void failf(diff_env *env, const diff_case *c, const char *fmt, ...) {
 
 static CUdeviceptr at(const diff_slot *s, size_t off) { return s->arena + off; }
 
+/* Set once an error poisons the CUDA context for good: every later case would
+ * fail for that one, so the run stops (diff_context_lost). */
+static volatile int context_lost;
+
+static int sticky(CUresult r) {
+  return r == CUDA_ERROR_ILLEGAL_ADDRESS || r == CUDA_ERROR_LAUNCH_FAILED ||
+         r == CUDA_ERROR_ILLEGAL_INSTRUCTION || r == CUDA_ERROR_MISALIGNED_ADDRESS ||
+         r == CUDA_ERROR_INVALID_ADDRESS_SPACE || r == CUDA_ERROR_INVALID_PC ||
+         r == CUDA_ERROR_HARDWARE_STACK_ERROR || r == CUDA_ERROR_ASSERT;
+}
+
+int diff_context_lost(void) { return context_lost; }
+
 static int cu_ok(rank_report *rep, CUresult r, const char *what) {
   if (r == CUDA_SUCCESS) return 1;
+  if (sticky(r)) context_lost = 1;
   if (!rep->cuda_failed)
     snprintf(rep->cuda_err, sizeof rep->cuda_err, "%s: %s", what, kl_cu_errstr(r));
   rep->cuda_failed = 1;
@@ -171,9 +189,14 @@ static void run_ops(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report 
     if (p->overlap && i > 0) upload(run, s, rep); /* the last op wrote over it */
     kl_stats a = KL_STATS_INIT, b = KL_STATS_INIT;
     kl_ctx_stats(ctx, &a);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     rep->rc[op] = call_op(run, ctx, s, op, s->s);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    rep->host_ms[op] = 1e3 * (double)(t1.tv_sec - t0.tv_sec) + 1e-6 * (double)(t1.tv_nsec - t0.tv_nsec);
     if (rep->rc[op] != KLRT_OK) snprintf(rep->err[op], sizeof rep->err[op], "%s", kl_last_error());
     kl_ctx_stats(ctx, &b);
+    rep->staged[op] = (long long)(b.staged - a.staged);
     rep->path[op] = path_of(&a, &b);
   }
 }
@@ -216,6 +239,7 @@ static void run_step(case_run *run, int rank, kl_ctx *ctx, CUgraphExec *ge) {
     run_ops(run, ctx, s, rep);
   }
   download(run, s, rep);
+  if (kl_ctx_status(ctx) != KLRT_OK) snprintf(rep->status, sizeof rep->status, "%s", kl_last_error());
 }
 
 static void *rank_main(void *arg) {
@@ -479,6 +503,8 @@ static void compare(case_run *run, const ref_step *ref, long long crossover, con
   for (int rank = 0; rank < run->tp; rank++) {
     const rank_report *rep = &run->rep[rank];
     if (rep->cuda_failed) failf(env, c, "%s rank %d: %s", label, rank, rep->cuda_err);
+    if (rep->status[0] && (rank == 0 || !run->rep[0].status[0]))
+      failf(env, c, "%s rank %d: kl_ctx_status: %s", label, rank, rep->status);
     for (int i = 0; i < p->nops; i++) {
       int op = p->ops[i];
       int want_path = expected_path(run, op, p->tokens, crossover);
@@ -499,9 +525,10 @@ static void compare(case_run *run, const ref_step *ref, long long crossover, con
       env->cov.calls++;
       env->cov.path[want_path]++;
       if (bad)
-        failf(env, c, "%s rank %d: %s (%s path, tokens %d%s): %lld wrong, first %s", label, rank,
-              op_names[op], path_names[want_path], p->tokens, p->overlap ? ", overlapping" : "",
-              bad, first);
+        failf(env, c, "%s rank %d: %s (%s path, tokens %d%s): %lld wrong, first %s (the call: "
+              "%.2f ms on the host, %lld staged)", label, rank, op_names[op], path_names[want_path],
+              p->tokens, p->overlap ? ", overlapping" : "", bad, first, rep->host_ms[op],
+              rep->staged[op]);
     }
   }
 }

@@ -67,6 +67,7 @@ typedef struct diff_env {
 
 /* diff_case.c */
 void diff_run_case(diff_env *env, const diff_case *c);
+int diff_context_lost(void); /* a sticky CUDA error: nothing more can run */
 /* diff_main.c */
 void diff_device_tanh(diff_env *env, size_t n); /* h_tout[i] = tanhf(h_targ[i]) */
 void diff_watchdog_note(const char *where);

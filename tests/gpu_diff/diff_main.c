@@ -287,6 +287,7 @@ static void setup(diff_env *env, const char *arch) {
   }
   CU_CHECK(cu, cuModuleLoadData(&env->tmod, bin.data));
   CU_CHECK(cu, cuModuleGetFunction(&env->tanh_fn, env->tmod, "tanh_map"));
+  if (cu->cuFuncLoad) CU_CHECK(cu, cuFuncLoad(env->tanh_fn)); /* never lazily, beside spinning ranks */
   kl_binary_free(&bin);
   diff_ref_bufs *r = &env->ref;
   r->rows = malloc((size_t)DIFF_ELEM_BUDGET * 4);
@@ -341,7 +342,8 @@ static int load_nccl(diff_env *env, const options *o) {
 
 /* ---- the run ---- */
 
-static void summary(const diff_env *env, long run, long failed, double secs, const options *o) {
+static void summary(const diff_env *env, long run, long failed, double secs, double waited,
+                    const options *o) {
   const diff_coverage *v = &env->cov;
   printf("gpu_diff: seeds %llu..%llu: %ld cases in %.1f s (%.1f cases/min): %ld ran, %ld invalid "
          "specs refused, %ld steps, %ld calls (%ld one-shot, %ld NCCL), %ld graphs (%ld replays), "
@@ -353,6 +355,8 @@ static void summary(const diff_env *env, long run, long failed, double secs, con
   for (int t = 1; t <= DIFF_MAX_RANKS; t++)
     if (v->tp[t]) printf(" %d:%ld", t, v->tp[t]);
   printf("\n");
+  /* Time spent waiting for the compile workers says which side bounds the rate. */
+  printf("gpu_diff: %.1f s of it waiting for compiled kernels\n", waited);
   printf("gpu_diff: %ld passed, %ld failed\n", run - failed, failed);
 }
 
@@ -401,6 +405,7 @@ int main(int argc, char **argv) {
          w.n);
   double t0 = now_s();
   long failed = 0, run = 0;
+  double waited = 0;
   for (long i = 0; i < o.cases; i++) {
     if (o.minutes > 0 && now_s() - t0 > 60.0 * o.minutes) break;
     diff_case c;
@@ -410,7 +415,10 @@ int main(int argc, char **argv) {
     run++;
     int drawn = diff_draw(seed, &o.k, &c, msg, sizeof msg);
     snprintf(current_lua, sizeof current_lua, "%s", c.lua);
-    if (drawn != 0 || wait_compiled(&w, i, msg, sizeof msg) != 0) {
+    double w0 = now_s();
+    int compiled = drawn == 0 && wait_compiled(&w, i, msg, sizeof msg) == 0;
+    waited += now_s() - w0;
+    if (!compiled) {
       printf("FAIL case seed %llu: %s\n  %s\n", (unsigned long long)seed, c.lua, msg);
       failed++;
       continue;
@@ -427,11 +435,16 @@ int main(int argc, char **argv) {
     } else if (o.verbose) {
       printf("ok %llu: %s\n", (unsigned long long)seed, c.lua);
     }
+    if (diff_context_lost()) {
+      printf("gpu_diff: the CUDA context is lost (a sticky error in case seed %llu): the run "
+             "stops\n", (unsigned long long)seed);
+      break;
+    }
     if ((i + 1) % 50 == 0)
       printf("gpu_diff: %ld cases, %ld failed, %.1f cases/min\n", i + 1, failed,
              60.0 * (double)(i + 1) / (now_s() - t0));
   }
-  summary(&env, run, failed, now_s() - t0, &o);
+  summary(&env, run, failed, now_s() - t0, waited, &o);
   stop_workers(&w);
   remove_dir(dir);
   return failed ? 1 : 0;

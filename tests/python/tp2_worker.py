@@ -1,4 +1,5 @@
-"""Two ranks (torchrun --nproc_per_node=2): klgen.LogitsGather against
+"""TP ranks, one per GPU (torchrun --nproc_per_node=2, or 1 on a machine of one
+GPU: the same checks with a group of one): klgen.LogitsGather against
 torch.distributed.all_gather_into_tensor + movedim + slice, bit for bit
 (+0.0 and -0.0 counted equal: the one-shot path writes -0.0 as +0.0).
 Prints one line per check; exits non-zero on any failure."""
@@ -342,30 +343,31 @@ def main():
             say(part in str(e), f"wrong tensor -> {type(e).__name__}: {e}")
     # one rank passes a wrong tensor, the other a right one: the wrong one gets
     # its error at once, the right one's step times out and status() names the peer
-    with klgen.LogitsGather(vocab_size=4096, dtype=torch.bfloat16, max_tokens=2, timeout_ms=300,
-                            name="lonely") as lone:
-        x = torch.zeros((1, lone.shard), dtype=torch.bfloat16, device="cuda")
-        if rank == 1:
-            try:
-                lone(x.float())
-                say(False, "rank 1's wrong tensor accepted")
-            except TypeError:
-                say(True, "rank 1: wrong tensor refused")
-        else:
-            lone(x)
-            torch.cuda.synchronize()
-            try:
-                lone.status()
-                say(False, "rank 0: no time-out reported")
-            except klgen.DeviceError as e:
-                say("waiting for rank 1" in str(e), f"rank 0: {e}")
-        dist.barrier()
+    if tp > 1:
+        with klgen.LogitsGather(vocab_size=4096, dtype=torch.bfloat16, max_tokens=2, timeout_ms=300,
+                                name="lonely") as lone:
+            x = torch.zeros((1, lone.shard), dtype=torch.bfloat16, device="cuda")
+            if rank == 1:
+                try:
+                    lone(x.float())
+                    say(False, "rank 1's wrong tensor accepted")
+                except TypeError:
+                    say(True, "rank 1: wrong tensor refused")
+            else:
+                lone(x)
+                torch.cuda.synchronize()
+                try:
+                    lone.status()
+                    say(False, "rank 0: no time-out reported")
+                except klgen.DeviceError as e:
+                    say("waiting for rank 1" in str(e), f"rank 0: {e}")
+            dist.barrier()
     for g in gathers:
         g.close()
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
-        print(f"{'FAIL' if failures else 'ok'}: tp2 checks done, {failures} failure(s) on rank 0",
+        print(f"{'FAIL' if failures else 'ok'}: tp{tp} checks done, {failures} failure(s) on rank 0",
               flush=True)
     sys.exit(1 if failures else 0)
 
