@@ -496,10 +496,22 @@ static long long check_selection(case_run *run, const ref_step *ref, int rank, i
 }
 
 /* Every rank's outputs of the step against the reference. */
+/* Every rank's host time per call of a failing step: a late peer shows as
+ * the rank whose call blocked, or as none (then its kernel was late on the GPU). */
+static void host_times(const case_run *run, const char *label) {
+  for (int i = 0; i < run->plan.nops; i++) {
+    int op = run->plan.ops[i];
+    printf("  %s host ms of %s by rank:", label, op_names[op]);
+    for (int r = 0; r < run->tp; r++) printf(" %.2f", run->rep[r].host_ms[op]);
+    printf("\n");
+  }
+}
+
 static void compare(case_run *run, const ref_step *ref, long long crossover, const char *label) {
   diff_env *env = run->env;
   const diff_case *c = run->c;
   const step_plan *p = &run->plan;
+  int before = env->case_failures;
   for (int rank = 0; rank < run->tp; rank++) {
     const rank_report *rep = &run->rep[rank];
     if (rep->cuda_failed) failf(env, c, "%s rank %d: %s", label, rank, rep->cuda_err);
@@ -531,6 +543,7 @@ static void compare(case_run *run, const ref_step *ref, long long crossover, con
               rep->staged[op]);
     }
   }
+  if (before == 0 && env->case_failures > 0 && !p->capture) host_times(run, label);
 }
 
 /* One step: plan out, ranks run it while the reference is computed, compare.
