@@ -78,6 +78,14 @@ void kl_ctx_leave(kl_ctx *c, int pushed) {
   if (pushed) c->cu->cuCtxPopCurrent(&dummy);
 }
 
+/* The environment's variables, each valid if set (param.c). */
+static kl_result check_environment(void) {
+  char why[KL_PARAM_WHY];
+  if (kl_params_check(why, sizeof why) != 0)
+    return kl_rt_fail(KLRT_EINVAL, "environment: %s", why);
+  return KLRT_OK;
+}
+
 /* The caller's kl_config as this library knows it: a smaller one is from no
  * version that exists; a larger one (a newer header) is accepted if the
  * fields this library does not know are zero. */
@@ -388,7 +396,7 @@ static kl_result create_loaded(kl_ctx **ctx, int load_rc, const kl_err *err, kl_
     *(ctx) = NULL;                                                                      \
     if (!(cfg_in)) return kl_rt_fail(KLRT_EINVAL, "%s: cfg is NULL", __func__);         \
     kl_result r_ = read_config(cfg_in, &cfg_copy_, __func__);                           \
-    if (!r_) r_ = kl_params_check();                                                    \
+    if (!r_) r_ = check_environment();                                                  \
     if (r_) return r_;                                                                  \
   } while (0)
 
@@ -560,7 +568,7 @@ static void fill_info(const kl_spec *s, const kl_layout *l, kl_info *info) {
 /* Every spec of a file (path) or a string (src), under the environment's
  * limits; the environment is checked first. */
 static kl_result load_specs(const char *path, const char *src, kl_spec_list *l) {
-  kl_result env = kl_params_check();
+  kl_result env = check_environment();
   if (env) return env;
   kl_err err;
   kl_limits lim = spec_limits();

@@ -1,8 +1,9 @@
 /* libklrt internals: the context and the modules that share it.
  *   cu.c        driver access (dlopen)
  *   nccl_api.c  NCCL access (dlopen: the host's copy)
- *   param.c     environment variables: the table, reading and validation
- *   err.c       kl_last_error, KLGEN_LOG
+ *   param.c     environment variables: the table, reading and validation (calls
+ *               nothing else here: the bottom of the library)
+ *   err.c       kl_last_error, KLGEN_LOG (reads KLGEN_LOG through param.c)
  *   jit.c       NVRTC + disk cache + module load
  *   exchange.c  host all-gather between ranks: group (threads), callback, NCCL
  *   transport.c receive buffers, peer mapping, agreement on readiness
@@ -37,9 +38,11 @@ typedef struct kl_param {
   const char *doc;
 } kl_param;
 extern const kl_param kl_params[KL_P_COUNT];
-/* Every variable of the table that is set must parse: KLRT_EINVAL naming the
- * first that does not. Called at creation. */
-kl_result kl_params_check(void);
+/* Every variable of the table that is set must parse: 0, or -1 with why
+ * naming the first that does not. The bottom of the library: it reports
+ * through why, never through err.c (which reads KLGEN_LOG from here). */
+#define KL_PARAM_WHY 200
+int kl_params_check(char *why, size_t n);
 /* A BOOL or INT: its value if set and valid (*given = 1), else the default. */
 long long kl_param_int(kl_param_id id, int *given);
 /* A STR: its value, or NULL when unset or "". */
