@@ -317,6 +317,11 @@ static void no_driver(void) {
   kl_group_destroy(g);
 }
 
+/* kl_gather's step: its shard's bytes against the crossover. */
+static int gather_path(const kl_ctx *c, int tokens, kl_decline *why) {
+  return kl_path_for(c, tokens, (long long)tokens * c->layout.shard_bytes, why);
+}
+
 /* The dispatch rule, on a context assembled by hand: no device needed. */
 static void dispatch(void) {
   kl_ctx c;
@@ -325,17 +330,17 @@ static void dispatch(void) {
   c.layout.shard_bytes = 40960;
   c.ready = 1, c.nccl_everywhere = 1, c.crossover = 40960 * 16;
   kl_decline why;
-  CHECK(kl_choose_path(&c, 1, &why) == PATH_ONESHOT, "1 token: one-shot");
-  CHECK(kl_choose_path(&c, 16, &why) == PATH_ONESHOT, "at the crossover: one-shot");
-  CHECK(kl_choose_path(&c, 17, &why) == PATH_NCCL && why == KL_DECLINE_SIZE, "over: size");
+  CHECK(gather_path(&c, 1, &why) == PATH_ONESHOT, "1 token: one-shot");
+  CHECK(gather_path(&c, 16, &why) == PATH_ONESHOT, "at the crossover: one-shot");
+  CHECK(gather_path(&c, 17, &why) == PATH_NCCL && why == KL_DECLINE_SIZE, "over: size");
   CHECK(kl_path_for(&c, 17, 0, &why) == PATH_ONESHOT, "kl_argmax/kl_topk's records: no size");
   c.nccl_everywhere = 0;
-  CHECK(kl_choose_path(&c, 17, &why) == PATH_ONESHOT, "no NCCL anywhere: no size decline");
-  CHECK(kl_choose_path(&c, 65, &why) == PATH_NCCL && why == KL_DECLINE_TOKENS, "tokens");
+  CHECK(gather_path(&c, 17, &why) == PATH_ONESHOT, "no NCCL anywhere: no size decline");
+  CHECK(gather_path(&c, 65, &why) == PATH_NCCL && why == KL_DECLINE_TOKENS, "tokens");
   c.ready = 0;
-  CHECK(kl_choose_path(&c, 1, &why) == PATH_NCCL && why == KL_DECLINE_NOT_READY, "not ready");
+  CHECK(gather_path(&c, 1, &why) == PATH_NCCL && why == KL_DECLINE_NOT_READY, "not ready");
   c.disabled = 1;
-  CHECK(kl_choose_path(&c, 1, &why) == PATH_NCCL && why == KL_DECLINE_DISABLED,
+  CHECK(gather_path(&c, 1, &why) == PATH_NCCL && why == KL_DECLINE_DISABLED,
         "disabled wins");
 }
 
