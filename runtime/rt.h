@@ -1,15 +1,23 @@
-/* libklrt internals: the context and the modules that share it.
+/* libklrt internals: the context and the modules that share it, each of
+ * which calls only modules listed before it (docs/DESIGN.md, "The runtime's
+ * structure").
+ *   param.c     environment variables: the table, reading and validation
+ *               (reports through a buffer: the bottom of the library)
+ *   err.c       kl_last_error, KLGEN_LOG (read through param.c)
  *   cu.c        driver access (dlopen)
  *   nccl_api.c  NCCL access (dlopen: the host's copy)
- *   param.c     environment variables: the table, reading and validation (calls
- *               nothing else here: the bottom of the library)
- *   err.c       kl_last_error, KLGEN_LOG (reads KLGEN_LOG through param.c)
- *   jit.c       NVRTC + disk cache + module load
+ *   jit.c       NVRTC + disk cache
+ *   tune.c      the crossover: configured, tuned table or default
  *   exchange.c  host all-gather between ranks: group (threads), callback, NCCL
+ *   kernels.c   the kernel table (c->kern): load, caps, step slots, peers,
+ *               warm-up; the one launcher
  *   transport.c receive buffers, peer mapping, agreement on readiness
- *   gather.c    dispatch: one-shot kernel or NCCL + relayout, staging copies
- *   select.c    kl_argmax / kl_topk: one-shot select kernel or NCCL + merge
- *   context.c   create / destroy / stats / status */
+ *   dispatch.c  the layer every step call goes through: path rule, checks,
+ *               buffers, staging, the NCCL exchange, stream order, the log
+ *   gather.c    kl_gather's route: one-shot kernel, or NCCL + relayout
+ *   select.c    kl_argmax's and kl_topk's routes: one-shot select kernel, or
+ *               reduce, NCCL, merge
+ *   context.c   create / destroy / stats / status, and the calls' entry */
 #ifndef KL_RT_H
 #define KL_RT_H
 
@@ -240,12 +248,12 @@ struct kl_ctx {
   int have_last_stream;
   CUevent order_event;
 };
-
-/* ---- transport.c ---- */
 /* This rank's copy of the group's fault word (kl_abi.h), in its receive memory. */
 static inline unsigned long long *kl_fault_word(const kl_ctx *c) {
   return (unsigned long long *)(c->recv + (CUdeviceptr)c->layout.fault_offset);
 }
+
+/* ---- transport.c ---- */
 /* What ranks exchange at creation (two rounds): records from other
  * processes, so every field is checked and every string bounded on arrival. */
 #define KL_INFO_MAGIC 0x4b4c5254u /* "KLRT" */
