@@ -19,8 +19,7 @@ static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
   kl_kernel *kn = &c->kern[KL_K_ONESHOT];
   kn->prm.oneshot.a = (kl_oneshot_args){(const void *)k->kin, (void *)kout, (kl_state *)c->state,
                                         kl_fault_word(c), k->tokens, c->rank, kn->nslots, 0};
-  int grid = kl_layout_grid(&c->layout, k->tokens, kn->cap);
-  CUresult r = kl_launch(c, KL_K_ONESHOT, grid, 1, s);
+  CUresult r = kl_launch(c, KL_K_ONESHOT, kl_grid(c, KL_K_ONESHOT, k->tokens, 1), 1, s);
   if (r != CUDA_SUCCESS)
     return kl_rt_fail(KLRT_ECUDA, "launching the one-shot kernel: %s", kl_cu_errstr(r));
   return kl_unstage_out(c, k, kout, s);
@@ -67,8 +66,7 @@ static kl_result relayout(kl_ctx *c, kl_call *k, CUstream s) {
   c->stats.staged += kout != (CUdeviceptr)k->out[0].p;
   kn->prm.relayout = (kl_relayout_args){(const void *)c->buf[KL_BUF_SCRATCH].p, (void *)kout,
                                         k->tokens, 0};
-  int grid = kl_layout_relayout_grid(&c->layout, (int64_t)k->out[0].bytes, kn->cap);
-  CUresult r = kl_launch(c, KL_K_RELAYOUT, grid, 0, s);
+  CUresult r = kl_launch(c, KL_K_RELAYOUT, kl_grid(c, KL_K_RELAYOUT, k->tokens, 1), 0, s);
   if (r != CUDA_SUCCESS)
     return kl_rt_fail(KLRT_ECUDA, "%s failed: %s", RELAYOUT_LAUNCH, kl_cu_errstr(r));
   return kl_unstage_out(c, k, kout, s);

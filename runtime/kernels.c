@@ -9,18 +9,45 @@
 
 /* How each kernel takes its parameter (kl_kernel_params' members). */
 enum params_kind { PARAMS_ONESHOT, PARAMS_RELAYOUT, PARAMS_SELECT };
+/* Which step slots a polling kernel advances (kl_abi.h: the state block
+ * holds kl_state, the gather's slots, then the select kernels' shared ones). */
+enum slot_group { SLOTS_NONE, SLOTS_GATHER, SLOTS_SELECT, SLOTS_COUNT };
+
+/* The grids, as the layout (libklgen) defines them: CTAs for `tokens` rows,
+ * at most cap (0: none; the relayout always has one). */
+static int oneshot_grid(const kl_ctx *c, int tokens, int cap) {
+  return kl_layout_grid(&c->layout, tokens, cap);
+}
+static int relayout_grid(const kl_ctx *c, int tokens, int cap) {
+  int64_t out_bytes = (int64_t)tokens * c->spec.vocab_size * c->layout.out_elem_bytes;
+  return kl_layout_relayout_grid(&c->layout, out_bytes, cap);
+}
+static int argmax_grid(const kl_ctx *c, int tokens, int cap) {
+  return kl_layout_select_grid(&c->layout, tokens, cap, 0);
+}
+static int topk_grid(const kl_ctx *c, int tokens, int cap) {
+  return kl_layout_select_grid(&c->layout, tokens, cap, 1);
+}
 
 static const struct row {
   const char *kind;   /* its entry point: kl_<spec>_<kind> (kl_entry_name) */
   size_t block_at;    /* offsetof(kl_layout, its threads a CTA) */
   enum params_kind params;
-  int polls;          /* it polls its peers' pushes: co-residency cap, step slots, PDL */
+  /* SLOTS_NONE: it polls no peer. Else it does: its grid is capped to stay
+   * co-resident, it advances these slots, and a one-shot step may use PDL. */
+  enum slot_group slots;
   int needs_topk;     /* loaded only for a spec with topk */
+  int (*grid)(const kl_ctx *c, int tokens, int cap);
+  int cap_per_sm;     /* a kernel that polls no peer: its cap, per multiprocessor */
 } rows[KL_K_COUNT] = {
-    [KL_K_ONESHOT] = {"oneshot", offsetof(kl_layout, block), PARAMS_ONESHOT, 1, 0},
-    [KL_K_RELAYOUT] = {"relayout", offsetof(kl_layout, relayout_block), PARAMS_RELAYOUT, 0, 0},
-    [KL_K_ARGMAX] = {"argmax", offsetof(kl_layout, sel_block), PARAMS_SELECT, 1, 0},
-    [KL_K_TOPK] = {"topk", offsetof(kl_layout, sel_block), PARAMS_SELECT, 1, 1},
+    [KL_K_ONESHOT] = {"oneshot", offsetof(kl_layout, block), PARAMS_ONESHOT, SLOTS_GATHER, 0,
+                      oneshot_grid, 0},
+    [KL_K_RELAYOUT] = {"relayout", offsetof(kl_layout, relayout_block), PARAMS_RELAYOUT,
+                       SLOTS_NONE, 0, relayout_grid, KL_RELAYOUT_CTAS_PER_SM},
+    [KL_K_ARGMAX] = {"argmax", offsetof(kl_layout, sel_block), PARAMS_SELECT, SLOTS_SELECT, 0,
+                     argmax_grid, 0},
+    [KL_K_TOPK] = {"topk", offsetof(kl_layout, sel_block), PARAMS_SELECT, SLOTS_SELECT, 1,
+                   topk_grid, 0},
 };
 
 static int wanted(const kl_ctx *c, kl_kernel_id id) { return !rows[id].needs_topk || c->spec.topk; }
@@ -34,12 +61,12 @@ CUresult kl_kernels_load(kl_ctx *c) {
   for (int i = 0; i < KL_K_COUNT && r == CUDA_SUCCESS; i++) {
     kl_kernel *k = &c->kern[i];
     k->block = *(const int *)((const char *)&c->layout + rows[i].block_at);
+    k->cap = rows[i].cap_per_sm * c->sm_count; /* the polling kernels': at mapping */
     if (!wanted(c, (kl_kernel_id)i)) continue;
     char name[128];
     kl_entry_name(&c->spec, rows[i].kind, name, sizeof name);
     r = c->cu->cuModuleGetFunction(&k->fn, c->mod, name);
   }
-  c->kern[KL_K_RELAYOUT].cap = KL_RELAYOUT_CTAS_PER_SM * c->sm_count;
   if (r != CUDA_SUCCESS) clear(c);
   return r;
 }
@@ -80,26 +107,33 @@ static int set_caps(kl_ctx *c, int on_device) {
   int ok = 1;
   for (int i = 0; i < KL_K_COUNT; i++) {
     kl_kernel *k = &c->kern[i];
-    if (!rows[i].polls || !k->fn) continue;
+    if (!rows[i].slots || !k->fn) continue;
     k->cap = residency_cap(c, k, on_device);
     ok &= k->cap >= 1;
   }
   return ok ? 0 : -1;
 }
 
-/* The state block holds kl_state, the gather's step slots, then the select
- * kernels' (kl_abi.h), which they share: as many as the larger grid. */
-static void set_slots(kl_ctx *c) {
-  kl_kernel *k = c->kern;
-  int most = (int)c->spec.max_tokens;
+static unsigned long long *group_slots(const kl_ctx *c, enum slot_group g) {
   unsigned long long *gather = (unsigned long long *)(c->state + sizeof(kl_state));
-  k[KL_K_ONESHOT].slots = gather;
-  k[KL_K_ONESHOT].nslots = kl_layout_grid(&c->layout, most, k[KL_K_ONESHOT].cap);
-  int sel = kl_layout_select_slots(&c->layout, most, k[KL_K_ARGMAX].cap, k[KL_K_TOPK].cap,
-                                   k[KL_K_TOPK].fn != NULL);
-  for (int i = KL_K_ARGMAX; i <= KL_K_TOPK; i++) {
-    k[i].slots = gather + c->layout.max_ctas;
-    k[i].nslots = sel;
+  return g == SLOTS_GATHER ? gather : gather + c->layout.max_ctas;
+}
+
+/* Kernels that share slots share their number: the largest grid any of
+ * them launches, at max_tokens and its cap. */
+static void set_slots(kl_ctx *c) {
+  int most[SLOTS_COUNT] = {0};
+  for (int i = 0; i < KL_K_COUNT; i++) {
+    enum slot_group g = rows[i].slots;
+    if (!g || !c->kern[i].fn) continue;
+    int n = rows[i].grid(c, (int)c->spec.max_tokens, c->kern[i].cap);
+    if (n > most[g]) most[g] = n;
+  }
+  for (int i = 0; i < KL_K_COUNT; i++) {
+    enum slot_group g = rows[i].slots;
+    if (!g) continue;
+    c->kern[i].slots = group_slots(c, g);
+    c->kern[i].nslots = most[g];
   }
 }
 
@@ -132,7 +166,7 @@ static int warm_up(kl_ctx *c, char *why) {
   for (int i = 0; i < KL_K_COUNT && r == CUDA_SUCCESS; i++) {
     if (!c->kern[i].fn) continue;
     idle_params(c, &c->kern[i], rows[i].params);
-    r = kl_launch(c, (kl_kernel_id)i, 1, rows[i].polls, c->stream);
+    r = kl_launch(c, (kl_kernel_id)i, 1, rows[i].slots != SLOTS_NONE, c->stream);
   }
   if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
   if (r != CUDA_SUCCESS) {
@@ -150,6 +184,10 @@ int kl_kernels_ready(kl_ctx *c, int on_device, char *why) {
   set_slots(c);
   kl_kernels_set_peers(c);
   return warm_up(c, why);
+}
+
+int kl_grid(const kl_ctx *c, kl_kernel_id id, int tokens, int capped) {
+  return rows[id].grid(c, tokens, capped ? c->kern[id].cap : 0);
 }
 
 CUresult kl_launch(kl_ctx *c, kl_kernel_id id, int grid, int overlap, CUstream s) {

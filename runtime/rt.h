@@ -293,6 +293,9 @@ CUresult kl_kernels_load(kl_ctx *c);
 int kl_kernels_ready(kl_ctx *c, int on_device, char *why);
 /* c->peers into the parameter of every kernel that has peers. */
 void kl_kernels_set_peers(kl_ctx *c);
+/* CTAs of kernel id for `tokens` rows: at most its cap when capped, else
+ * as many as the rows need. */
+int kl_grid(const kl_ctx *c, kl_kernel_id id, int tokens, int capped);
 /* The launcher: kernel k on s with `grid` CTAs and its parameter as it
  * stands. overlap: a one-shot step, which may begin while the previous
  * kernel drains (PDL, where the context launches with it). */

@@ -30,10 +30,6 @@ static kl_select_args *args(kl_ctx *c, const kl_call *k, int mode) {
   return a;
 }
 
-static int grid(const kl_ctx *c, const kl_call *k, int cap) {
-  return kl_layout_select_grid(&c->layout, k->tokens, cap, k->route->kernel == KL_K_TOPK);
-}
-
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
   kl_kernel *kn = &c->kern[k->route->kernel];
   kl_select_args *a = args(c, k, KL_SELECT_ONESHOT);
@@ -41,7 +37,8 @@ static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
   a->fault = kl_fault_word(c);
   a->slots = kn->slots;
   a->nslots = kn->nslots;
-  return launched(kl_launch(c, k->route->kernel, grid(c, k, kn->cap), 1, s), "one-shot");
+  int grid = kl_grid(c, k->route->kernel, k->tokens, 1);
+  return launched(kl_launch(c, k->route->kernel, grid, 1, s), "one-shot");
 }
 
 static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
@@ -53,7 +50,8 @@ static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
   CUdeviceptr mine = c->buf[KL_BUF_RECORDS].p, all = mine + rec;
   kl_select_args *a = args(c, k, KL_SELECT_REDUCE);
   a->rec = (void *)mine;
-  if ((res = launched(kl_launch(c, k->route->kernel, grid(c, k, 0), 0, s), "reduce")) ||
+  int grid = kl_grid(c, k->route->kernel, k->tokens, 0);
+  if ((res = launched(kl_launch(c, k->route->kernel, grid, 0, s), "reduce")) ||
       (res = kl_allgather(c, mine, all, rec, s)))
     return res;
   a->mode = KL_SELECT_MERGE;
