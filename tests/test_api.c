@@ -344,6 +344,35 @@ static void dispatch(void) {
         "disabled wins");
 }
 
+/* The kernel table's grids are the layout's, each kernel its own: capped at
+ * the entry's cap, or as the rows need. No device needed. */
+static void kernel_grids(void) {
+  kl_spec_list l;
+  kl_err e;
+  const char *src = "return { name = 'k', vocab_size = 163840, tp = 8, dtype = 'bf16', "
+                    "max_tokens = 64, topk = 8 }";
+  CHECK(kl_spec_load_string("t", src, strlen(src), NULL, &l, &e) == 0, "%s", e.msg);
+  if (l.n != 1) return;
+  kl_ctx c;
+  memset(&c, 0, sizeof c);
+  c.spec = l.v[0];
+  kl_spec_list_free(&l);
+  CHECK(kl_layout_derive(&c.spec, &c.layout, &e) == 0, "%s", e.msg);
+  c.kern[KL_K_ONESHOT].cap = 7, c.kern[KL_K_ARGMAX].cap = 5, c.kern[KL_K_TOPK].cap = 3;
+  c.kern[KL_K_RELAYOUT].cap = 11;
+  const kl_layout *lay = &c.layout;
+  int64_t out = 64LL * c.spec.vocab_size * lay->out_elem_bytes;
+  CHECK(kl_grid(&c, KL_K_ONESHOT, 64, 1) == kl_layout_grid(lay, 64, 7) &&
+            kl_grid(&c, KL_K_ONESHOT, 64, 0) == kl_layout_grid(lay, 64, 0), "one-shot grid");
+  CHECK(kl_grid(&c, KL_K_ARGMAX, 64, 1) == kl_layout_select_grid(lay, 64, 5, 0) &&
+            kl_grid(&c, KL_K_ARGMAX, 64, 0) == kl_layout_select_grid(lay, 64, 0, 0),
+        "argmax grid");
+  CHECK(kl_grid(&c, KL_K_TOPK, 64, 1) == kl_layout_select_grid(lay, 64, 3, 1) &&
+            kl_grid(&c, KL_K_TOPK, 64, 0) == kl_layout_select_grid(lay, 64, 0, 1), "top-k grid");
+  CHECK(kl_grid(&c, KL_K_RELAYOUT, 64, 1) == kl_layout_relayout_grid(lay, out, 11),
+        "relayout grid");
+}
+
 /* Where the crossover comes from: config, environment, tuned table, default. */
 static void crossover(void) {
   const char *from = NULL;
@@ -401,5 +430,6 @@ int main(void) {
   dynlib();
   no_driver();
   dispatch();
+  kernel_grids();
   return check_done();
 }
