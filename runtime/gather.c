@@ -51,8 +51,8 @@ static kl_result relayout_copies(kl_ctx *c, CUdeviceptr out, int tokens, CUstrea
   return KLRT_OK;
 }
 
-/* The message the relayout's launch has always failed with (named after
- * the driver call that made it before the launcher was one). */
+/* The relayout launch's error message, kept word for word: callers may
+ * match on messages. */
 #define RELAYOUT_LAUNCH "cuLaunchKernel(c->relayout, grid, 1, 1, " \
   "(unsigned)c->layout.relayout_block, 1, 1, 0, s, args, NULL)"
 
