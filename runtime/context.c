@@ -78,6 +78,14 @@ void kl_ctx_leave(kl_ctx *c, int pushed) {
   if (pushed) c->cu->cuCtxPopCurrent(&dummy);
 }
 
+/* The environment's variables, each valid if set (param.c). */
+static kl_result check_environment(void) {
+  char why[KL_PARAM_WHY];
+  if (kl_params_check(why, sizeof why) != 0)
+    return kl_rt_fail(KLRT_EINVAL, "environment: %s", why);
+  return KLRT_OK;
+}
+
 /* The caller's kl_config as this library knows it: a smaller one is from no
  * version that exists; a larger one (a newer header) is accepted if the
  * fields this library does not know are zero. */
@@ -194,17 +202,6 @@ static kl_result bind_device(kl_ctx *c, int device, int no_pdl) {
 
 /* Render, compile (or hit the cache) and load. A failure here is not fatal:
  * it makes this rank's one-shot path unusable, which the group then agrees on. */
-/* Loads the kernels onto the GPU now. With lazy loading (the driver's default
- * since CUDA 12.2) a kernel's first launch may wait for the whole context to
- * go idle; ranks that share a GPU spin on each other's kernels, so that wait
- * would last until their polls time out. Drivers without cuFuncLoad load eagerly. */
-static CUresult load_now(const kl_cu *cu, const CUfunction *f, int n) {
-  CUresult r = CUDA_SUCCESS;
-  for (int i = 0; i < n && r == CUDA_SUCCESS && cu->cuFuncLoad; i++)
-    if (f[i]) r = cu->cuFuncLoad(f[i]);
-  return r;
-}
-
 static int build_kernels(kl_ctx *c, const char *source, char *why) {
   if (!source) {
     snprintf(why, KL_WHY_MAX, "rank %d: render: %.200s", c->rank, c->render_error);
@@ -229,23 +226,13 @@ static int build_kernels(kl_ctx *c, const char *source, char *why) {
     return -1;
   }
   c->stats.cache_hit = hit;
-  char on[128], rl[128], am[128], tk[128];
-  kl_entry_name(&c->spec, "oneshot", on, sizeof on);
-  kl_entry_name(&c->spec, "relayout", rl, sizeof rl);
-  kl_entry_name(&c->spec, "argmax", am, sizeof am);
-  kl_entry_name(&c->spec, "topk", tk, sizeof tk);
   CUresult r = c->cu->cuModuleLoadData(&c->mod, bin.data);
-  if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->oneshot, c->mod, on);
-  if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->relayout, c->mod, rl);
-  if (r == CUDA_SUCCESS) r = c->cu->cuModuleGetFunction(&c->argmax, c->mod, am);
-  if (r == CUDA_SUCCESS && c->spec.topk) r = c->cu->cuModuleGetFunction(&c->topk, c->mod, tk);
-  if (r == CUDA_SUCCESS) r = load_now(c->cu, (CUfunction[]){c->oneshot, c->relayout, c->argmax,
-                                                             c->topk}, 4);
+  if (r == CUDA_SUCCESS) r = kl_kernels_load(c);
   kl_binary_free(&bin);
   if (r != CUDA_SUCCESS) {
-    if (c->mod) c->cu->cuModuleUnload(c->mod);
     /* the gather's NCCL path copies instead; kl_argmax and kl_topk are unavailable */
-    c->mod = NULL, c->oneshot = c->relayout = c->argmax = c->topk = NULL;
+    if (c->mod) c->cu->cuModuleUnload(c->mod);
+    c->mod = NULL;
     snprintf(why, KL_WHY_MAX, "rank %d: loading the kernel: %s", c->rank, kl_cu_errstr(r));
     return -1;
   }
@@ -258,9 +245,8 @@ static void release(kl_ctx *c) {
     int pushed = 0;
     if (c->cuctx) kl_ctx_enter(c, &pushed);
     kl_transport_teardown(c);
-    CUdeviceptr bufs[] = {c->scratch, c->stage_in, c->stage_out, c->sel_scratch};
-    for (int i = 0; i < 4; i++)
-      if (bufs[i]) c->cu->cuMemFree(bufs[i]);
+    for (int i = 0; i < KL_BUF_COUNT; i++)
+      if (c->buf[i].p) c->cu->cuMemFree(c->buf[i].p);
     for (int i = 0; i < c->nretired; i++) c->cu->cuMemFree(c->retired[i]);
     free(c->retired);
     if (c->mod) c->cu->cuModuleUnload(c->mod);
@@ -270,23 +256,6 @@ static void release(kl_ctx *c) {
     if (c->retained) c->cu->cuDevicePrimaryCtxRelease(c->dev);
   }
   free(c);
-}
-
-/* The NCCL paths need scratch for max_tokens from the start, so that a graph
- * captured at any size up to it needs no allocation. */
-static kl_result alloc_scratch(kl_ctx *c) {
-  size_t bytes = (size_t)c->spec.max_tokens * (size_t)c->layout.shard_bytes * (size_t)c->nranks;
-  size_t sel = kl_select_scratch_bytes(c, c->spec.max_tokens);
-  CUresult r = c->cu->cuMemAlloc(&c->scratch, bytes);
-  if (r == CUDA_SUCCESS) c->scratch_bytes = bytes;
-  if (r == CUDA_SUCCESS) r = c->cu->cuMemAlloc(&c->sel_scratch, sel);
-  /* records leave padding words unwritten; NCCL copies them (kl_ensure) */
-  if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD32(c->sel_scratch, 0, sel / 4);
-  if (r != CUDA_SUCCESS)
-    return kl_rt_fail(KLRT_ENOMEM, "NCCL scratch (%zu + %zu bytes): %s", bytes, sel,
-                      kl_cu_errstr(r));
-  c->sel_scratch_bytes = sel;
-  return KLRT_OK;
 }
 
 static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
@@ -323,7 +292,7 @@ static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
   if (r == CUDA_SUCCESS) r = cu->cuEventCreate(&c->order_event, CU_EVENT_DISABLE_TIMING);
   if (r != CUDA_SUCCESS) res = kl_rt_fail(KLRT_ECUDA, "creating a stream and an event: %s",
                                           kl_cu_errstr(r));
-  if (!res) res = alloc_scratch(c);
+  if (!res) res = kl_buffers_alloc(c);
   if (res) {
     kl_ctx_leave(c, pushed);
     release(c);
@@ -401,7 +370,7 @@ static kl_result create_loaded(kl_ctx **ctx, int load_rc, const kl_err *err, kl_
     *(ctx) = NULL;                                                                      \
     if (!(cfg_in)) return kl_rt_fail(KLRT_EINVAL, "%s: cfg is NULL", __func__);         \
     kl_result r_ = read_config(cfg_in, &cfg_copy_, __func__);                           \
-    if (!r_) r_ = kl_params_check();                                                    \
+    if (!r_) r_ = check_environment();                                                  \
     if (r_) return r_;                                                                  \
   } while (0)
 
@@ -492,42 +461,33 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
   return create(ctx, &s, g->source, cfg);
 }
 
-/* One step's call (kl_gather, kl_argmax, kl_topk): the context entered, the
- * stream ordered after the previous call, the call, and its mark. */
-enum step_kind { STEP_GATHER, STEP_ARGMAX, STEP_TOPK };
-typedef struct step_call {
-  const char *fn;
-  enum step_kind kind;
-  const void *in;
-  void *out; /* gather: out; select: index */
-  float *value, *lse;
-  int tokens;
-} step_call;
-
-static kl_result step_impl(kl_ctx *c, const step_call *k, CUstream s) {
-  if (k->kind == STEP_GATHER) return kl_gather_impl(c, k->in, k->out, k->tokens, s);
-  return kl_select_impl(c, k->kind == STEP_TOPK, k->in, k->out, k->value, k->lse, k->tokens, s);
+/* What every call's arguments must be, and the route's own condition. */
+static kl_result check_call(const kl_ctx *c, const kl_call *k) {
+  const char *fn = k->route->fn;
+  if (!k->in || !k->out[0].p)
+    return kl_rt_fail(KLRT_EINVAL, "%s: %s is NULL", fn,
+                      kl_arg_name(k->in ? k->out[0].arg : KL_ARG_SHARD));
+  if (k->tokens <= 0)
+    return kl_rt_fail(KLRT_EINVAL, "%s: tokens is %d (must be > 0)", fn, k->tokens);
+  return k->route->usable ? k->route->usable(c) : KLRT_OK;
 }
 
-static kl_result step(kl_ctx *c, const step_call *k, kl_stream stream) {
-  if (!c) return kl_rt_fail(KLRT_EINVAL, "%s: ctx is NULL", k->fn);
-  kl_result res = ctx_acquire(c, 0, k->fn);
+/* One step's call (kl_gather, kl_argmax, kl_topk): the context taken, the
+ * arguments, the fault word's mirror, the context entered, the stream
+ * ordered after the previous call, the call's route through the dispatch
+ * layer, and its mark. */
+static kl_result step(kl_ctx *c, kl_call *k, kl_stream stream) {
+  if (!c) return kl_rt_fail(KLRT_EINVAL, "%s: ctx is NULL", k->route->fn);
+  kl_result res = ctx_acquire(c, 0, k->route->fn);
   if (res) return res;
   int pushed;
-  if (!k->in || !k->out)
-    res = kl_rt_fail(KLRT_EINVAL, "%s: %s is NULL", k->fn,
-                     k->in ? (k->kind == STEP_GATHER ? "out" : "index") : "shard");
-  else if (k->tokens <= 0)
-    res = kl_rt_fail(KLRT_EINVAL, "%s: tokens is %d (must be > 0)", k->fn, k->tokens);
-  else if (k->kind == STEP_TOPK && !c->spec.topk)
-    res = kl_rt_fail(KLRT_EINVAL, "kl_topk: spec '%s' has no topk field (add topk = K to it)",
-                     c->spec.name);
-  else if (c->mirror && *c->mirror) /* a time-out in the group: nothing is enqueued again */
+  res = check_call(c, k);
+  if (!res && c->mirror && *c->mirror) /* a time-out in the group: nothing is enqueued again */
     res = kl_fault_error(c, *c->mirror);
-  else if (!(res = kl_ctx_enter(c, &pushed))) {
+  if (!res && !(res = kl_ctx_enter(c, &pushed))) {
     int outside = 0; /* not capturing a graph */
     res = kl_order_streams(c, (CUstream)stream, &outside);
-    if (!res) res = step_impl(c, k, (CUstream)stream);
+    if (!res) res = kl_dispatch(c, k, (CUstream)stream);
     if (!res && outside) res = kl_order_mark(c, (CUstream)stream);
     kl_ctx_leave(c, pushed);
   }
@@ -536,19 +496,23 @@ static kl_result step(kl_ctx *c, const step_call *k, kl_stream stream) {
 }
 
 kl_result kl_gather(kl_ctx *c, const void *in, void *out, int tokens, kl_stream stream) {
-  step_call k = {"kl_gather", STEP_GATHER, in, out, NULL, NULL, tokens};
+  kl_call k = {&kl_gather_route, in, {{out, 0, KL_ARG_OUT}}, tokens, 0, 0};
   return step(c, &k, stream);
 }
 
 kl_result kl_argmax(kl_ctx *c, const void *shard, int64_t *index, float *value, int tokens,
                     kl_stream stream) {
-  step_call k = {"kl_argmax", STEP_ARGMAX, shard, index, value, NULL, tokens};
+  kl_call k = {&kl_argmax_route, shard,
+               {{index, 0, KL_ARG_INDEX}, {value, 0, KL_ARG_VALUE}, {NULL, 0, KL_ARG_LSE}},
+               tokens, 0, 0};
   return step(c, &k, stream);
 }
 
 kl_result kl_topk(kl_ctx *c, const void *shard, int64_t *index, float *value, float *lse,
                   int tokens, kl_stream stream) {
-  step_call k = {"kl_topk", STEP_TOPK, shard, index, value, lse, tokens};
+  kl_call k = {&kl_topk_route, shard,
+               {{index, 0, KL_ARG_INDEX}, {value, 0, KL_ARG_VALUE}, {lse, 0, KL_ARG_LSE}},
+               tokens, 0, 0};
   return step(c, &k, stream);
 }
 
@@ -573,7 +537,7 @@ static void fill_info(const kl_spec *s, const kl_layout *l, kl_info *info) {
 /* Every spec of a file (path) or a string (src), under the environment's
  * limits; the environment is checked first. */
 static kl_result load_specs(const char *path, const char *src, kl_spec_list *l) {
-  kl_result env = kl_params_check();
+  kl_result env = check_environment();
   if (env) return env;
   kl_err err;
   kl_limits lim = spec_limits();
@@ -723,9 +687,9 @@ kl_result kl_testing_set_steps(kl_ctx *c, uint32_t near, uint32_t *gather_step,
   else if (!(res = kl_ctx_enter(c, &pushed))) {
     CUresult r = c->cu->cuCtxSynchronize();
     if (r != CUDA_SUCCESS) res = kl_rt_fail(KLRT_ECUDA, "%s", kl_cu_errstr(r));
-    if (!res) res = move_slots(c, c->state + sizeof(kl_state), c->nslots, near, gather_step);
-    if (!res)
-      res = move_slots(c, (CUdeviceptr)kl_select_slots(c), c->sel_nslots, near, select_step);
+    const kl_kernel *g = &c->kern[KL_K_ONESHOT], *sel = &c->kern[KL_K_ARGMAX];
+    if (!res) res = move_slots(c, (CUdeviceptr)g->slots, g->nslots, near, gather_step);
+    if (!res) res = move_slots(c, (CUdeviceptr)sel->slots, sel->nslots, near, select_step);
     kl_ctx_leave(c, pushed);
   }
   ctx_release(c);

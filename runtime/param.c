@@ -65,21 +65,19 @@ static const char *value_of(kl_param_id id) {
   return v && *v ? v : NULL; /* set to "": as if unset */
 }
 
-kl_result kl_params_check(void) {
-  char why[200];
+int kl_params_check(char *why, size_t n) {
   for (int i = 0; i < KL_P_COUNT; i++) {
     const char *v = value_of((kl_param_id)i);
     long long x;
-    if (v && parse(&kl_params[i], v, &x, why, sizeof why) != 0)
-      return kl_rt_fail(KLRT_EINVAL, "environment: %s", why);
+    if (v && parse(&kl_params[i], v, &x, why, n) != 0) return -1;
   }
-  return KLRT_OK;
+  return 0;
 }
 
 long long kl_param_int(kl_param_id id, int *given) {
   const char *v = value_of(id);
   long long x;
-  char why[200];
+  char why[KL_PARAM_WHY];
   int ok = v && parse(&kl_params[id], v, &x, why, sizeof why) == 0;
   if (given) *given = ok;
   return ok ? x : kl_params[id].def;

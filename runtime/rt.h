@@ -1,14 +1,23 @@
-/* libklrt internals: the context and the modules that share it.
+/* libklrt internals: the context and the modules that share it, each of
+ * which calls only modules listed before it (docs/DESIGN.md, "The runtime's
+ * structure").
+ *   param.c     environment variables: the table, reading and validation
+ *               (reports through a buffer: the bottom of the library)
+ *   err.c       kl_last_error, KLGEN_LOG (read through param.c)
  *   cu.c        driver access (dlopen)
  *   nccl_api.c  NCCL access (dlopen: the host's copy)
- *   param.c     environment variables: the table, reading and validation
- *   err.c       kl_last_error, KLGEN_LOG
- *   jit.c       NVRTC + disk cache + module load
+ *   jit.c       NVRTC + disk cache
+ *   tune.c      the crossover: configured, tuned table or default
  *   exchange.c  host all-gather between ranks: group (threads), callback, NCCL
+ *   kernels.c   the kernel table (c->kern): load, caps, step slots, peers,
+ *               warm-up; the one launcher
  *   transport.c receive buffers, peer mapping, agreement on readiness
- *   gather.c    dispatch: one-shot kernel or NCCL + relayout, staging copies
- *   select.c    kl_argmax / kl_topk: one-shot select kernel or NCCL + merge
- *   context.c   create / destroy / stats / status */
+ *   dispatch.c  the layer every step call goes through: path rule, checks,
+ *               buffers, staging, the NCCL exchange, stream order, the log
+ *   gather.c    kl_gather's route: one-shot kernel, or NCCL + relayout
+ *   select.c    kl_argmax's and kl_topk's routes: one-shot select kernel, or
+ *               reduce, NCCL, merge
+ *   context.c   create / destroy / stats / status, and the calls' entry */
 #ifndef KL_RT_H
 #define KL_RT_H
 
@@ -37,9 +46,11 @@ typedef struct kl_param {
   const char *doc;
 } kl_param;
 extern const kl_param kl_params[KL_P_COUNT];
-/* Every variable of the table that is set must parse: KLRT_EINVAL naming the
- * first that does not. Called at creation. */
-kl_result kl_params_check(void);
+/* Every variable of the table that is set must parse: 0, or -1 with why
+ * naming the first that does not. The bottom of the library: it reports
+ * through why, never through err.c (which reads KLGEN_LOG from here). */
+#define KL_PARAM_WHY 200
+int kl_params_check(char *why, size_t n);
 /* A BOOL or INT: its value if set and valid (*given = 1), else the default. */
 long long kl_param_int(kl_param_id id, int *given);
 /* A STR: its value, or NULL when unset or "". */
@@ -92,6 +103,106 @@ int kl_jit_cubin(const char *source, const char *name, const char *arch, const c
 long long kl_crossover(const char *arch, int nranks, long long shard_bytes, long long configured,
                        const char *cache_dir, const char **source);
 
+/* ---- kernels.c: the kernel table ---- */
+/* The generated kernels a context loads, an entry each (c->kern[id]); a new
+ * kernel is an id here and a row of kernels.c's table. */
+typedef enum kl_kernel_id {
+  KL_K_ONESHOT,  /* kl_gather, one-shot */
+  KL_K_RELAYOUT, /* kl_gather's NCCL path: [tp, tokens, shard] to [tokens, vocab] */
+  KL_K_ARGMAX,   /* kl_argmax, one-shot or reduce / merge around NCCL */
+  KL_K_TOPK,     /* kl_topk, alike; only for a spec with topk */
+  KL_K_COUNT
+} kl_kernel_id;
+/* A kernel's parameter (kl_abi.h): its args, then the peers' receive
+ * buffers where it has them; the kernel reads as many bytes as its
+ * parameter has (peers[tp]). */
+typedef union kl_kernel_params {
+  struct {
+    kl_oneshot_args a;
+    CUdeviceptr peers[KL_TP_MAX];
+  } oneshot;
+  kl_relayout_args relayout;
+  struct {
+    kl_select_args a;
+    CUdeviceptr peers[KL_TP_MAX];
+  } select;
+} kl_kernel_params;
+typedef struct kl_kernel {
+  CUfunction fn; /* NULL: not loaded */
+  int block;     /* threads a CTA */
+  /* Most CTAs a launch: for a kernel that polls its peers, what stays
+   * co-resident with the other ranks' grids (0 until mapped); for the
+   * relayout, where its grid starts to loop. */
+  int cap;
+  /* A polling kernel's step slots (in the state block) and the largest grid
+   * launched with them; kernels that share slots share both. */
+  unsigned long long *slots;
+  int nslots;
+  /* Each launch writes the args (one thread at a time calls a context, and
+   * the launch copies the parameter); the peers are set at mapping. */
+  kl_kernel_params prm;
+} kl_kernel;
+#define KL_RELAYOUT_CTAS_PER_SM 4 /* the relayout grid's cap: larger outputs loop */
+
+/* ---- dispatch.c: what kl_gather, kl_argmax and kl_topk share ---- */
+enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
+/* The pointer arguments of the calls: each one's name in messages and its
+ * slot in the cache of pointers checked (c->checked). */
+typedef enum kl_arg { KL_ARG_SHARD, KL_ARG_OUT, KL_ARG_INDEX, KL_ARG_VALUE, KL_ARG_LSE,
+                      KL_ARG_COUNT } kl_arg;
+/* Device buffers a context grows and keeps (kl_ensure): each one's name in
+ * messages is kept beside it in dispatch.c. */
+typedef enum kl_buf_id {
+  KL_BUF_SCRATCH,   /* the gather's NCCL target, [tp, tokens, shard] */
+  KL_BUF_RECORDS,   /* the select kernels' NCCL path: this rank's records, then every rank's */
+  KL_BUF_STAGE_IN,  /* an input copied where the kernels can read it */
+  KL_BUF_STAGE_OUT, /* an output the kernels write aligned, copied after */
+  KL_BUF_COUNT
+} kl_buf_id;
+typedef struct kl_buffer {
+  CUdeviceptr p;
+  size_t bytes;
+} kl_buffer;
+#define KL_OUTS_MAX 3
+typedef struct kl_out {
+  void *p;      /* NULL (but out[0]): not written */
+  size_t bytes; /* for this call's tokens (the route's measure) */
+  kl_arg arg;
+} kl_out;
+typedef struct kl_call kl_call;
+/* A kind of call, as its module (gather.c, select.c) describes it to the
+ * layer: its outputs, the rules that differ, and its two paths. */
+typedef struct kl_route {
+  const char *fn;            /* the public function, for messages */
+  kl_kernel_id kernel;       /* the kernel of its one-shot path */
+  int nouts;
+  unsigned align_mask[KL_OUTS_MAX]; /* outputs the kernels write in place: 0, or the
+                                       alignment they need less 1 */
+  const char *misaligned;    /* the message when an output is not aligned so */
+  const char *overlap;       /* the message when outputs overlap each other */
+  int sized; /* moves the shard: the crossover applies (records never reach it) */
+  /* NULL: the NCCL path runs without the generated kernels. Else it runs
+   * them too, so it needs them on every rank and the input as they read it
+   * (staged before the choice); this says what it needs, for the message. */
+  const char *nccl_kernels;
+  int logged; /* its changes of path go to KLGEN_LOG (the gather's alone) */
+  kl_result (*usable)(const kl_ctx *c); /* NULL: always; else called at every call */
+  void (*measure)(const kl_ctx *c, kl_call *k); /* out[i].bytes for k->tokens */
+  /* The paths, after the layer's checks, choice and counts; the NCCL path
+   * also after the checks that every rank makes alike. */
+  kl_result (*oneshot)(kl_ctx *c, kl_call *k, CUstream s);
+  kl_result (*nccl)(kl_ctx *c, kl_call *k, CUstream s);
+} kl_route;
+struct kl_call {
+  const kl_route *route;
+  const void *in; /* the shard, [tokens, shard] */
+  kl_out out[KL_OUTS_MAX];
+  int tokens;
+  /* set by the layer */
+  size_t in_bytes;
+  CUdeviceptr kin; /* the input as the kernels read it: in, or its staged copy */
+};
+
 /* ---- the context ---- */
 struct kl_ctx {
   kl_spec spec;
@@ -110,48 +221,25 @@ struct kl_ctx {
   kl_exchange ex;
   ncclComm_t nccl;
   const kl_nccl_api *nccl_api; /* the host's NCCL, when nccl is set */
-  /* one-shot */
-  CUmodule mod;
-  CUfunction oneshot, relayout;
-  CUfunction argmax, topk; /* select kernels (topk: NULL without the spec's topk) */
-  int cta_cap; /* CTAs per rank that stay co-resident with the other ranks */
+  CUmodule mod; /* the generated kernels (NULL: they did not build here) */
+  kl_kernel kern[KL_K_COUNT];
   int pdl;     /* launch with programmatic dependent launch (sm_90+) */
-  int nslots;  /* the largest grid launched: the kernel's step slots in use */
   CUdeviceptr recv, state;
   /* The group's fault word as the kernels copy it to the host (pinned; the
    * device writes it): a call reads it before it enqueues anything. */
   volatile uint64_t *mirror;
-  /* The one-shot kernel's parameter (kl_abi.h): peers are filled at mapping,
-   * each launch writes only the args; the kernel reads as many bytes as its
-   * parameter has (peers[tp]). */
-  struct {
-    kl_oneshot_args a;
-    CUdeviceptr peers[KL_TP_MAX];
-  } prm;
-  /* The select kernels' parameter, alike: peers set at mapping. */
-  struct {
-    kl_select_args a;
-    CUdeviceptr peers[KL_TP_MAX];
-  } sprm;
-  int argmax_cap, topk_cap; /* select CTAs per rank that stay co-resident (as cta_cap), per kernel */
-  int sel_nslots; /* the largest select grid launched */
+  CUdeviceptr peers[KL_TP_MAX]; /* every rank's receive memory, mapped here */
   unsigned char ipc_opened[KL_TP_MAX];
   int ready, disabled;
   int nccl_everywhere; /* every rank has a communicator: size declines are possible */
-  int select_everywhere; /* every rank loaded the select kernels: their NCCL path can run */
+  int kernels_everywhere; /* every rank loaded the kernels: NCCL paths that run them can run */
   long long crossover, crossover_cfg;
   const char *crossover_from; /* where this rank's limit came from */
   char cache_dir[4096];       /* "" when there is none */
-  /* scratch: NCCL gather target and staging copies; grown outside capture */
-  CUdeviceptr scratch, stage_in, stage_out;
-  size_t scratch_bytes, stage_in_bytes, stage_out_bytes;
+  kl_buffer buf[KL_BUF_COUNT]; /* grown outside capture */
   CUdeviceptr *retired; /* buffers grown out of, freed at destroy (kl_ensure) */
   int nretired;
-  /* the select kernels' NCCL path: this rank's records, then every rank's */
-  CUdeviceptr sel_scratch;
-  size_t sel_scratch_bytes;
-  /* last pointers validated as this device's (hot-path cache) */
-  const void *checked_in, *checked_out, *checked_index, *checked_value, *checked_lse;
+  const void *checked[KL_ARG_COUNT]; /* last pointers validated as this device's */
   kl_stats stats;
   int last_path; /* for the log: -1 none, 0 one-shot, 1 NCCL */
   atomic_int busy; /* a thread is inside a call on this context */
@@ -160,12 +248,12 @@ struct kl_ctx {
   int have_last_stream;
   CUevent order_event;
 };
-
-/* ---- transport.c ---- */
 /* This rank's copy of the group's fault word (kl_abi.h), in its receive memory. */
 static inline unsigned long long *kl_fault_word(const kl_ctx *c) {
   return (unsigned long long *)(c->recv + (CUdeviceptr)c->layout.fault_offset);
 }
+
+/* ---- transport.c ---- */
 /* What ranks exchange at creation (two rounds): records from other
  * processes, so every field is checked and every string bounded on arrival. */
 #define KL_INFO_MAGIC 0x4b4c5254u /* "KLRT" */
@@ -183,7 +271,7 @@ typedef struct peer_info {
 } peer_info;
 typedef struct agree_info {
   int32_t mapped, disabled, has_nccl;
-  int32_t has_select; /* the select kernels loaded (their NCCL path runs them too) */
+  int32_t has_kernels; /* the generated kernels loaded (the select kernels' NCCL path runs them too) */
   int64_t crossover;
   char why[KL_PEER_WHY];
 } agree_info;
@@ -195,45 +283,64 @@ uint64_t kl_fingerprint(const kl_spec *s, const kl_layout *l, uint64_t source_ha
 kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why);
 void kl_transport_teardown(kl_ctx *c);
 
-/* ---- gather.c ---- */
-enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
-#define KL_RELAYOUT_CTAS_PER_SM 4 /* the relayout grid's cap: larger outputs loop */
-/* The one-shot kernel on s, as every step launches it (PDL when c->pdl). */
-CUresult kl_launch_oneshot(kl_ctx *c, CUdeviceptr in, CUdeviceptr out, int tokens, int grid,
-                           CUstream s);
-/* The dispatch rule (docs/DESIGN.md §8) for a step moving `bytes` per rank:
- * PATH_ONESHOT, or PATH_NCCL with *why. kl_choose_path: the gather's step. */
+/* ---- kernels.c ---- */
+/* The table's kernels from c->mod. CUDA_SUCCESS, or the first failure with
+ * every entry cleared. */
+CUresult kl_kernels_load(kl_ctx *c);
+/* Once the peers are mapped (on_device ranks on this GPU, this one
+ * included): caps, step slots, peers, and one launch of each kernel with
+ * no work. 0, or -1 with why. */
+int kl_kernels_ready(kl_ctx *c, int on_device, char *why);
+/* c->peers into the parameter of every kernel that has peers. */
+void kl_kernels_set_peers(kl_ctx *c);
+/* CTAs of kernel id for `tokens` rows: at most its cap when capped, else
+ * as many as the rows need. */
+int kl_grid(const kl_ctx *c, kl_kernel_id id, int tokens, int capped);
+/* The launcher: kernel k on s with `grid` CTAs and its parameter as it
+ * stands. overlap: a one-shot step, which may begin while the previous
+ * kernel drains (PDL, where the context launches with it). */
+CUresult kl_launch(kl_ctx *c, kl_kernel_id k, int grid, int overlap, CUstream s);
+
+/* ---- dispatch.c ---- */
+/* The path rule (docs/DESIGN.md §8) for a step moving `bytes` per rank (0:
+ * no size limit): PATH_ONESHOT, or PATH_NCCL with *why. */
 int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why);
-int kl_choose_path(const kl_ctx *c, int tokens, kl_decline *why);
-kl_result kl_gather_impl(kl_ctx *c, const void *in, void *out, int tokens, CUstream s);
+/* One call, after the entry's checks (context.c): the arguments checked,
+ * the input staged where the route says, the path chosen and counted, the
+ * route's path run, the log. */
+kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s);
 /* Before a call on s: s waits for the previous call's work when the streams
  * differ. *outside says s is not capturing (a graph runs later, on a stream
  * of its own, and is left to the caller to order). */
 kl_result kl_order_streams(kl_ctx *c, CUstream s, int *outside);
 /* After a call on s (outside capture): what the next call's ordering waits on. */
 kl_result kl_order_mark(kl_ctx *c, CUstream s);
-
-/* Shared by the dispatchers. */
 int kl_capturing(const kl_ctx *c, CUstream s);
-/* *buf grown to `need` bytes (allocated as `size`, zeroed), never while
+/* c->buf[b] grown to `need` bytes (allocated as `size`, zeroed), never while
  * capturing; the old buffer is kept until destroy. */
-kl_result kl_ensure(kl_ctx *c, CUdeviceptr *buf, size_t *cap, size_t need, size_t size,
-                    CUstream s, const char *what);
+kl_result kl_ensure(kl_ctx *c, kl_buf_id b, size_t need, size_t size, CUstream s);
+/* At creation: the NCCL paths' buffers for max_tokens. */
+kl_result kl_buffers_alloc(kl_ctx *c);
+/* Bytes of one rank's select records for `tokens` rows. */
+size_t kl_record_bytes(const kl_ctx *c, long long tokens);
+/* KL_BUF_RECORDS's bytes for `tokens` rows: this rank's records, then all ranks'. */
+size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens);
+const char *kl_arg_name(kl_arg a);
 int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn);
-/* p must be device memory on c's GPU; *cache remembers the last one checked. */
-kl_result kl_check_ptr(kl_ctx *c, const void *p, const void **cache, const char *what);
 kl_result kl_copy(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
-
-/* ---- select.c ---- */
-/* Bytes of select scratch for `tokens` rows: this rank's records, then all ranks'. */
-size_t kl_select_scratch_bytes(const kl_ctx *c, long long tokens);
-/* The select kernels' step slots: in the state block, after the one-shot kernel's. */
-unsigned long long *kl_select_slots(const kl_ctx *c);
-/* The select kernel f (c->argmax or c->topk) on s, one-shot (PDL when c->pdl). */
-CUresult kl_launch_select(kl_ctx *c, CUfunction f, const kl_select_args *a, int grid, CUstream s);
-/* kl_argmax (topk 0; lse NULL) or kl_topk (topk 1). value and lse may be NULL. */
-kl_result kl_select_impl(kl_ctx *c, int topk, const void *in, int64_t *index, float *value,
-                         float *lse, int tokens, CUstream s);
+/* k->kin: the input itself when aligned for the kernels' vectors and apart
+ * from the outputs, else a staged copy. */
+kl_result kl_stage_in(kl_ctx *c, kl_call *k, CUstream s);
+/* Where a kernel writes out[0] with the layout's output vectors: out[0]
+ * itself when aligned, else the output staging buffer; kl_unstage_out then
+ * copies it to out[0]. */
+kl_result kl_stage_out(kl_ctx *c, const kl_call *k, CUstream s, CUdeviceptr *target);
+kl_result kl_unstage_out(kl_ctx *c, const kl_call *k, CUdeviceptr target, CUstream s);
+/* Every rank's `bytes` at mine into all, in rank order: NCCL's all-gather
+ * (a copy for one rank). */
+kl_result kl_allgather(kl_ctx *c, CUdeviceptr mine, CUdeviceptr all, size_t bytes, CUstream s);
+/* ---- gather.c, select.c: the calls' routes ---- */
+extern const kl_route kl_gather_route, kl_argmax_route, kl_topk_route;
 
 /* ---- context.c ---- */
 /* KLRT_EDEVICE naming the rank, peer and step of a fault word (kl_abi.h). */

@@ -174,10 +174,10 @@ static int map_peer(kl_ctx *c, const peer_info *p, char *why) {
         return -1;
       }
     }
-    c->prm.peers[p->rank] = (CUdeviceptr)p->ptr;
+    c->peers[p->rank] = (CUdeviceptr)p->ptr;
     return 0;
   }
-  CUresult r = cu->cuIpcOpenMemHandle(&c->prm.peers[p->rank], p->handle,
+  CUresult r = cu->cuIpcOpenMemHandle(&c->peers[p->rank], p->handle,
                                       CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
   if (r != CUDA_SUCCESS) {
     snprintf(why, KL_PEER_WHY, "rank %d: cuIpcOpenMemHandle for rank %d: %s", c->rank, p->rank,
@@ -214,29 +214,13 @@ static int queues_ok(const kl_ctx *c, int on_device, char *why) {
   return 0;
 }
 
-/* CTAs per rank such that every rank's CTAs on this GPU are resident at once:
- * a spinning CTA must never keep a peer's unscheduled CTA off the GPU. */
-static int residency_cap(kl_ctx *c, CUfunction f, int block, int on_device) {
-  int per_sm = 0;
-  if (c->cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, block, 0) != CUDA_SUCCESS)
-    return 0;
-  /* Alone on a GPU a rank cannot starve itself; sharing one, it could starve
-   * a peer, so the ranks there split it (and PDL is off: map_all). The grids
-   * are of different kernels (the gather, the select kernels), whose CTAs
-   * pack into a multiprocessor less well than each alone: each grid gets
-   * half its share. Seen on one H200 with 8 ranks without that half: a step
-   * now and then timed out at max_tokens, where every grid is at its cap. */
-  int grids = on_device > 1 ? 2 * on_device : 1;
-  return per_sm * c->sm_count / (grids ? grids : 1);
-}
-
 static void unmap_all(kl_ctx *c) {
   for (int r = 0; r < c->nranks; r++) {
-    if (c->ipc_opened[r]) c->cu->cuIpcCloseMemHandle(c->prm.peers[r]);
+    if (c->ipc_opened[r]) c->cu->cuIpcCloseMemHandle(c->peers[r]);
     c->ipc_opened[r] = 0;
-    c->prm.peers[r] = 0;
+    c->peers[r] = 0;
   }
-  memset(c->sprm.peers, 0, sizeof c->sprm.peers);
+  kl_kernels_set_peers(c);
 }
 
 static void free_buffers(kl_ctx *c) {
@@ -247,36 +231,6 @@ static void free_buffers(kl_ctx *c) {
   c->mirror = NULL;
 }
 
-/* One launch of each kernel with no work, here, where a slow first launch
- * (lazy loading of the code) costs nothing: in a step it would make this rank
- * late and its peers' grids spin. tokens = 0 moves nothing; it advances the
- * step slots once, on every rank alike. */
-static int warm_up(kl_ctx *c, char *why) {
-  kl_relayout_args none = {NULL, NULL, 0, 0};
-  void *rl[] = {&none};
-  CUresult r = kl_launch_oneshot(c, 0, 0, 0, 1, c->stream);
-  if (r == CUDA_SUCCESS)
-    r = c->cu->cuLaunchKernel(c->relayout, 1, 1, 1, (unsigned)c->layout.relayout_block, 1, 1, 0,
-                              c->stream, rl, NULL);
-  /* The select kernels share their step slots: each warm-up advances them
-   * once, on every rank alike. */
-  kl_select_args sel = {0};
-  sel.state = (kl_state *)c->state;
-  sel.fault = kl_fault_word(c);
-  sel.slots = kl_select_slots(c);
-  sel.rank = c->rank;
-  sel.nslots = c->sel_nslots;
-  CUfunction selects[2] = {c->argmax, c->topk};
-  for (int i = 0; i < 2 && r == CUDA_SUCCESS; i++)
-    if (selects[i]) r = kl_launch_select(c, selects[i], &sel, 1, c->stream);
-  if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
-  if (r != CUDA_SUCCESS) {
-    snprintf(why, KL_PEER_WHY, "rank %d: first launch of the kernels: %s", c->rank, kl_cu_errstr(r));
-    return -1;
-  }
-  return 0;
-}
-
 static int map_all(kl_ctx *c, const peer_info *all, char *why) {
   for (int r = 0; r < c->nranks; r++) {
     if (!all[r].usable) {
@@ -284,7 +238,7 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
       return -1;
     }
   }
-  c->prm.peers[c->rank] = c->recv;
+  c->peers[c->rank] = c->recv;
   for (int r = 0; r < c->nranks; r++)
     if (r != c->rank && map_peer(c, &all[r], why) != 0) return -1;
   int on_device = ranks_on_device(c, all);
@@ -297,21 +251,7 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
    * kl_topk; the ones replayed passed without PDL). A rank alone on its GPU
    * keeps it. */
   if (on_device > 1) c->pdl = 0;
-  c->cta_cap = residency_cap(c, c->oneshot, c->layout.block, on_device);
-  /* Each select kernel has its own cap (the top-k kernel, with more
-   * registers, may fit fewer CTAs); they share the step slots, so there are
-   * as many as the larger grid has CTAs. */
-  c->argmax_cap = residency_cap(c, c->argmax, c->layout.sel_block, on_device);
-  c->topk_cap = c->topk ? residency_cap(c, c->topk, c->layout.sel_block, on_device) : c->argmax_cap;
-  if (c->cta_cap < 1 || c->argmax_cap < 1 || c->topk_cap < 1) {
-    snprintf(why, KL_PEER_WHY, "rank %d: the one-shot kernels cannot be resident", c->rank);
-    return -1;
-  }
-  c->nslots = kl_layout_grid(&c->layout, (int)c->spec.max_tokens, c->cta_cap);
-  c->sel_nslots = kl_layout_select_slots(&c->layout, (int)c->spec.max_tokens, c->argmax_cap,
-                                         c->topk_cap, c->topk != NULL);
-  memcpy(c->sprm.peers, c->prm.peers, sizeof c->sprm.peers);
-  return warm_up(c, why);
+  return kl_kernels_ready(c, on_device, why);
 }
 
 /* Round 2 consistency: flags are 0 or 1, a crossover is a byte count. */
@@ -319,7 +259,7 @@ static kl_result check_agreement(const kl_ctx *c, agree_info *agree) {
   for (int r = 0; r < c->nranks; r++) {
     agree_info *a = &agree[r];
     a->why[KL_PEER_WHY - 1] = 0;
-    if ((a->mapped | a->disabled | a->has_nccl | a->has_select) & ~1)
+    if ((a->mapped | a->disabled | a->has_nccl | a->has_kernels) & ~1)
       return kl_rt_fail(KLRT_ESPEC, "rank %d sent a malformed agreement record", r);
     if (a->crossover < 0)
       return kl_rt_fail(KLRT_EINVAL, "rank %d reports a crossover of %lld bytes (must be >= 0)",
@@ -349,7 +289,7 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   mine.mapped = map_all(c, all, mine.why) == 0;
   mine.disabled = (int32_t)kl_param_int(KL_P_DISABLE, NULL);
   mine.has_nccl = c->nccl != NULL || c->nranks == 1;
-  mine.has_select = c->argmax != NULL;
+  mine.has_kernels = c->mod != NULL;
   mine.crossover = kl_crossover(c->arch, c->nranks, c->layout.shard_bytes, c->crossover_cfg,
                                 c->cache_dir[0] ? c->cache_dir : NULL, &c->crossover_from);
   if (kl_exchange_all(&c->ex, &mine, agree, sizeof mine, why) != 0) {
@@ -358,12 +298,12 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   }
   if ((res = check_agreement(c, agree)) != KLRT_OK) goto out;
   c->ready = 1;
-  c->nccl_everywhere = c->select_everywhere = 1;
+  c->nccl_everywhere = c->kernels_everywhere = 1;
   c->crossover = agree[0].crossover;
   for (int r = 0; r < c->nranks; r++) {
     c->disabled |= agree[r].disabled;
     c->nccl_everywhere &= agree[r].has_nccl;
-    c->select_everywhere &= agree[r].has_select;
+    c->kernels_everywhere &= agree[r].has_kernels;
     if (agree[r].crossover < c->crossover) c->crossover = agree[r].crossover;
     if (!agree[r].mapped && c->ready) {
       c->ready = 0;

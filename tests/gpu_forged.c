@@ -20,12 +20,12 @@ static const char *spec = "return { name = 'forged', vocab_size = 4096, tp = 2, 
 
 typedef enum {
   FAITHFUL, WHY_UNTERMINATED, BAD_MAGIC, OTHER_FINGERPRINT, DUP_RANK, BAD_USABLE,
-  NEG_CROSSOVER, AGREE_WHY_UNTERMINATED, BAD_FLAG, BAD_SELECT_FLAG, N_CASES
+  NEG_CROSSOVER, AGREE_WHY_UNTERMINATED, BAD_FLAG, BAD_KERNELS_FLAG, N_CASES
 } forgery;
 static const char *const names[] = {"faithful copy", "unterminated reason", "wrong magic",
                                     "other fingerprint", "duplicate rank", "usable = 7",
                                     "negative crossover", "unterminated agreement reason",
-                                    "disabled = 2", "has_select = 3"};
+                                    "disabled = 2", "has_kernels = 3"};
 
 /* Slot 0 is rank 0's record; slot 1 a copy of it, as rank 1, then forged. */
 static int forge(const void *send, void *recv, size_t bytes, void *user) {
@@ -45,7 +45,7 @@ static int forge(const void *send, void *recv, size_t bytes, void *user) {
     if (f == NEG_CROSSOVER) a->crossover = -5;
     if (f == AGREE_WHY_UNTERMINATED) a->mapped = 0, memset(a->why, 'B', sizeof a->why);
     if (f == BAD_FLAG) a->disabled = 2;
-    if (f == BAD_SELECT_FLAG) a->has_select = 3;
+    if (f == BAD_KERNELS_FLAG) a->has_kernels = 3;
   }
   return 0;
 }

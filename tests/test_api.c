@@ -188,7 +188,9 @@ static void environment(void) {
   setenv("KLGEN_DISABLE", "ON", 1);
   CHECK(kl_param_int(KL_P_DISABLE, NULL) == 1, "KLGEN_DISABLE=ON does not");
   setenv("KLGEN_DISABLE", "", 1);
-  CHECK(kl_params_check() == KLRT_OK && kl_param_int(KL_P_DISABLE, NULL) == 0, "empty = unset");
+  char why[KL_PARAM_WHY];
+  CHECK(kl_params_check(why, sizeof why) == 0 && kl_param_int(KL_P_DISABLE, NULL) == 0,
+        "empty = unset");
   unsetenv("KLGEN_DISABLE");
   /* the spec's time limit comes from the environment */
   setenv("KLGEN_SPEC_TIME_MS", "100", 1);
@@ -315,6 +317,11 @@ static void no_driver(void) {
   kl_group_destroy(g);
 }
 
+/* kl_gather's step: its shard's bytes against the crossover. */
+static int gather_path(const kl_ctx *c, int tokens, kl_decline *why) {
+  return kl_path_for(c, tokens, (long long)tokens * c->layout.shard_bytes, why);
+}
+
 /* The dispatch rule, on a context assembled by hand: no device needed. */
 static void dispatch(void) {
   kl_ctx c;
@@ -323,18 +330,47 @@ static void dispatch(void) {
   c.layout.shard_bytes = 40960;
   c.ready = 1, c.nccl_everywhere = 1, c.crossover = 40960 * 16;
   kl_decline why;
-  CHECK(kl_choose_path(&c, 1, &why) == PATH_ONESHOT, "1 token: one-shot");
-  CHECK(kl_choose_path(&c, 16, &why) == PATH_ONESHOT, "at the crossover: one-shot");
-  CHECK(kl_choose_path(&c, 17, &why) == PATH_NCCL && why == KL_DECLINE_SIZE, "over: size");
+  CHECK(gather_path(&c, 1, &why) == PATH_ONESHOT, "1 token: one-shot");
+  CHECK(gather_path(&c, 16, &why) == PATH_ONESHOT, "at the crossover: one-shot");
+  CHECK(gather_path(&c, 17, &why) == PATH_NCCL && why == KL_DECLINE_SIZE, "over: size");
   CHECK(kl_path_for(&c, 17, 0, &why) == PATH_ONESHOT, "kl_argmax/kl_topk's records: no size");
   c.nccl_everywhere = 0;
-  CHECK(kl_choose_path(&c, 17, &why) == PATH_ONESHOT, "no NCCL anywhere: no size decline");
-  CHECK(kl_choose_path(&c, 65, &why) == PATH_NCCL && why == KL_DECLINE_TOKENS, "tokens");
+  CHECK(gather_path(&c, 17, &why) == PATH_ONESHOT, "no NCCL anywhere: no size decline");
+  CHECK(gather_path(&c, 65, &why) == PATH_NCCL && why == KL_DECLINE_TOKENS, "tokens");
   c.ready = 0;
-  CHECK(kl_choose_path(&c, 1, &why) == PATH_NCCL && why == KL_DECLINE_NOT_READY, "not ready");
+  CHECK(gather_path(&c, 1, &why) == PATH_NCCL && why == KL_DECLINE_NOT_READY, "not ready");
   c.disabled = 1;
-  CHECK(kl_choose_path(&c, 1, &why) == PATH_NCCL && why == KL_DECLINE_DISABLED,
+  CHECK(gather_path(&c, 1, &why) == PATH_NCCL && why == KL_DECLINE_DISABLED,
         "disabled wins");
+}
+
+/* The kernel table's grids are the layout's, each kernel its own: capped at
+ * the entry's cap, or as the rows need. No device needed. */
+static void kernel_grids(void) {
+  kl_spec_list l;
+  kl_err e;
+  const char *src = "return { name = 'k', vocab_size = 163840, tp = 8, dtype = 'bf16', "
+                    "max_tokens = 64, topk = 8 }";
+  CHECK(kl_spec_load_string("t", src, strlen(src), NULL, &l, &e) == 0, "%s", e.msg);
+  if (l.n != 1) return;
+  kl_ctx c;
+  memset(&c, 0, sizeof c);
+  c.spec = l.v[0];
+  kl_spec_list_free(&l);
+  CHECK(kl_layout_derive(&c.spec, &c.layout, &e) == 0, "%s", e.msg);
+  c.kern[KL_K_ONESHOT].cap = 7, c.kern[KL_K_ARGMAX].cap = 5, c.kern[KL_K_TOPK].cap = 3;
+  c.kern[KL_K_RELAYOUT].cap = 11;
+  const kl_layout *lay = &c.layout;
+  int64_t out = 64LL * c.spec.vocab_size * lay->out_elem_bytes;
+  CHECK(kl_grid(&c, KL_K_ONESHOT, 64, 1) == kl_layout_grid(lay, 64, 7) &&
+            kl_grid(&c, KL_K_ONESHOT, 64, 0) == kl_layout_grid(lay, 64, 0), "one-shot grid");
+  CHECK(kl_grid(&c, KL_K_ARGMAX, 64, 1) == kl_layout_select_grid(lay, 64, 5, 0) &&
+            kl_grid(&c, KL_K_ARGMAX, 64, 0) == kl_layout_select_grid(lay, 64, 0, 0),
+        "argmax grid");
+  CHECK(kl_grid(&c, KL_K_TOPK, 64, 1) == kl_layout_select_grid(lay, 64, 3, 1) &&
+            kl_grid(&c, KL_K_TOPK, 64, 0) == kl_layout_select_grid(lay, 64, 0, 1), "top-k grid");
+  CHECK(kl_grid(&c, KL_K_RELAYOUT, 64, 1) == kl_layout_relayout_grid(lay, out, 11),
+        "relayout grid");
 }
 
 /* Where the crossover comes from: config, environment, tuned table, default. */
@@ -394,5 +430,6 @@ int main(void) {
   dynlib();
   no_driver();
   dispatch();
+  kernel_grids();
   return check_done();
 }

@@ -1,0 +1,272 @@
+/* The dispatch layer (docs/DESIGN.md §8): what every step call shares. Each
+ * kind of call (gather.c, select.c) describes itself as a route; this layer
+ * checks its arguments, stages what must be staged, chooses the path, counts
+ * it, and gives it the buffers, the one NCCL exchange and the ordering of
+ * streams. The choice depends only on what every rank sees alike (tokens,
+ * the spec, state agreed at creation); a condition only this rank can see (a
+ * misaligned or overlapping buffer) is repaired with a staging copy, never
+ * by a path of its own. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt.h"
+
+/* Same decision on every rank: no pointer, stream or timing enters it. */
+int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why) {
+  if (c->disabled) return *why = KL_DECLINE_DISABLED, PATH_NCCL;
+  if (!c->ready) return *why = KL_DECLINE_NOT_READY, PATH_NCCL;
+  if (tokens > c->spec.max_tokens) return *why = KL_DECLINE_TOKENS, PATH_NCCL;
+  if (c->nccl_everywhere && bytes > c->crossover) return *why = KL_DECLINE_SIZE, PATH_NCCL;
+  return PATH_ONESHOT;
+}
+
+int kl_capturing(const kl_ctx *c, CUstream s) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  c->cu->cuStreamIsCapturing(s, &st);
+  return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* ---- buffers ---- */
+
+static const char *const buf_names[KL_BUF_COUNT] = {
+    [KL_BUF_SCRATCH] = "NCCL scratch", [KL_BUF_RECORDS] = "select scratch",
+    [KL_BUF_STAGE_IN] = "staging (input)", [KL_BUF_STAGE_OUT] = "staging (output)"};
+
+/* A buffer of at least `need` bytes, allocated for `size` (>= need, and at
+ * least twice the old one, so it grows a few times at most). Never while
+ * the stream is being captured (an allocation there would not be replayed).
+ * The old buffer is kept until destroy, not freed: a captured graph may
+ * still point into it, and cuMemFree waits for the whole device, which with
+ * several ranks on one GPU is a wait on peers spinning for this rank. New
+ * memory is zeroed (on s), so no kernel or copy ever reads bytes nobody
+ * wrote (the select records' padding crosses the NCCL path). */
+kl_result kl_ensure(kl_ctx *c, kl_buf_id b, size_t need, size_t size, CUstream s) {
+  kl_buffer *buf = &c->buf[b];
+  const char *what = buf_names[b];
+  if (need <= buf->bytes) return KLRT_OK;
+  if (kl_capturing(c, s))
+    return kl_rt_fail(KLRT_EINVAL, "%s: %zu bytes needed while capturing a CUDA graph; run one "
+                      "step of this size before capture so the buffer exists", what, need);
+  if (size < need) size = need;
+  if (size < 2 * buf->bytes) size = 2 * buf->bytes;
+  if (buf->p) {
+    CUdeviceptr *r = realloc(c->retired, (size_t)(c->nretired + 1) * sizeof *r);
+    if (!r) return kl_rt_fail(KLRT_ENOMEM, "%s: out of memory", what);
+    c->retired = r;
+    c->retired[c->nretired++] = buf->p;
+  }
+  buf->p = 0, buf->bytes = 0;
+  CUresult r = c->cu->cuMemAlloc(&buf->p, size);
+  if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD8Async(buf->p, 0, size, s);
+  if (r != CUDA_SUCCESS)
+    return kl_rt_fail(KLRT_ENOMEM, "%s: cuMemAlloc(%zu): %s", what, size, kl_cu_errstr(r));
+  buf->bytes = size;
+  return KLRT_OK;
+}
+
+size_t kl_record_bytes(const kl_ctx *c, long long tokens) {
+  /* the region's split, which is the larger one: one buffer serves both kernels */
+  return (size_t)tokens * (size_t)c->layout.rec_split * (size_t)c->layout.rec_chunks * 16;
+}
+
+size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens) {
+  return kl_record_bytes(c, tokens) * (size_t)(1 + c->nranks);
+}
+
+/* The NCCL paths need scratch for max_tokens from the start, so that a graph
+ * captured at any size up to it needs no allocation. */
+kl_result kl_buffers_alloc(kl_ctx *c) {
+  kl_buffer *all = &c->buf[KL_BUF_SCRATCH], *rec = &c->buf[KL_BUF_RECORDS];
+  size_t bytes = (size_t)c->spec.max_tokens * (size_t)c->layout.shard_bytes * (size_t)c->nranks;
+  size_t sel = kl_records_scratch_bytes(c, c->spec.max_tokens);
+  CUresult r = c->cu->cuMemAlloc(&all->p, bytes);
+  if (r == CUDA_SUCCESS) all->bytes = bytes;
+  if (r == CUDA_SUCCESS) r = c->cu->cuMemAlloc(&rec->p, sel);
+  /* records leave padding words unwritten; NCCL copies them (kl_ensure) */
+  if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD32(rec->p, 0, sel / 4);
+  if (r != CUDA_SUCCESS)
+    return kl_rt_fail(KLRT_ENOMEM, "NCCL scratch (%zu + %zu bytes): %s", bytes, sel,
+                      kl_cu_errstr(r));
+  rec->bytes = sel;
+  return KLRT_OK;
+}
+
+/* ---- arguments ---- */
+
+static const char *const arg_names[KL_ARG_COUNT] = {"shard", "out", "index", "value", "lse"};
+
+const char *kl_arg_name(kl_arg a) { return arg_names[a]; }
+
+int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) {
+  return a < b + bn && b < a + an;
+}
+
+/* Device pointers must live on this context's GPU (checked once per pointer). */
+static kl_result check_ptr(kl_ctx *c, const void *p, kl_arg arg) {
+  if (p == c->checked[arg]) return KLRT_OK;
+  int ordinal = -1;
+  CUresult r = c->cu->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                            (CUdeviceptr)p);
+  if (r != CUDA_SUCCESS)
+    return kl_rt_fail(KLRT_EINVAL, "%s %p is not CUDA device memory (%s)", arg_names[arg], p,
+                      kl_cu_errstr(r));
+  if (ordinal != c->ordinal)
+    return kl_rt_fail(KLRT_EINVAL, "%s %p is on GPU %d, but rank %d's context is on GPU %d",
+                      arg_names[arg], p, ordinal, c->rank, c->ordinal);
+  c->checked[arg] = p;
+  return KLRT_OK;
+}
+
+static int outputs_overlap(const kl_call *k, int i, int j) {
+  const kl_out *a = &k->out[i], *b = &k->out[j];
+  return a->p && b->p && kl_overlaps((uintptr_t)a->p, a->bytes, (uintptr_t)b->p, b->bytes);
+}
+
+/* The input and outputs on this GPU; outputs the kernels write in place
+ * aligned for them and apart from each other. */
+static kl_result check_args(kl_ctx *c, const kl_call *k) {
+  const kl_route *r = k->route;
+  kl_result res = check_ptr(c, k->in, KL_ARG_SHARD);
+  if (res) return res;
+  for (int i = 0; i < r->nouts; i++)
+    if ((uintptr_t)k->out[i].p & r->align_mask[i]) return kl_rt_fail(KLRT_EINVAL, "%s", r->misaligned);
+  for (int i = 0; i < r->nouts; i++)
+    if (k->out[i].p && (res = check_ptr(c, k->out[i].p, k->out[i].arg))) return res;
+  for (int i = 0; i < r->nouts; i++)
+    for (int j = i + 1; j < r->nouts; j++)
+      if (outputs_overlap(k, i, j)) return kl_rt_fail(KLRT_EINVAL, "%s", r->overlap);
+  return KLRT_OK;
+}
+
+/* ---- staging ---- */
+
+kl_result kl_copy(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  KL_CU_TRY(c, cuMemcpyAsync(dst, src, n, s));
+  return KLRT_OK;
+}
+
+static int overlaps_outputs(const kl_call *k, CUdeviceptr in) {
+  for (int i = 0; i < k->route->nouts; i++)
+    if (k->out[i].p && kl_overlaps(in, k->in_bytes, (uintptr_t)k->out[i].p, k->out[i].bytes))
+      return 1;
+  return 0;
+}
+
+/* Apart from the outputs too: a kernel may write them while its other CTAs
+ * still read input rows. */
+kl_result kl_stage_in(kl_ctx *c, kl_call *k, CUstream s) {
+  CUdeviceptr in = (CUdeviceptr)k->in;
+  k->kin = in;
+  if (in % (unsigned)c->layout.vec_bytes == 0 && !overlaps_outputs(k, in)) return KLRT_OK;
+  long long most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
+  kl_buffer *b = &c->buf[KL_BUF_STAGE_IN];
+  kl_result res = kl_ensure(c, KL_BUF_STAGE_IN, k->in_bytes,
+                            (size_t)most * (size_t)c->layout.shard_bytes, s);
+  if (res || (res = kl_copy(c, b->p, in, k->in_bytes, s))) return res;
+  k->kin = b->p;
+  return KLRT_OK;
+}
+
+kl_result kl_stage_out(kl_ctx *c, const kl_call *k, CUstream s, CUdeviceptr *target) {
+  CUdeviceptr out = (CUdeviceptr)k->out[0].p;
+  *target = out;
+  if (out % (unsigned)c->layout.out_vec_bytes == 0) return KLRT_OK;
+  long long most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
+  size_t row = k->out[0].bytes / (size_t)k->tokens;
+  kl_result res = kl_ensure(c, KL_BUF_STAGE_OUT, k->out[0].bytes, (size_t)most * row, s);
+  if (res) return res;
+  *target = c->buf[KL_BUF_STAGE_OUT].p;
+  return KLRT_OK;
+}
+
+kl_result kl_unstage_out(kl_ctx *c, const kl_call *k, CUdeviceptr target, CUstream s) {
+  CUdeviceptr out = (CUdeviceptr)k->out[0].p;
+  return target == out ? KLRT_OK : kl_copy(c, out, target, k->out[0].bytes, s);
+}
+
+/* ---- the exchange ---- */
+
+kl_result kl_allgather(kl_ctx *c, CUdeviceptr mine, CUdeviceptr all, size_t bytes, CUstream s) {
+  if (c->nranks == 1) return kl_copy(c, all, mine, bytes, s);
+  ncclResult_t nr = c->nccl_api->ncclAllGather((const void *)mine, (void *)all, bytes, ncclUint8,
+                                               c->nccl, (cudaStream_t)s);
+  if (nr != ncclSuccess)
+    return kl_rt_fail(KLRT_ENCCL, "ncclAllGather: %s", c->nccl_api->ncclGetErrorString(nr));
+  return KLRT_OK;
+}
+
+/* ---- stream order ---- */
+
+kl_result kl_order_streams(kl_ctx *c, CUstream s, int *outside) {
+  *outside = !kl_capturing(c, s);
+  if (!*outside) return KLRT_OK;
+#ifdef KL_TESTING
+  /* Lets tests/gpu_streams.c show that it fails without the ordering. */
+  if (getenv("KLGEN_FAULT_NO_STREAM_ORDER")) return KLRT_OK;
+#endif
+  if (c->have_last_stream && c->last_stream != s)
+    KL_CU_TRY(c, cuStreamWaitEvent(s, c->order_event, 0));
+  return KLRT_OK;
+}
+
+kl_result kl_order_mark(kl_ctx *c, CUstream s) {
+  /* Recorded after every call, on its own stream: a later call on another
+   * stream waits for it without touching this stream, which may be gone. */
+  KL_CU_TRY(c, cuEventRecord(c->order_event, s));
+  c->last_stream = s;
+  c->have_last_stream = 1;
+  return KLRT_OK;
+}
+
+/* ---- the call ---- */
+
+/* The NCCL path, once the checks every rank makes alike have passed: a rank
+ * that returned here while its peers entered the all-gather would leave
+ * them waiting, so these refusals depend only on what was agreed. */
+static kl_result nccl_path(kl_ctx *c, kl_call *k, CUstream s) {
+  const kl_route *r = k->route;
+  if (r->nccl_kernels && !c->kernels_everywhere)
+    return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: %s, and some rank could not build them (%s)",
+                      c->rank, r->nccl_kernels, c->stats.not_ready);
+  if (!c->nccl && c->nranks > 1)
+    return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: the one-shot path cannot serve this call "
+                      "and the context has no NCCL communicator for the fallback", c->rank);
+  return r->nccl(c, k, s);
+}
+
+static void log_path(kl_ctx *c, int path, kl_decline why, int tokens) {
+  if (path == c->last_path && (path == PATH_ONESHOT || c->stats.declined[why] > 1)) return;
+  if (path == PATH_ONESHOT)
+    kl_log("rank %d: %s: one-shot path (tokens %d)", c->rank, c->spec.name, tokens);
+  else
+    kl_log("rank %d: %s: NCCL path, one-shot declined: %s (tokens %d%s%s)", c->rank, c->spec.name,
+           kl_decline_name(why), tokens, why == KL_DECLINE_NOT_READY ? "; " : "",
+           why == KL_DECLINE_NOT_READY ? c->stats.not_ready : "");
+  c->last_path = path;
+}
+
+kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s) {
+  const kl_route *r = k->route;
+  k->in_bytes = (size_t)k->tokens * (size_t)c->layout.shard_bytes;
+  k->kin = (CUdeviceptr)k->in;
+  r->measure(c, k);
+  kl_result res = check_args(c, k);
+  if (res) return res;
+  if (r->nccl_kernels) { /* both paths read the input through the kernels */
+    if ((res = kl_stage_in(c, k, s))) return res;
+    c->stats.staged += k->kin != (CUdeviceptr)k->in;
+  }
+  kl_decline why = KL_DECLINE_COUNT;
+  int path = kl_path_for(c, k->tokens, r->sized ? (long long)k->in_bytes : 0, &why);
+  if (path == PATH_ONESHOT) {
+    c->stats.oneshot++;
+    res = r->oneshot(c, k, s);
+  } else {
+    c->stats.nccl++;
+    c->stats.declined[why]++;
+    res = nccl_path(c, k, s);
+  }
+  if (r->logged && kl_log_enabled()) log_path(c, path, why, k->tokens);
+  return res;
+}
