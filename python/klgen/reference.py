@@ -185,7 +185,10 @@ def _per_row(value, name, rows, device, dtype, default):
         kind = "a number" if dtype.is_floating_point else "an int"
         raise TypeError(f"{name} must be {kind} or a tensor of one per row, not "
                         f"{type(value).__name__}")
-    if not dtype.is_floating_point and not -(1 << 63) <= value < 1 << 63:
+    if dtype.is_floating_point:  # through float64: a value beyond float32 becomes inf
+        value = float(value) if abs(value) < 2**1024 else math.copysign(math.inf, value)
+        return torch.full((rows,), value, dtype=torch.float64, device=device).to(dtype)
+    if not -(1 << 63) <= value < 1 << 63:
         raise ValueError(f"{name} {value} is out of range")
     return torch.full((rows,), value, dtype=dtype, device=device)
 
