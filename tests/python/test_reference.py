@@ -377,6 +377,38 @@ def test_sample_does_not_depend_on_padding_or_the_other_rows():
     assert one == base.tolist()
 
 
+# ---- vLLM's own filters (where vLLM is installed: .ci/engines.sh's venv) ----
+
+@needs_torch
+def test_top_k_top_p_agree_with_vllm_apart_from_ties_and_rounding():
+    ops = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
+    gen = torch.Generator().manual_seed(4)
+    rows, vocab = 400, 257
+    x = torch.randn(rows, vocab, generator=gen) * torch.rand(rows, 1, generator=gen) * 6
+    k = torch.randint(1, vocab + 1, (rows,), generator=gen)
+    p = torch.rand(rows, generator=gen).clamp(min=0.01)
+    p[::5] = 1.0
+    k[1::5] = vocab
+    theirs = torch.isfinite(ops.apply_top_k_top_p(x.clone(), k, p))
+    ours = reference.keep_mask(x, 1.0, top_k=k, top_p=p)
+    # vLLM's float32 cumsum against the reference's float64 sums: compare
+    # only rows whose top-p cut is not within float32 rounding of p
+    values = torch.sort(x, dim=-1, descending=True).values
+    w = torch.exp(values.double() - values[:, :1].double())
+    w = torch.where(torch.arange(vocab) < torch.where(k < vocab, k, vocab)[:, None], w, 0.0)
+    before = (torch.cumsum(w, dim=-1) - w) / w.sum(dim=-1, keepdim=True)
+    clear = ((before - p.double()[:, None]).abs() > 1e-5).all(dim=-1) | (p == 1)
+    assert int(clear.sum()) > rows * 0.9
+    assert torch.equal(theirs[clear], ours[clear])
+    # equals of the k-th value: vLLM's PyTorch path keeps them all, the
+    # reference (as vLLM's Triton kernel) exactly k, the lowest columns
+    ties = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]])
+    two = torch.tensor([2])
+    assert torch.isfinite(ops.apply_top_k_top_p_pytorch(ties.clone(), two, None)).tolist() == [
+        [False, True, True, False, True]]
+    assert reference.keep_mask(ties, 1.0, top_k=2).tolist() == [[False, True, True, False, False]]
+
+
 # ---- the distribution ----
 
 def chi2_sf(x, df):
