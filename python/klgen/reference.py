@@ -29,7 +29,7 @@ with multipliers 0xD2511F53, 0xCD9E8D57 and key increments 0x9E3779B9,
 are 64-bit values (an int64 tensor's two's-complement bits). u takes 2^23
 equally likely values, the midpoints of a 2^-23 grid: each is a float32
 exactly, the smallest 2^-24 and the largest 1 - 2^-24, so g is always finite,
-between -2.8 and 16.7. On a CUDA device torch.log is CUDA's logf, so noise()
+in [-2.8116, 16.6356]. On a CUDA device torch.log is CUDA's logf, so noise()
 there gives the bits a kernel computing logf(-logf(u)) gets; on the CPU,
 torch's float log may differ from it in the last bit.
 """
@@ -211,7 +211,8 @@ def check_sampling_args(rows, vocab_size, device, temperature, top_k=None, top_p
     top_p in (0, 1] (1: off), min_p in [0, 1] (0: off). top_k: an int >= 0 (0
     or >= vocab_size: off), at most max_top_k where given. seed, offset: ints
     in [-2^63, 2^64), taken modulo 2^64, or int64 tensors. logprobs: an int in
-    [0, vocab_size]. None is the off value. A wrong type raises TypeError;
+    [0, vocab_size]. None, but for temperature, is the off value. A wrong
+    type raises TypeError;
     a wrong value, shape or device ValueError.
     """
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
@@ -325,7 +326,8 @@ class Sample(NamedTuple):
     probability under the raw logits. rank: int64 [tokens], how many columns
     have a raw logit >= the token's (vLLM's rank). top_logprobs, top_indices:
     float32 and int64 [tokens, n], the n largest raw logits' log
-    probabilities and columns (largest first, ties to the lowest column).
+    probabilities and columns (largest first, NaN above all, ties to the
+    lowest column).
     """
 
     tokens: torch.Tensor
