@@ -40,7 +40,7 @@ from typing import NamedTuple, Optional
 import torch
 
 __all__ = ["Sample", "SamplingArgs", "bits", "check_sampling_args", "keep_mask", "noise",
-           "sample", "uniform"]
+           "sample", "top_p_margin", "uniform"]
 
 # Philox4x32's multipliers and Weyl key increments (Random123's philox.h).
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -264,8 +264,10 @@ def _log_min_p(min_p):
 
 def _keep_sorted(values, args):
     """Which entries of rows sorted in the key order (value descending, ties
-    to the lowest column) min-p, top-k and top-p keep; every row's maximum is
-    finite. A boolean tensor of values' shape."""
+    to the lowest column) min-p, top-k and top-p keep, every row's maximum
+    finite: a boolean tensor of values' shape; and each row's top-p margin,
+    the smallest |sum before a column - p * total| / total over the columns
+    top-p decides on (float64; inf where top-p is off)."""
     rows, vocab = values.shape
     rank = torch.arange(vocab, device=values.device)
     m = values[:, :1]
@@ -280,8 +282,10 @@ def _keep_sorted(values, args):
     total = torch.cumsum(w, dim=-1)
     before = torch.cat((torch.zeros_like(total[:, :1]), total[:, :-1]), dim=-1)
     p = args.top_p.to(torch.float64)[:, None]
-    keep &= (p == 1) | (before < p * total[:, -1:])
-    return keep
+    off = p == 1
+    distance = torch.where(keep & ~off, (before - p * total[:, -1:]).abs(), math.inf)
+    margin = distance.amin(dim=-1) / total[:, -1]
+    return keep & (off | (before < p * total[:, -1:])), margin
 
 
 def keep_mask(logits, temperature, top_k=None, top_p=None, min_p=None):
@@ -295,7 +299,22 @@ def keep_mask(logits, temperature, top_k=None, top_p=None, min_p=None):
     _check_logits(logits)
     rows, vocab = logits.shape
     args = check_sampling_args(rows, vocab, logits.device, temperature, top_k, top_p, min_p)
-    return _keep(_tempered(logits, args), args)
+    return _keep(_tempered(logits, args), args)[0]
+
+
+def top_p_margin(logits, temperature, top_k=None, top_p=None, min_p=None):
+    """How near each row's top-p decision is to going the other way: the
+    smallest |sum of the weights before a column - top_p * total| / total
+    over the columns top-p decides on, float64 [tokens]; inf where top-p does
+    not run (top_p 1, or a largest value that is not finite). A sampler that
+    sums the weights in another order, or with another exp, can keep another
+    set only where this is within its rounding (about vocab * 2^-53).
+    Arguments as sample(); rows with temperature 0 are taken on the logits.
+    """
+    _check_logits(logits)
+    rows, vocab = logits.shape
+    args = check_sampling_args(rows, vocab, logits.device, temperature, top_k, top_p, min_p)
+    return _keep(_tempered(logits, args), args)[1]
 
 
 def _tempered(logits, args):
@@ -310,13 +329,14 @@ def _special(t):
 
 
 def _keep(t, args):
+    """(keep mask, top-p margin) of the tempered rows t."""
     special = _special(t)
     regular = torch.where(special[:, None], 0.0, t)
     values, order = torch.sort(regular, dim=-1, descending=True, stable=True)
-    keep = torch.zeros_like(regular, dtype=torch.bool)
-    keep.scatter_(1, order, _keep_sorted(values, args))
+    kept, margin = _keep_sorted(values, args)
+    keep = torch.zeros_like(regular, dtype=torch.bool).scatter_(1, order, kept)
     one = torch.zeros_like(keep).scatter_(1, torch.argmax(t, dim=-1, keepdim=True), True)
-    return torch.where(special[:, None], one, keep)
+    return torch.where(special[:, None], one, keep), torch.where(special, math.inf, margin)
 
 
 class Sample(NamedTuple):
@@ -369,7 +389,7 @@ def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, o
                                seed, offset, logprobs)
     x = logits.to(torch.float32)
     t = _tempered(logits, args)
-    keep = _keep(t, args)
+    keep = _keep(t, args)[0]
     g = noise(args.seed, args.offset, vocab, device=logits.device)
     scores = torch.where(keep, t + g, -math.inf)
     drawn = torch.argmax(scores, dim=-1)

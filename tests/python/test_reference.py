@@ -311,6 +311,10 @@ def test_filter_edges():
     assert reference.keep_mask(flat, 1.0, top_p=0.75)[0].tolist() == [True, True, True, False]
     assert keep(top_k=0, top_p=1.0, min_p=0.0) == [0, 1, 2, 3, 4]
     assert keep(top_k=5) == keep(top_k=6) == [0, 1, 2, 3, 4]
+    margin = lambda y, **kw: reference.top_p_margin(y, 1.0, **kw).tolist()
+    assert margin(flat, top_p=0.5) == [0.0] and margin(flat, top_p=0.625) == [0.125]
+    assert margin(flat, top_p=1.0) == [INF] and margin(flat, top_k=1, top_p=0.5) == [0.5]
+    assert margin(torch.tensor([[NAN, 1.0]]), top_p=0.5) == [INF]
     # top-p after top-k renormalizes over the top k
     assert keep(top_k=2, top_p=0.5) == [0]
     assert keep(top_k=2, top_p=0.5000001) == [0, 2]
@@ -393,11 +397,7 @@ def test_top_k_top_p_agree_with_vllm_apart_from_ties_and_rounding():
     ours = reference.keep_mask(x, 1.0, top_k=k, top_p=p)
     # vLLM's float32 cumsum against the reference's float64 sums: compare
     # only rows whose top-p cut is not within float32 rounding of p
-    values = torch.sort(x, dim=-1, descending=True).values
-    w = torch.exp(values.double() - values[:, :1].double())
-    w = torch.where(torch.arange(vocab) < torch.where(k < vocab, k, vocab)[:, None], w, 0.0)
-    before = (torch.cumsum(w, dim=-1) - w) / w.sum(dim=-1, keepdim=True)
-    clear = ((before - p.double()[:, None]).abs() > 1e-5).all(dim=-1) | (p == 1)
+    clear = reference.top_p_margin(x, 1.0, top_k=k, top_p=p) > 1e-5
     assert int(clear.sum()) > rows * 0.9
     assert torch.equal(theirs[clear], ours[clear])
     # equals of the k-th value: vLLM's PyTorch path keeps them all, the
