@@ -124,6 +124,8 @@ def bits(seed, offset, columns, *, device=None):
                       torch.device("cpu"))
     seed, offset = _u64(seed, "seed", device), _u64(offset, "offset", device)
     cols = _columns(columns, device)
+    if seed.dim() and offset.dim() and seed.shape != offset.shape:
+        raise ValueError(f"seed and offset have {seed.shape[0]} and {offset.shape[0]} rows")
     seed, offset = torch.broadcast_tensors(seed, offset)
     seed, offset = seed.unsqueeze(-1), offset.unsqueeze(-1)
     # One Philox call gives the words of four columns: run it once per block.
@@ -212,8 +214,7 @@ def check_sampling_args(rows, vocab_size, device, temperature, top_k=None, top_p
     or >= vocab_size: off), at most max_top_k where given. seed, offset: ints
     in [-2^63, 2^64), taken modulo 2^64, or int64 tensors. logprobs: an int in
     [0, vocab_size]. None, but for temperature, is the off value. A wrong
-    type raises TypeError;
-    a wrong value, shape or device ValueError.
+    type raises TypeError; a wrong value, shape or device ValueError.
     """
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
         raise ValueError(f"rows must be an int >= 0, not {rows!r}")

@@ -574,3 +574,7 @@ def test_arguments_are_checked():
         reference.noise(0, 0, torch.tensor([-1]))
     with pytest.raises(ValueError):
         reference.noise(0, 0, -1)
+    with pytest.raises(ValueError, match="2 and 3 rows"):
+        reference.noise(torch.zeros(2, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), 4)
+    with pytest.raises(TypeError):
+        reference.noise(torch.zeros(2, dtype=torch.int32), 0, 4)
