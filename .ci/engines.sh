@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The real-engine tests (issue 19): klgen's drop-ins inside vLLM and SGLang,
 # each engine pinned and installed from PyPI into a venv of its own (CPU: no
-# GPU here), with klgen's wheel, and tests/python/test_<engine>.py run there.
+# GPU here), with klgen's wheel, and tests/python/test_<engine>.py run there
+# (and, in vLLM's, test_reference.py: torch and vLLM's own filters).
 # The venvs live under $KLGEN_CI_CACHE (default ~/.cache/klgen-ci), are made
 # once and reused by later runs on the same machine (remade when their pin
 # changes); only the wheel is new each run.
@@ -51,8 +52,11 @@ for pin in "${pins[@]}"; do
   # the pin is what is imported, or the tests would skip and prove nothing
   "$dir/bin/python" -c "import sys, $engine; sys.exit($engine.__version__ != '${pin#*==}')" ||
     { echo "FAIL: $engine in $dir is not $pin" >&2; exit 1; }
-  echo "engines: $pin, tests/python/test_$engine.py"
+  tests=("$src/tests/python/test_$engine.py")
+  # the sampler's reference needs torch, which test_python's venv has not:
+  # it runs here, beside vLLM's own top-k/top-p
+  if [ "$engine" = vllm ]; then tests+=("$src/tests/python/test_reference.py"); fi
+  echo "engines: $pin, ${tests[*]#"$src/"}"
   # from elsewhere than the tree: the installed klgen is what is imported
-  (cd "$work" && "$dir/bin/python" -m pytest -q -p no:cacheprovider -rs \
-    "$src/tests/python/test_$engine.py")
+  (cd "$work" && "$dir/bin/python" -m pytest -q -p no:cacheprovider -rs "${tests[@]}")
 done

@@ -1,0 +1,580 @@
+"""klgen.reference, the sampler's reference (docs/DESIGN.md, "Sampling"): its
+Philox against Random123's known answers and a scalar Philox written here,
+sample() against a slow sampler written here from the definition, row by row
+over sorted lists, and the draws' distribution against the filtered softmax.
+
+The scalar Philox and its known answers need no torch; the rest skips
+without it.
+"""
+
+import math
+import random
+import struct
+
+import pytest
+
+try:
+    import torch
+except ModuleNotFoundError as e:
+    if e.name != "torch":
+        raise
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="klgen.reference needs torch")
+
+if torch is not None:
+    from klgen import reference
+
+M32 = 0xFFFFFFFF
+INF, NAN = math.inf, math.nan
+
+# Random123's tests/kat_vectors, the three philox4x32 10 lines: counter (4
+# words), key (2 words), expected output (4 words).
+KAT = [
+    ((0x00000000, 0x00000000, 0x00000000, 0x00000000), (0x00000000, 0x00000000),
+     (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
+    ((0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff), (0xffffffff, 0xffffffff),
+     (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
+    ((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0),
+     (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1)),
+]
+
+
+# ---- a scalar Philox and the noise's contract, in plain Python ----
+
+def philox_scalar(counter, key, rounds=10):
+    """Philox4x32 as Salmon et al. give it, one counter at a time."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for r in range(rounds):
+        if r > 0:
+            k0, k1 = (k0 + 0x9E3779B9) & M32, (k1 + 0xBB67AE85) & M32
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & M32, (p0 >> 32) ^ c3 ^ k1, p0 & M32
+    return c0, c1, c2, c3
+
+
+def word_scalar(seed, offset, column):
+    seed, offset = seed % 2**64, offset % 2**64
+    counter = ((column >> 2) & M32, column >> 34, offset & M32, offset >> 32)
+    return philox_scalar(counter, (seed & M32, seed >> 32))[column & 3]
+
+
+def uniform_scalar(seed, offset, column):
+    return (2 * (word_scalar(seed, offset, column) >> 9) + 1) * 2.0**-24
+
+
+def test_scalar_philox_known_answers():
+    for counter, key, expected in KAT:
+        assert philox_scalar(counter, key) == expected
+
+
+@needs_torch
+def test_philox_known_answers():
+    for counter, key, expected in KAT:
+        words = reference._philox(*(torch.tensor(w, dtype=torch.int64) for w in counter + key))
+        assert tuple(int(w) for w in words) == expected
+
+
+@needs_torch
+def test_bits_and_uniform_match_the_scalar_philox():
+    rng = random.Random(1)
+    seeds = [0, 1, 2**32 - 1, 2**32, 2**63 - 1, -1, -(2**63), 2**64 - 1] + [
+        rng.randrange(-(2**63), 2**64) for _ in range(24)]
+    offsets = [0, 1, 2**32 + 5, -1] + [rng.randrange(-(2**63), 2**64) for _ in range(28)]
+    columns = [0, 1, 2, 3, 4, 5, 163839, 2**34 - 1, 2**34, 2**40 + 3, 2**62 - 1] + [
+        rng.randrange(2**62) for _ in range(21)]
+    as_i64 = [s - 2**64 if s >= 2**63 else s for s in seeds]
+    cols = torch.tensor(columns, dtype=torch.int64)
+    # per-row int64 tensors (two's complement) and one Python int each
+    got = reference.bits(torch.tensor(as_i64), torch.tensor(
+        [o - 2**64 if o >= 2**63 else o for o in offsets]), cols)
+    u = reference.uniform(torch.tensor(as_i64), torch.tensor(
+        [o - 2**64 if o >= 2**63 else o for o in offsets]), cols)
+    assert got.shape == (32, 32) and got.dtype == torch.int64 and u.dtype == torch.float32
+    for i, (s, o) in enumerate(zip(seeds, offsets)):
+        for j, c in enumerate(columns):
+            assert int(got[i, j]) == word_scalar(s, o, c), (s, o, c)
+            assert float(u[i, j]) == uniform_scalar(s, o, c)
+    for s, o in ((seeds[3], offsets[2]), (2**64 - 1, -1), (-1, 2**64 - 1)):
+        row = reference.bits(s, o, cols)
+        assert row.shape == (32,)
+        assert [int(w) for w in row] == [word_scalar(s, o, c) for c in columns]
+
+
+@needs_torch
+def test_uniform_is_inside_the_open_interval_on_its_grid():
+    assert float(reference.uniform(0, 0, 1)) == uniform_scalar(0, 0, 0)
+    x = torch.tensor([0, 511, 512, M32 - 511, M32], dtype=torch.int64)
+    u = ((x >> 9) * 2 + 1).to(torch.float32) * (2.0 ** -24)  # the contract, on its extremes
+    assert u.tolist() == [2.0**-24, 2.0**-24, 3 * 2.0**-24, 1 - 2.0**-24, 1 - 2.0**-24]
+    g = -torch.log(-torch.log(u))
+    assert bool(torch.isfinite(g).all()) and -2.9 < float(g.min()) and float(g.max()) < 16.7
+    draws = reference.uniform(torch.arange(64), 7, 4096).flatten()
+    assert 0 < float(draws.min()) and float(draws.max()) < 1
+    steps = draws.double() * 2**24
+    assert bool((steps == steps.round()).all()) and bool((steps.long() % 2 == 1).all())
+
+
+@needs_torch
+def test_noise_is_gumbel_of_the_uniform_in_float32():
+    seeds = torch.tensor([i * 0x9E3779B97F4A7C15 % 2**62 for i in range(16)])
+    g = reference.noise(seeds, 3, 2048)
+    u = reference.uniform(seeds, 3, 2048)
+    assert g.dtype == torch.float32
+    assert torch.equal(g, -torch.log(-torch.log(u)))
+    exact = -torch.log(-torch.log(u.double()))
+    assert bool(((g.double() - exact).abs() <= 4 * 2.0**-24 * (1 + exact.abs())).all())
+    # Gumbel(0, 1): mean Euler's gamma, variance pi^2 / 6 (32768 draws)
+    assert abs(float(g.double().mean()) - 0.5772156649) < 0.03
+    assert abs(float(g.double().var()) - math.pi**2 / 6) < 0.06
+
+
+@needs_torch
+def test_noise_of_a_column_does_not_depend_on_the_vocabulary_or_the_split():
+    seeds, offsets = torch.tensor([5, -3, 2**40]), torch.tensor([0, 9, 2**33])
+    whole = reference.noise(seeds, offsets, 163840)
+    assert torch.equal(reference.noise(seeds, offsets, 50257), whole[:, :50257])
+    for tp in (2, 4, 8):
+        shard = 163840 // tp
+        parts = [reference.noise(seeds, offsets, torch.arange(r * shard, (r + 1) * shard))
+                 for r in range(tp)]
+        assert torch.equal(torch.cat(parts, dim=1), whole)
+    scattered = torch.tensor([163839, 7, 0, 40000, 7])
+    assert torch.equal(reference.noise(seeds, offsets, scattered), whole[:, scattered])
+
+
+# ---- a slow sampler, row by row over sorted lists ----
+
+def f32(v):
+    """v rounded to float32 (an overflow to infinity included)."""
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:
+        return math.copysign(INF, v)
+
+
+def first_max(values):
+    """torch.argmax's choice: the first NaN, else the first of the largest."""
+    for i, v in enumerate(values):
+        if v != v:
+            return i
+    return values.index(max(values))
+
+
+def slow_keep(t, top_k, top_p, min_p):
+    """The columns the filters keep, for a row of float32 values with a finite maximum."""
+    m = max(t)
+    kept = sorted(range(len(t)), key=lambda c: (-t[c], c))
+    if min_p > 0:
+        threshold = f32(m + f32(math.log(min_p)))
+        kept = [c for c in kept if t[c] >= threshold]
+    if 0 < top_k < len(t):
+        kept = kept[:top_k]
+    if top_p < 1:
+        weights = [math.exp(t[c] - m) for c in kept]
+        total = 0.0
+        for w in weights:
+            total += w
+        out, before = [], 0.0
+        for c, w in zip(kept, weights):
+            if not before < top_p * total:
+                break
+            out.append(c)
+            before += w
+        kept = out
+    return set(kept)
+
+
+def slow_token(x, temperature, top_k, top_p, min_p, g):
+    if temperature == 0:
+        return first_max(x)
+    t = [f32(v / temperature) for v in x]
+    if any(v != v for v in t) or not math.isfinite(max(t)):
+        return first_max(t)
+    kept = slow_keep(t, top_k, top_p, min_p)
+    best, token = -INF, None
+    for c in sorted(kept):
+        score = f32(t[c] + g[c])
+        if token is None or score > best:
+            best, token = score, c
+    return token
+
+
+def slow_logprobs(x):
+    m = max(x)
+    lse = m + math.log(math.fsum(math.exp(v - m) for v in x))
+    return [v - lse for v in x]
+
+
+def hostile_row(rng, vocab):
+    kind = rng.randrange(12)
+    if kind == 0:
+        return [rng.choice([0.0, 1.5, -2.0])] * vocab  # all equal
+    if kind == 1:
+        return [float(rng.randrange(4)) for _ in range(vocab)]  # many ties
+    if kind == 2:
+        row = [rng.gauss(0, 3) for _ in range(vocab)]
+        for _ in range(rng.randrange(1, vocab + 1)):
+            row[rng.randrange(vocab)] = -INF
+        return row
+    if kind == 3:
+        return [-INF] * vocab
+    if kind == 4:
+        row = [rng.gauss(0, 1) for _ in range(vocab)]
+        row[rng.randrange(vocab)] = rng.choice([NAN, INF])
+        return row
+    if kind == 5:
+        return [rng.gauss(0, 1) * 1e38 for _ in range(vocab)]  # t = x / T overflows
+    if kind == 6:
+        return [rng.gauss(0, 0.01) for _ in range(vocab)]  # nearly flat
+    return [rng.gauss(0, rng.choice([1, 4, 20])) for _ in range(vocab)]
+
+
+def draw_params(rng, vocab):
+    return (rng.choice([0.0, 0.0, 1e-3, 0.37, 0.5, 1.0, 1.0, 1.7, 2.0, 9.5]),
+            rng.choice([0, 0, 1, 2, 3, max(1, vocab - 1), vocab, vocab + 5]),
+            rng.choice([1.0, 1.0, 1e-7, 0.05, 0.3, 0.5, 0.9, 0.99999, 1 - 2**-24]),
+            rng.choice([0.0, 0.0, 1e-6, 0.05, 0.3, 0.999, 1.0]))
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_sample_matches_the_slow_sampler(dtype):
+    rng = random.Random({"float32": 11, "bfloat16": 12, "float16": 13}[dtype])
+    for vocab in (1, 2, 5, 33, 300):
+        rows = 60
+        logits = torch.tensor([hostile_row(rng, vocab) for _ in range(rows)])
+        logits = logits.to(getattr(torch, dtype))
+        params = [draw_params(rng, vocab) for _ in range(rows)]
+        temperature = torch.tensor([p[0] for p in params])
+        top_k = torch.tensor([p[1] for p in params], dtype=torch.int32)
+        top_p = torch.tensor([p[2] for p in params], dtype=torch.float64)
+        min_p = torch.tensor([p[3] for p in params])
+        seed = torch.tensor([rng.randrange(-(2**63), 2**63) for _ in range(rows)])
+        offset = torch.tensor([rng.randrange(2**40) for _ in range(rows)])
+        n = min(vocab, 4)
+        out = reference.sample(logits, temperature, top_k, top_p, min_p, seed=seed,
+                               offset=offset, logprobs=n)
+        g = reference.noise(seed, offset, vocab)
+        x = logits.float().tolist()
+        for i in range(rows):
+            t_, k_, p_, mp_ = (float(temperature[i]), int(top_k[i]), f32(float(top_p[i])),
+                               f32(float(min_p[i])))
+            want = slow_token(x[i], t_, k_, p_, mp_, g[i].tolist())
+            assert int(out.tokens[i]) == want, (dtype, vocab, i, params[i], x[i])
+            ordered = sorted(range(vocab), key=lambda c: (not x[i][c] != x[i][c], -x[i][c]
+                                                          if x[i][c] == x[i][c] else 0, c))
+            assert out.top_indices[i].tolist() == ordered[:n]
+            assert int(out.rank[i]) == sum(v >= x[i][want] for v in x[i])
+            if all(math.isfinite(v) for v in x[i]):
+                lp = slow_logprobs(x[i])
+                assert float(out.logprob[i]) == pytest.approx(lp[want], rel=1e-6, abs=1e-6)
+                assert out.top_logprobs[i].tolist() == pytest.approx(
+                    [lp[c] for c in ordered[:n]], rel=1e-6, abs=1e-6)
+
+
+@needs_torch
+def test_keep_mask_matches_the_slow_filters():
+    rng = random.Random(5)
+    for vocab in (3, 40, 1000):
+        logits = torch.tensor([hostile_row(rng, vocab) for _ in range(40)])
+        params = [draw_params(rng, vocab) for _ in range(40)]
+        params = [(p[0] or 1.0,) + p[1:] for p in params]
+        kept = reference.keep_mask(logits, torch.tensor([p[0] for p in params]),
+                                   torch.tensor([p[1] for p in params]),
+                                   torch.tensor([p[2] for p in params]),
+                                   torch.tensor([p[3] for p in params]))
+        for i, (t_, k_, p_, mp_) in enumerate(params):
+            t = [f32(v / f32(t_)) for v in logits[i].tolist()]
+            if any(v != v for v in t) or not math.isfinite(max(t)):
+                want = {first_max(t)}
+            else:
+                want = slow_keep(t, k_, f32(p_), f32(mp_))
+            assert set(kept[i].nonzero().flatten().tolist()) == want, (i, params[i])
+
+
+@needs_torch
+def test_filter_edges():
+    x = torch.tensor([[3.0, 1.0, 3.0, 2.0, 3.0]])
+    keep = lambda **kw: reference.keep_mask(x, 1.0, **kw)[0].nonzero().flatten().tolist()
+    assert keep(top_k=1) == [0] and keep(top_k=2) == [0, 2]  # exactly k, equals by column
+    assert keep(min_p=1.0) == [0, 2, 4]  # a value threshold: every equal of the maximum
+    assert keep(top_p=1e-7) == [0]
+    # three weights of 1, then e^-1 and e^-2
+    total = 3 + math.exp(-1) + math.exp(-2)
+    assert keep(top_p=2 / total * (1 - 1e-6)) == [0, 2]
+    assert keep(top_p=2 / total * (1 + 1e-6)) == [0, 2, 4]
+    # a prefix whose mass is exactly p is enough (equal weights: exact sums)
+    flat = torch.zeros(1, 4)
+    assert reference.keep_mask(flat, 1.0, top_p=0.5)[0].tolist() == [True, True, False, False]
+    assert reference.keep_mask(flat, 1.0, top_p=0.75)[0].tolist() == [True, True, True, False]
+    assert keep(top_k=0, top_p=1.0, min_p=0.0) == [0, 1, 2, 3, 4]
+    assert keep(top_k=5) == keep(top_k=6) == [0, 1, 2, 3, 4]
+    margin = lambda y, **kw: reference.top_p_margin(y, 1.0, **kw).tolist()
+    assert margin(flat, top_p=0.5) == [0.0] and margin(flat, top_p=0.625) == [0.125]
+    assert margin(flat, top_p=1.0) == [INF] and margin(flat, top_k=1, top_p=0.5) == [0.5]
+    assert margin(torch.tensor([[NAN, 1.0]]), top_p=0.5) == [INF]
+    # top-p after top-k renormalizes over the top k
+    assert keep(top_k=2, top_p=0.5) == [0]
+    assert keep(top_k=2, top_p=0.5000001) == [0, 2]
+    # min-p on the tempered values
+    y = torch.tensor([[0.0, -1.0, -2.0]])
+    lo = reference.keep_mask(y, 0.5, min_p=math.exp(-2.5))[0].tolist()
+    hi = reference.keep_mask(y, 2.0, min_p=math.exp(-2.5))[0].tolist()
+    assert lo == [True, True, False] and hi == [True, True, True]
+
+
+@needs_torch
+def test_special_rows():
+    x = torch.tensor([[0.0, NAN, 1.0, NAN], [1.0, INF, INF, 2.0], [-INF] * 4,
+                      [3e38, 1.0, 3e38, 0.0], [-INF, 2.0, -INF, 1.0]])
+    for t in (0.0, 0.5, 1.0):
+        out = reference.sample(x, t, top_k=1, top_p=0.1, min_p=0.5, seed=3, logprobs=2)
+        want = [1, 1, 0, 0, 1]
+        assert out.tokens.tolist() == want, t
+    assert math.isnan(reference.sample(x, 1.0).logprob[0])
+    # a row whose maximum is finite keeps -inf columns out
+    many = reference.sample(x[4:].expand(512, 4), 5.0, seed=torch.arange(512)).tokens
+    assert set(many.tolist()) == {1, 3}
+
+
+@needs_torch
+def test_greedy_is_argmax_whatever_the_filters():
+    rng = random.Random(2)
+    logits = torch.tensor([hostile_row(rng, 64) for _ in range(200)]).bfloat16()
+    out = reference.sample(logits, 0.0, top_k=3, top_p=0.2, min_p=0.9,
+                           seed=torch.arange(200), offset=7)
+    assert torch.equal(out.tokens, torch.argmax(logits.float(), dim=-1))
+
+
+@needs_torch
+def test_seeds_and_offsets_draw_apart_and_repeat():
+    logits = torch.zeros(1, 1000).expand(256, 1000)
+    by_seed = reference.sample(logits, 1.0, seed=torch.arange(256), offset=5).tokens
+    by_offset = reference.sample(logits, 1.0, seed=5, offset=torch.arange(256)).tokens
+    assert len(set(by_seed.tolist())) > 200 and len(set(by_offset.tolist())) > 200
+    again = reference.sample(logits, 1.0, seed=torch.arange(256), offset=5).tokens
+    assert torch.equal(by_seed, again)
+    # 64-bit values: the high words matter, and -1 is 2^64 - 1
+    hi = reference.sample(logits[:2], 1.0, seed=torch.tensor([1, 1 + 2**32]), offset=0).tokens
+    assert hi[0] != hi[1]
+    assert torch.equal(reference.sample(logits[:1], 1.0, seed=-1, offset=-1).tokens,
+                       reference.sample(logits[:1], 1.0, seed=2**64 - 1, offset=2**64 - 1).tokens)
+
+
+@needs_torch
+def test_sample_does_not_depend_on_padding_or_the_other_rows():
+    rng = random.Random(9)
+    logits = torch.tensor([hostile_row(rng, 100) for _ in range(64)])
+    finite = torch.isfinite(logits.amax(dim=-1)) & ~logits.isnan().any(dim=-1)
+    logits = logits[finite]
+    rows = logits.shape[0]
+    kw = dict(top_k=torch.randint(0, 20, (rows,)), top_p=0.8, min_p=0.01,
+              seed=torch.arange(rows) * 7919, offset=3)
+    base = reference.sample(logits, 0.9, **kw).tokens
+    padded = torch.cat((logits, torch.full((rows, 28), -INF)), dim=1)
+    assert torch.equal(reference.sample(padded, 0.9, **kw).tokens, base)
+    one = [int(reference.sample(logits[i:i + 1], 0.9, top_k=int(kw["top_k"][i]), top_p=0.8,
+                                min_p=0.01, seed=int(kw["seed"][i]), offset=3).tokens)
+           for i in range(rows)]
+    assert one == base.tolist()
+
+
+# ---- vLLM's own filters (where vLLM is installed: .ci/engines.sh's venv) ----
+
+@needs_torch
+def test_top_k_top_p_agree_with_vllm_apart_from_ties_and_rounding():
+    ops = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
+    gen = torch.Generator().manual_seed(4)
+    rows, vocab = 400, 257
+    x = torch.randn(rows, vocab, generator=gen) * torch.rand(rows, 1, generator=gen) * 6
+    k = torch.randint(1, vocab + 1, (rows,), generator=gen)
+    p = torch.rand(rows, generator=gen).clamp(min=0.01)
+    p[::5] = 1.0
+    k[1::5] = vocab
+    theirs = torch.isfinite(ops.apply_top_k_top_p(x.clone(), k, p))
+    ours = reference.keep_mask(x, 1.0, top_k=k, top_p=p)
+    # vLLM's float32 cumsum against the reference's float64 sums: compare
+    # only rows whose top-p cut is not within float32 rounding of p
+    clear = reference.top_p_margin(x, 1.0, top_k=k, top_p=p) > 1e-5
+    assert int(clear.sum()) > rows * 0.9
+    assert torch.equal(theirs[clear], ours[clear])
+    # equals of the k-th value: vLLM's PyTorch path keeps them all, the
+    # reference (as vLLM's Triton kernel) exactly k, the lowest columns
+    ties = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]])
+    two = torch.tensor([2])
+    assert torch.isfinite(ops.apply_top_k_top_p_pytorch(ties.clone(), two, None)).tolist() == [
+        [False, True, True, False, True]]
+    assert reference.keep_mask(ties, 1.0, top_k=2).tolist() == [[False, True, True, False, False]]
+
+
+# ---- the distribution ----
+
+def chi2_sf(x, df):
+    """P(X > x) for X chi-square with df degrees of freedom: the regularized
+    upper incomplete gamma Q(df / 2, x / 2), by its series below a + 1 and its
+    continued fraction (Lentz) above."""
+    a, z = df / 2.0, x / 2.0
+    if z <= 0:
+        return 1.0
+    log_front = a * math.log(z) - z - math.lgamma(a)
+    if z < a + 1:
+        term = total = 1.0 / a
+        n = a
+        while abs(term) > abs(total) * 1e-16:
+            n += 1
+            term *= z / n
+            total += term
+        return 1.0 - total * math.exp(log_front)
+    tiny = 1e-300
+    b = z + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    for i in range(1, 10000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        h *= d * c
+        if abs(d * c - 1) < 1e-16:
+            break
+    return h * math.exp(log_front)
+
+
+def test_chi2_sf_known_values():
+    # scipy.stats.chi2.sf at these points (scipy 1.17)
+    assert chi2_sf(3.84145882069412, 1) == pytest.approx(0.05, rel=1e-9)
+    assert chi2_sf(9.0, 9) == pytest.approx(0.43727418891386693, rel=1e-9)
+    assert chi2_sf(30.0, 5) == pytest.approx(1.4748581038443073e-05, rel=1e-9)
+    assert chi2_sf(2.0, 10) == pytest.approx(0.9963401531726563, rel=1e-9)
+    try:
+        from scipy.stats import chi2
+    except ImportError:
+        return
+    for x, df in ((0.5, 1), (7.3, 4), (50.0, 30), (120.0, 99), (1.0, 17)):
+        assert chi2_sf(x, df) == pytest.approx(float(chi2.sf(x, df)), rel=1e-9)
+
+
+DISTRIBUTION_CASES = [  # temperature, top_k, top_p, min_p
+    (1.0, 0, 1.0, 0.0),
+    (0.7, 5, 1.0, 0.0),
+    (1.3, 0, 0.8, 0.0),
+    (1.0, 0, 1.0, 0.1),
+    (0.9, 6, 0.9, 0.05),
+    (2.0, 3, 0.7, 0.0),
+]
+
+
+@needs_torch
+@pytest.mark.parametrize("case", DISTRIBUTION_CASES)
+def test_draws_follow_the_filtered_softmax(case):
+    temperature, top_k, top_p, min_p = case
+    x = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.3, 0.0, -0.5, -1.0, -2.0, -3.0, 0.8, 1.2])
+    draws = 120000
+    rng = random.Random(hash(case) & M32)
+    seed = torch.tensor([rng.randrange(-(2**63), 2**63) for _ in range(draws)])
+    offset = torch.arange(draws) * 3 + rng.randrange(2**32)
+    tokens = reference.sample(x.expand(draws, -1), temperature, top_k, top_p, min_p,
+                              seed=seed, offset=offset).tokens
+    counts = torch.bincount(tokens, minlength=x.numel()).tolist()
+    t = [f32(v / temperature) for v in x.tolist()]
+    kept = slow_keep(t, top_k, f32(top_p), f32(min_p))
+    assert all(counts[c] == 0 for c in range(x.numel()) if c not in kept)
+    m = max(t)
+    weights = {c: math.exp(t[c] - m) for c in kept}
+    total = math.fsum(weights.values())
+    expected = {c: draws * w / total for c, w in weights.items()}
+    assert min(expected.values()) > 20
+    stat = sum((counts[c] - e) ** 2 / e for c, e in expected.items())
+    assert chi2_sf(stat, len(kept) - 1) > 1e-3, (case, counts, expected)
+
+
+# ---- arguments ----
+
+@needs_torch
+def test_arguments_are_checked():
+    x = torch.zeros(3, 10)
+    ok = reference.sample(x, 1.0)
+    assert ok.tokens.shape == (3,)
+    bad = [
+        (TypeError, dict(logits=x.double())),
+        (TypeError, dict(logits=x.long())),
+        (TypeError, dict(logits=[[0.0]])),
+        (ValueError, dict(logits=torch.zeros(10))),
+        (ValueError, dict(logits=torch.zeros(3, 0))),
+        (ValueError, dict(temperature=-0.5)),
+        (ValueError, dict(temperature=NAN)),
+        (ValueError, dict(temperature=INF)),
+        (ValueError, dict(temperature=1e39)),  # infinite as a float32
+        (TypeError, dict(temperature=None)),
+        (TypeError, dict(temperature="1")),
+        (TypeError, dict(temperature=True)),
+        (ValueError, dict(temperature=torch.tensor([1.0, -1.0, 1.0]))),
+        (ValueError, dict(temperature=torch.ones(2))),
+        (ValueError, dict(temperature=torch.ones(3, 1))),
+        (TypeError, dict(temperature=torch.ones(3, dtype=torch.int32))),
+        (ValueError, dict(top_k=-1)),
+        (TypeError, dict(top_k=2.0)),
+        (TypeError, dict(top_k=torch.ones(3))),
+        (ValueError, dict(top_k=torch.tensor([1, -2, 0]))),
+        (ValueError, dict(top_p=0.0)),
+        (ValueError, dict(top_p=1e-50)),  # 0 as a float32
+        (ValueError, dict(top_p=1.5)),
+        (ValueError, dict(top_p=NAN)),
+        (ValueError, dict(top_p=torch.tensor([0.5, 0.0, 0.5]))),
+        (ValueError, dict(min_p=-0.1)),
+        (ValueError, dict(min_p=1.01)),
+        (ValueError, dict(min_p=NAN)),
+        (TypeError, dict(seed=1.0)),
+        (TypeError, dict(seed=None)),
+        (ValueError, dict(seed=2**64)),
+        (ValueError, dict(seed=-(2**63) - 1)),
+        (TypeError, dict(seed=torch.ones(3, dtype=torch.int32))),
+        (ValueError, dict(seed=torch.ones(4, dtype=torch.int64))),
+        (TypeError, dict(offset="0")),
+        (ValueError, dict(offset=torch.ones(2, dtype=torch.int64))),
+        (TypeError, dict(logprobs=1.0)),
+        (ValueError, dict(logprobs=-1)),
+        (ValueError, dict(logprobs=11)),
+    ]
+    for error, change in bad:
+        kw = dict(logits=x, temperature=1.0)
+        kw.update(change)
+        with pytest.raises(error):
+            reference.sample(**kw)
+    # the off values, and what passes
+    args = reference.check_sampling_args(3, 10, "cpu", torch.tensor([0.0, 0.5, 2.0]),
+                                         top_k=torch.tensor([0, 10, 4], dtype=torch.int16),
+                                         top_p=None, min_p=1.0, seed=2**64 - 1, offset=-5,
+                                         logprobs=10)
+    assert args.top_k.tolist() == [0, 0, 4] and args.top_k.dtype == torch.int64
+    assert args.top_p.tolist() == [1.0] * 3 and args.min_p.tolist() == [1.0] * 3
+    assert args.seed.tolist() == [-1] * 3 and args.offset.tolist() == [-5] * 3
+    assert args.temperature.dtype == torch.float32 and args.logprobs == 10
+    assert reference.check_sampling_args(3, 10, "cpu", 1e-50).temperature.tolist() == [0.0] * 3
+    # a capacity: what a spec's top-k records can hold
+    reference.check_sampling_args(2, 100, "cpu", 1.0, top_k=8, max_top_k=8)
+    reference.check_sampling_args(2, 100, "cpu", 1.0, top_k=100, max_top_k=8)  # off
+    with pytest.raises(ValueError, match="top_k must be at most 8"):
+        reference.check_sampling_args(2, 100, "cpu", 1.0, top_k=9, max_top_k=8)
+    with pytest.raises(ValueError, match="row 1"):
+        reference.check_sampling_args(2, 100, "cpu", 1.0, top_k=torch.tensor([8, 9]), max_top_k=8)
+    with pytest.raises(ValueError, match="vocab_size"):
+        reference.check_sampling_args(2, 0, "cpu", 1.0)
+    meta = torch.zeros(3, device="meta")
+    with pytest.raises(ValueError, match="is on meta"):
+        reference.check_sampling_args(3, 10, "cpu", meta)
+    with pytest.raises(TypeError):
+        reference.noise(0, 0, torch.arange(4, dtype=torch.int32))
+    with pytest.raises(ValueError):
+        reference.noise(0, 0, torch.tensor([-1]))
+    with pytest.raises(ValueError):
+        reference.noise(0, 0, -1)
+    with pytest.raises(ValueError, match="2 and 3 rows"):
+        reference.noise(torch.zeros(2, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), 4)
+    with pytest.raises(TypeError):
+        reference.noise(torch.zeros(2, dtype=torch.int32), 0, 4)
