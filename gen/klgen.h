@@ -70,7 +70,9 @@ typedef struct kl_spec {
   char file[4096];
   int line[KL_F_COUNT]; /* indexed by kl_field */
 } kl_spec;
+/* The names a spec writes (spec_names.c): "vocab_size", "bf16"... */
 extern const char *const kl_field_names[KL_F_COUNT];
+const char *kl_dtype_name(kl_dtype d);
 
 /* Everything derived from a spec; computed in one place (layout.c) and shared by
  * the generator, the generated header and the runtime. */
@@ -139,7 +141,6 @@ int kl_spec_load_string(const char *chunkname, const char *src, size_t len,
 void kl_spec_list_free(kl_spec_list *l);
 /* Full validation of a spec built by hand (loading already does this). */
 int kl_spec_validate(const kl_spec *s, kl_err *err);
-const char *kl_dtype_name(kl_dtype d);
 
 /* ---- layout (layout.c) ---- */
 int kl_layout_derive(const kl_spec *s, kl_layout *out, kl_err *err);
