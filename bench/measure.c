@@ -25,7 +25,7 @@ kl_generated bench_generated(const kl_spec *s, const kl_layout *l, const char *s
                     .source_len = strlen(source), .out_dtype = (int)s->out_dtype,
                     .numerics = (int)s->numerics, .softcap = s->softcap, .scale = s->scale,
                     .topk = s->topk, .chunk_threads = l->chunk_threads,
-                    .argmax_split = l->am_split, .topk_split = l->sel_split};
+                    .argmax_split = l->argmax_split, .topk_split = l->topk_split};
   return g;
 }
 

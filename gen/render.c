@@ -129,13 +129,15 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   /* kl_argmax / kl_topk (select.cu.tmpl) */
   set_int(L, "TOPK", s->topk);
   set_int(L, "SEL_BLOCK", l->sel_block);
-  set_int(L, "SEL_CPT", l->sel_cpt);
-  set_int(L, "SEL_SPLIT", l->sel_split);
-  set_int(L, "AM_CPT", l->am_cpt);
-  set_int(L, "AM_SPLIT", l->am_split);
+  set_int(L, "TOPK_THREAD_CHUNKS", l->topk_thread_chunks);
+  set_int(L, "TOPK_SPLIT", l->topk_split);
+  set_int(L, "ARGMAX_THREAD_CHUNKS", l->argmax_thread_chunks);
+  set_int(L, "ARGMAX_SPLIT", l->argmax_split);
   set_int(L, "REC_SPLIT", l->rec_split);
   set_int(L, "REC_CHUNKS", l->rec_chunks);
   set_int(L, "SEL_OFFSET", l->sel_offset);
+  set_int(L, "SEL_SLOT_BYTES", l->sel_slot_bytes);
+  set_int(L, "SEL_BUFFER_BYTES", l->sel_buffer_bytes);
   set_int(L, "RECV_BYTES", l->recv_bytes);
   set_int(L, "FAULT_OFFSET", l->fault_offset);
   set_int(L, "SEL_MAX_CTAS", l->sel_max_ctas);
