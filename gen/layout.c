@@ -91,7 +91,7 @@ static void derive_epilogue(const kl_spec *s, kl_layout *l) {
 /* Records of candidates: room for sel_k keys of two words each and (for topk)
  * two words of log-sum-exp partial. kl_argmax's record is one such key;
  * kl_topk's is smaller when its values are 16-bit (one-word keys and a
- * one-word partial, templates/select.cu.tmpl), and its one-shot records are
+ * one-word partial, templates/keys.cuh.tmpl), and its one-shot records are
  * packed at their own size inside this stride. */
 static void derive_select(const kl_spec *s, kl_layout *l) {
   l->record_keys = s->topk > 0 ? s->topk : 1;

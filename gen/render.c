@@ -14,10 +14,14 @@
 #define TEMPLATE_MAX (1u << 20)
 
 /* The kernel source is these templates, rendered and concatenated in order:
- * a tiny prelude of constants, then readable kernel logic (FlashInfer's split). */
-static const char *const source_parts[] = {"prelude.cuh.tmpl", "kl_abi.h", "common.cuh.tmpl",
-                                           "oneshot.cu.tmpl", "select.cu.tmpl",
-                                           "relayout.cu.tmpl", NULL};
+ * a tiny prelude of constants, then readable kernel logic (FlashInfer's
+ * split), by concern, each part using only those before it
+ * (templates/README.md). */
+static const char *const source_parts[] = {
+    "prelude.cuh.tmpl", "kl_abi.h",       "memory.cuh.tmpl",   "lamport.cuh.tmpl",
+    "epilogue.cuh.tmpl", "oneshot.cu.tmpl", "keys.cuh.tmpl",    "scan.cuh.tmpl",
+    "exchange.cuh.tmpl", "merge.cuh.tmpl",  "argmax.cu.tmpl",   "topk.cu.tmpl",
+    "relayout.cu.tmpl",  NULL};
 static const char *const header_part = "header.h.tmpl";
 
 uint64_t kl_template_set_hash(void) {
@@ -126,7 +130,7 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_str(L, "ONESHOT", buf);
   kl_entry_name(s, "relayout", buf, sizeof buf);
   set_str(L, "RELAYOUT", buf);
-  /* kl_argmax / kl_topk (select.cu.tmpl) */
+  /* kl_argmax / kl_topk (argmax.cu.tmpl, topk.cu.tmpl) */
   set_int(L, "TOPK", s->topk);
   set_int(L, "SEL_BLOCK", l->sel_block);
   set_int(L, "TOPK_THREAD_CHUNKS", l->topk_thread_chunks);
