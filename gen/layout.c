@@ -88,8 +88,8 @@ static void derive_epilogue(const kl_spec *s, kl_layout *l) {
       s->vocab_size % chunk_elems == 0 && l->shard % chunk_elems == 0 ? 16 : l->out_elem_bytes;
 }
 
-/* Records of candidates: room for sel_k keys of two words each and (for topk)
- * two words of log-sum-exp partial. kl_argmax's record is one such key;
+/* Records of candidates: room for record_keys keys of two words each and
+ * (for topk) two words of log-sum-exp partial. kl_argmax's record is one such key;
  * kl_topk's is smaller when its values are 16-bit (one-word keys and a
  * one-word partial, templates/keys.cuh.tmpl), and its one-shot records are
  * packed at their own size inside this stride. */
