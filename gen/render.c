@@ -18,10 +18,11 @@
  * split), by concern, each part using only those before it
  * (templates/README.md). */
 static const char *const source_parts[] = {
-    "prelude.cuh.tmpl", "kl_abi.h",       "memory.cuh.tmpl",   "lamport.cuh.tmpl",
-    "epilogue.cuh.tmpl", "oneshot.cu.tmpl", "keys.cuh.tmpl",    "scan.cuh.tmpl",
-    "exchange.cuh.tmpl", "merge.cuh.tmpl",  "argmax.cu.tmpl",   "topk.cu.tmpl",
-    "relayout.cu.tmpl",  NULL};
+    "prelude.cuh.tmpl", "kl_abi.h",                          /* constants, the contract */
+    "memory.cuh.tmpl", "lamport.cuh.tmpl", "epilogue.cuh.tmpl", /* what every kernel uses */
+    "oneshot.cu.tmpl",                                       /* the gather */
+    "keys.cuh.tmpl", "scan.cuh.tmpl", "exchange.cuh.tmpl", "merge.cuh.tmpl", /* select parts */
+    "argmax.cu.tmpl", "topk.cu.tmpl", "relayout.cu.tmpl", NULL};
 static const char *const header_part = "header.h.tmpl";
 
 uint64_t kl_template_set_hash(void) {
