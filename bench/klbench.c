@@ -30,7 +30,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -44,11 +43,6 @@ static const char *const e2e_names[NE2E] = {"GEMM alone", "GEMM + one-shot (PDL)
                                             "GEMM + one-shot (no PDL)", "GEMM + NCCL ring"};
 
 const char *const kl_bench_prog = "klbench";
-
-void progress(const bench *b, int i, const char *what) {
-  fprintf(stderr, "\r[%d/%d] tokens %d: %-40s", i + 1, b->ntok, b->tokens[i], what);
-  if (!isatty(2)) fputc('\n', stderr);
-}
 
 /* ---------- setup ---------- */
 
@@ -115,18 +109,6 @@ static void derive_spec(bench *b, int gpus) {
            "dtype = '%s', max_tokens = %lld }",
            b->spec.name, (long long)b->spec.vocab_size, (long long)b->l.padded_vocab, b->spec.tp,
            kl_dtype_name(b->spec.dtype), (long long)b->spec.max_tokens);
-}
-
-kl_generated bench_generated(const kl_spec *s, const kl_layout *l, const char *source) {
-  kl_generated g = {.abi = 4, .name = s->name, .vocab_size = s->vocab_size, .pad_to = s->pad_to,
-                    .padded_vocab = l->padded_vocab, .tp = s->tp, .dtype = (int)s->dtype,
-                    .max_tokens = s->max_tokens, .timeout_ms = s->timeout_ms,
-                    .vec_bytes = l->vec_bytes, .block = l->block, .source = source,
-                    .source_len = strlen(source), .out_dtype = (int)s->out_dtype,
-                    .numerics = (int)s->numerics, .softcap = s->softcap, .scale = s->scale,
-                    .topk = s->topk, .chunk_threads = l->chunk_threads,
-                    .argmax_split = l->am_split, .topk_split = l->sel_split};
-  return g;
 }
 
 static void make_contexts(rank *R) {
@@ -264,42 +246,6 @@ static long long check_paths(rank *R, int T) {
   return bad;
 }
 
-/* For each of the n variants which[i]: `steps` calls of fn captured once.
- * The graphs are then replayed in turn, `replays` rounds, every rank
- * together, each round starting one variant later, so neither a drift in
- * clocks or memory state nor a place in the round favours a variant. t[i]:
- * median µs per step of variant i. */
-void time_graphs(rank *R, step_fn fn, const int *which, int n, int T, int replays, double *t) {
-  bench *b = R->b;
-  cudaGraph_t g[MAX_VARIANTS];
-  cudaGraphExec_t ge[MAX_VARIANTS];
-  for (int i = 0; i < n; i++) {
-    CUDA(cudaStreamBeginCapture(R->s, cudaStreamCaptureModeThreadLocal));
-    for (int k = 0; k < b->steps; k++) fn(R, which[i], T);
-    CUDA(cudaStreamEndCapture(R->s, &g[i]));
-    CUDA(cudaGraphInstantiate(&ge[i], g[i], 0));
-  }
-  double v[MAX_VARIANTS][64];
-  for (int rep = -2; rep < replays; rep++) { /* two warm-up rounds */
-    for (int k = 0; k < n; k++) {
-      int i = (k + rep + 2) % n;
-      pthread_barrier_wait(&b->bar);
-      CUDA(cudaEventRecord(R->e0, R->s));
-      CUDA(cudaGraphLaunch(ge[i], R->s));
-      CUDA(cudaEventRecord(R->e1, R->s));
-      CUDA(cudaStreamSynchronize(R->s));
-      float ms;
-      CUDA(cudaEventElapsedTime(&ms, R->e0, R->e1));
-      if (rep >= 0) v[i][rep] = 1000.0 * ms / b->steps;
-    }
-  }
-  for (int i = 0; i < n; i++) {
-    CUDA(cudaGraphExecDestroy(ge[i]));
-    CUDA(cudaGraphDestroy(g[i]));
-    t[i] = median(v[i], replays);
-  }
-}
-
 /* ---------- end to end: LM head + gather ---------- */
 
 typedef struct e2e {
@@ -410,12 +356,6 @@ static void *rank_main(void *arg) {
 }
 
 /* ---------- reporting ---------- */
-
-double worst(const double *v, int n) {
-  double m = v[0];
-  for (int i = 1; i < n; i++) m = v[i] > m ? v[i] : m;
-  return m;
-}
 
 static void fmt_bytes(long long b, char *buf, size_t n) {
   if (b >= 1 << 20) snprintf(buf, n, "%.2f MiB", (double)b / (1 << 20));

@@ -1,5 +1,7 @@
-/* What klbench's modules share: the bench and rank state, and the timing of
- * captured graphs (klbench.c); the sampling table (select.c). */
+/* What klbench's modules share: the bench and rank state; the measuring
+ * (measure.c), which both tables use; the sampling table (select.c), which
+ * klbench.c runs for --select. Calls go one way: klbench.c -> select.c ->
+ * measure.c. */
 #ifndef KL_KLBENCH_H
 #define KL_KLBENCH_H
 
@@ -67,6 +69,7 @@ typedef struct rank {
     if ((call) != KLRT_OK) die(#call, kl_last_error());              \
   } while (0)
 
+/* ---- measure.c ---- */
 /* What kl_ctx_create_generated takes for a spec, its layout and a source
  * rendered from --templates (borrowed: source must outlive the call). */
 kl_generated bench_generated(const kl_spec *s, const kl_layout *l, const char *source);

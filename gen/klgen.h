@@ -70,7 +70,9 @@ typedef struct kl_spec {
   char file[4096];
   int line[KL_F_COUNT]; /* indexed by kl_field */
 } kl_spec;
+/* The names a spec writes (spec_names.c): "vocab_size", "bf16"... */
 extern const char *const kl_field_names[KL_F_COUNT];
+const char *kl_dtype_name(kl_dtype d);
 
 /* Everything derived from a spec; computed in one place (layout.c) and shared by
  * the generator, the generated header and the runtime. */
@@ -94,15 +96,16 @@ typedef struct kl_layout {
   int max_ctas;         /* CTAs per rank at max_tokens (before residency caps) */
   int64_t timeout_ns;
   /* The sampling-ready gathers (kl_argmax, kl_topk: docs/DESIGN.md §11).
-   * Each of sel_split CTAs reduces a part of a rank's row to one record of
-   * candidates; records go through their own triple-buffered region of the
-   * receive memory, after the gather's. */
-  int sel_k;            /* candidates per record: max(1, topk) */
-  int sel_block;        /* threads per CTA of the select kernels */
-  int sel_cpt;          /* kl_topk: 16-byte input chunks per thread */
-  int sel_split;        /* kl_topk: CTAs (records) per rank row */
-  int am_cpt;           /* kl_argmax: the same */
-  int am_split;
+   * Each kernel splits a rank's row over its own number of CTAs (its
+   * split), each reducing a part of the row to one record of candidates;
+   * records go through their own triple-buffered region of the receive
+   * memory, after the gather's. "sel_": both select kernels. */
+  int record_keys;          /* candidates per record: max(1, topk) */
+  int sel_block;            /* threads per CTA of the select kernels */
+  int topk_thread_chunks;   /* kl_topk: 16-byte input chunks per thread */
+  int topk_split;           /* kl_topk: CTAs (records) per rank row */
+  int argmax_thread_chunks; /* kl_argmax: 16-byte input chunks per thread */
+  int argmax_split;         /* kl_argmax: CTAs (records) per rank row */
   int rec_split;        /* records per rank row the region holds: the larger split */
   int rec_chunks;       /* 16-byte chunks per record */
   int64_t sel_offset;   /* byte offset of the select region in the receive memory */
@@ -139,7 +142,6 @@ int kl_spec_load_string(const char *chunkname, const char *src, size_t len,
 void kl_spec_list_free(kl_spec_list *l);
 /* Full validation of a spec built by hand (loading already does this). */
 int kl_spec_validate(const kl_spec *s, kl_err *err);
-const char *kl_dtype_name(kl_dtype d);
 
 /* ---- layout (layout.c) ---- */
 int kl_layout_derive(const kl_spec *s, kl_layout *out, kl_err *err);

@@ -19,16 +19,17 @@
  * eight. Measured in docs/TUNING.md. */
 #define EPI_CHUNK_THREADS 4
 #define RELAYOUT_BLOCK 256
-/* Select kernels (kl_argmax, kl_topk): one CTA reads SEL_BLOCK x cpt chunks of
- * a row, so a row is spread over up to SEL_SPLIT_MAX CTAs: at one token the
- * reduction runs on many SMs, not one. The merge keeps every rank's records
- * of a token in shared memory: at most MERGE_CHUNKS 16-byte chunks. */
+/* Select kernels (kl_argmax, kl_topk): one CTA reads SEL_BLOCK x (its
+ * kernel's chunks a thread) chunks of a row, so a row is spread over up to
+ * SEL_SPLIT_MAX CTAs (the kernel's split): at one token the reduction runs
+ * on many SMs, not one. The merge keeps every rank's records of a token in
+ * shared memory: at most MERGE_CHUNKS 16-byte chunks. */
 #define SEL_BLOCK 256
 #define SEL_SPLIT_MAX 16
 /* kl_argmax's CTAs read at least this many chunks a thread. Kimi TP8's shard
  * (2560 chunks) in 5 CTAs, not 10: 64 tokens 5.4 -> 3.9 us, 1 token 2.36 ->
  * 2.44 (klbench --select, 2 x H200); 2 CTAs: 3.4 and 2.9. */
-#define AM_CPT_MIN 2
+#define ARGMAX_THREAD_CHUNKS_MIN 2
 #define MERGE_CHUNKS 2560
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -73,42 +74,46 @@ static int vector_width(int64_t shard_bytes, int64_t vocab_bytes, int elem) {
 }
 
 /* The epilogue's output side: element size, and the alignment out needs. A
- * 16-byte input chunk (EPC elements) becomes EPC output elements, stored as
- * whole 16-byte vectors when every chunk starts on a multiple of EPC columns
- * of the output row, else one element at a time. */
+ * 16-byte input chunk (chunk_elems elements) becomes chunk_elems output
+ * elements, stored as whole 16-byte vectors when every chunk starts on a
+ * multiple of chunk_elems columns of the output row, else one element at a
+ * time. */
 static void derive_epilogue(const kl_spec *s, kl_layout *l) {
   l->epilogue = s->out_dtype != s->dtype || s->softcap > 0 || (s->scale != 0 && s->scale != 1);
   l->out_elem_bytes = s->out_dtype == KL_FP32 ? 4 : l->elem_bytes;
   l->out_vec_bytes = l->vec_bytes;
   if (!l->epilogue) return;
-  int64_t epc = CHUNK / l->elem_bytes;
-  l->out_vec_bytes = s->vocab_size % epc == 0 && l->shard % epc == 0 ? 16 : l->out_elem_bytes;
+  int64_t chunk_elems = CHUNK / l->elem_bytes;
+  l->out_vec_bytes =
+      s->vocab_size % chunk_elems == 0 && l->shard % chunk_elems == 0 ? 16 : l->out_elem_bytes;
 }
 
-/* Records of candidates: room for sel_k keys of two words each and (for topk)
- * two words of log-sum-exp partial. kl_argmax's record is one such key;
+/* Records of candidates: room for record_keys keys of two words each and
+ * (for topk) two words of log-sum-exp partial. kl_argmax's record is one such key;
  * kl_topk's is smaller when its values are 16-bit (one-word keys and a
- * one-word partial, templates/select.cu.tmpl), and its one-shot records are
+ * one-word partial, templates/keys.cuh.tmpl), and its one-shot records are
  * packed at their own size inside this stride. */
 static void derive_select(const kl_spec *s, kl_layout *l) {
-  l->sel_k = s->topk > 0 ? s->topk : 1;
-  int words = 2 * l->sel_k + (s->topk > 0 ? 2 : 0);
+  l->record_keys = s->topk > 0 ? s->topk : 1;
+  int words = 2 * l->record_keys + (s->topk > 0 ? 2 : 0);
   l->rec_chunks = (words + 3) / 4;
   int64_t split_cap = MERGE_CHUNKS / ((int64_t)l->rec_chunks * s->tp);
   if (split_cap > SEL_SPLIT_MAX) split_cap = SEL_SPLIT_MAX;
   if (split_cap < 1) split_cap = 1; /* cannot happen: rec_chunks <= 33, tp <= 64 */
   int64_t per_cta = SEL_BLOCK * split_cap;
   l->sel_block = SEL_BLOCK;
-  l->sel_cpt = (int)((l->row_chunks + per_cta - 1) / per_cta);
-  int64_t cta_chunks = (int64_t)SEL_BLOCK * l->sel_cpt;
-  l->sel_split = (int)((l->row_chunks + cta_chunks - 1) / cta_chunks);
-  /* kl_argmax: at least AM_CPT_MIN chunks a thread, so half the CTAs at
-   * most. Its per-element work is a float compare, so a CTA's share costs
-   * little, and the grid is what a step of many tokens pays for. */
-  l->am_cpt = l->sel_cpt < AM_CPT_MIN ? AM_CPT_MIN : l->sel_cpt;
-  cta_chunks = (int64_t)SEL_BLOCK * l->am_cpt;
-  l->am_split = (int)((l->row_chunks + cta_chunks - 1) / cta_chunks);
-  l->rec_split = l->sel_split > l->am_split ? l->sel_split : l->am_split;
+  l->topk_thread_chunks = (int)((l->row_chunks + per_cta - 1) / per_cta);
+  int64_t cta_chunks = (int64_t)SEL_BLOCK * l->topk_thread_chunks;
+  l->topk_split = (int)((l->row_chunks + cta_chunks - 1) / cta_chunks);
+  /* kl_argmax: at least ARGMAX_THREAD_CHUNKS_MIN chunks a thread, so half
+   * the CTAs at most. Its per-element work is a float compare, so a CTA's
+   * share costs little, and the grid is what a step of many tokens pays for. */
+  l->argmax_thread_chunks = l->topk_thread_chunks < ARGMAX_THREAD_CHUNKS_MIN
+                                ? ARGMAX_THREAD_CHUNKS_MIN
+                                : l->topk_thread_chunks;
+  cta_chunks = (int64_t)SEL_BLOCK * l->argmax_thread_chunks;
+  l->argmax_split = (int)((l->row_chunks + cta_chunks - 1) / cta_chunks);
+  l->rec_split = l->topk_split > l->argmax_split ? l->topk_split : l->argmax_split;
   l->sel_offset = l->total_bytes;
   l->sel_slot_bytes = s->max_tokens * l->rec_split * l->rec_chunks * CHUNK;
   l->sel_buffer_bytes = l->sel_slot_bytes * s->tp;
@@ -183,7 +188,7 @@ int kl_layout_relayout_grid(const kl_layout *l, int64_t out_bytes, int cap) {
 }
 
 int kl_layout_select_grid(const kl_layout *l, int tokens, int cap, int topk) {
-  int64_t g = (int64_t)tokens * (topk ? l->sel_split : l->am_split);
+  int64_t g = (int64_t)tokens * (topk ? l->topk_split : l->argmax_split);
   if (cap > 0 && g > cap) g = cap;
   return g < 1 ? 1 : (int)g;
 }

@@ -14,10 +14,15 @@
 #define TEMPLATE_MAX (1u << 20)
 
 /* The kernel source is these templates, rendered and concatenated in order:
- * a tiny prelude of constants, then readable kernel logic (FlashInfer's split). */
-static const char *const source_parts[] = {"prelude.cuh.tmpl", "kl_abi.h", "common.cuh.tmpl",
-                                           "oneshot.cu.tmpl", "select.cu.tmpl",
-                                           "relayout.cu.tmpl", NULL};
+ * a tiny prelude of constants, then readable kernel logic (FlashInfer's
+ * split), by concern, each part using only those before it
+ * (templates/README.md). */
+static const char *const source_parts[] = {
+    "prelude.cuh.tmpl", "kl_abi.h",                          /* constants, the contract */
+    "memory.cuh.tmpl", "lamport.cuh.tmpl", "epilogue.cuh.tmpl", /* what every kernel uses */
+    "oneshot.cu.tmpl",                                       /* the gather */
+    "keys.cuh.tmpl", "scan.cuh.tmpl", "exchange.cuh.tmpl", "merge.cuh.tmpl", /* select parts */
+    "argmax.cu.tmpl", "topk.cu.tmpl", "relayout.cu.tmpl", NULL};
 static const char *const header_part = "header.h.tmpl";
 
 uint64_t kl_template_set_hash(void) {
@@ -126,16 +131,18 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_str(L, "ONESHOT", buf);
   kl_entry_name(s, "relayout", buf, sizeof buf);
   set_str(L, "RELAYOUT", buf);
-  /* kl_argmax / kl_topk (select.cu.tmpl) */
+  /* kl_argmax / kl_topk (argmax.cu.tmpl, topk.cu.tmpl) */
   set_int(L, "TOPK", s->topk);
   set_int(L, "SEL_BLOCK", l->sel_block);
-  set_int(L, "SEL_CPT", l->sel_cpt);
-  set_int(L, "SEL_SPLIT", l->sel_split);
-  set_int(L, "AM_CPT", l->am_cpt);
-  set_int(L, "AM_SPLIT", l->am_split);
+  set_int(L, "TOPK_THREAD_CHUNKS", l->topk_thread_chunks);
+  set_int(L, "TOPK_SPLIT", l->topk_split);
+  set_int(L, "ARGMAX_THREAD_CHUNKS", l->argmax_thread_chunks);
+  set_int(L, "ARGMAX_SPLIT", l->argmax_split);
   set_int(L, "REC_SPLIT", l->rec_split);
   set_int(L, "REC_CHUNKS", l->rec_chunks);
   set_int(L, "SEL_OFFSET", l->sel_offset);
+  set_int(L, "SEL_SLOT_BYTES", l->sel_slot_bytes);
+  set_int(L, "SEL_BUFFER_BYTES", l->sel_buffer_bytes);
   set_int(L, "RECV_BYTES", l->recv_bytes);
   set_int(L, "FAULT_OFFSET", l->fault_offset);
   set_int(L, "SEL_MAX_CTAS", l->sel_max_ctas);

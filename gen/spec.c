@@ -20,11 +20,6 @@
 #define CHUNK_LABEL "spec"
 #define CHUNKNAME "=" CHUNK_LABEL
 
-const char *const kl_field_names[KL_F_COUNT] = {
-    "name",       "vocab_size", "pad_to",    "padded_vocab", "tp",      "dtype",
-    "max_tokens", "timeout_ms", "out_dtype", "softcap",      "scale",   "numerics",
-    "topk"};
-
 /* What one table conversion needs to report errors well. */
 typedef struct ctx {
   lua_State *L;
@@ -442,13 +437,4 @@ void kl_spec_list_free(kl_spec_list *l) {
   free(l->v);
   l->v = NULL;
   l->n = 0;
-}
-
-const char *kl_dtype_name(kl_dtype d) {
-  switch (d) {
-    case KL_BF16: return "bf16";
-    case KL_FP16: return "fp16";
-    case KL_FP32: return "fp32";
-  }
-  return "?";
 }

@@ -444,13 +444,13 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
                       l.vec_bytes, g->block, l.block);
   /* Before abi 4 every kernel had one thread a chunk and one split. */
   int ct = g->abi >= 4 ? g->chunk_threads : 1;
-  int am = g->abi >= 4 ? g->argmax_split : l.sel_split;
-  int tk = g->abi >= 4 ? g->topk_split : l.sel_split;
-  if (ct != l.chunk_threads || am != l.am_split || (s.topk && tk != l.sel_split))
+  int am = g->abi >= 4 ? g->argmax_split : l.topk_split;
+  int tk = g->abi >= 4 ? g->topk_split : l.topk_split;
+  if (ct != l.chunk_threads || am != l.argmax_split || (s.topk && tk != l.topk_split))
     return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' was made by an incompatible klgen "
                       "(threads a chunk %d/%d, argmax split %d/%d, top-k split %d/%d); "
-                      "regenerate it", g->name, ct, l.chunk_threads, am, l.am_split, tk,
-                      l.sel_split);
+                      "regenerate it", g->name, ct, l.chunk_threads, am, l.argmax_split, tk,
+                      l.topk_split);
   /* Its kernels were rendered from some klgen's kl_abi.h: this runtime
    * launches them with its own. */
   int abi = source_abi(g->source);

@@ -432,14 +432,14 @@ static void topk(void) {
   kl_layout lay;
   if (load_layout("return { name = 'k', vocab_size = 163840, tp = 8, dtype = 'bf16', "
                   "max_tokens = 64, topk = 8 }", &s, &lay) == 0)
-    CHECK(s.topk == 8 && lay.sel_k == 8 && lay.rec_chunks == 5 && lay.sel_split == 10 &&
-              lay.sel_cpt == 1 && lay.recv_bytes == lay.total_bytes + 3 * lay.sel_buffer_bytes + 64 &&
+    CHECK(s.topk == 8 && lay.record_keys == 8 && lay.rec_chunks == 5 && lay.topk_split == 10 &&
+              lay.topk_thread_chunks == 1 && lay.recv_bytes == lay.total_bytes + 3 * lay.sel_buffer_bytes + 64 &&
               lay.sel_buffer_bytes == 8LL * 64 * 10 * 5 * 16,
-          "topk 8 layout: k %d rec %d split %d cpt %d", lay.sel_k, lay.rec_chunks, lay.sel_split,
-          lay.sel_cpt);
+          "topk 8 layout: k %d rec %d split %d cpt %d", lay.record_keys, lay.rec_chunks, lay.topk_split,
+          lay.topk_thread_chunks);
   /* kl_argmax reads two chunks a thread in half the CTAs; the region holds the larger split */
-  CHECK(lay.am_cpt == 2 && lay.am_split == 5 && lay.rec_split == 10,
-        "argmax split: cpt %d split %d region %d", lay.am_cpt, lay.am_split, lay.rec_split);
+  CHECK(lay.argmax_thread_chunks == 2 && lay.argmax_split == 5 && lay.rec_split == 10,
+        "argmax split: cpt %d split %d region %d", lay.argmax_thread_chunks, lay.argmax_split, lay.rec_split);
   /* the kernels share step slots: as many as the larger grid, each capped */
   CHECK(lay.sel_max_ctas == 64 * 10 && kl_layout_select_slots(&lay, 64, 400, 600, 1) == 600 &&
             kl_layout_select_slots(&lay, 64, 400, 100, 1) == 320 &&
@@ -448,16 +448,16 @@ static void topk(void) {
   /* no topk: argmax records (one chunk); a long row spreads over more chunks a thread */
   if (load_layout("return { name = 'k', vocab_size = 262144, tp = 1, dtype = 'fp32', "
                   "max_tokens = 4 }", &s, &lay) == 0)
-    CHECK(s.topk == 0 && lay.sel_k == 1 && lay.rec_chunks == 1 && lay.am_split <= 16 &&
-              (int64_t)lay.am_split * lay.am_cpt * lay.sel_block * 16 >= lay.shard_bytes &&
-              (int64_t)(lay.am_split - 1) * lay.am_cpt * lay.sel_block * 16 < lay.shard_bytes &&
-              lay.rec_split >= lay.am_split,
-          "argmax layout: split %d cpt %d", lay.am_split, lay.am_cpt);
+    CHECK(s.topk == 0 && lay.record_keys == 1 && lay.rec_chunks == 1 && lay.argmax_split <= 16 &&
+              (int64_t)lay.argmax_split * lay.argmax_thread_chunks * lay.sel_block * 16 >= lay.shard_bytes &&
+              (int64_t)(lay.argmax_split - 1) * lay.argmax_thread_chunks * lay.sel_block * 16 < lay.shard_bytes &&
+              lay.rec_split >= lay.argmax_split,
+          "argmax layout: split %d cpt %d", lay.argmax_split, lay.argmax_thread_chunks);
   /* the merge's records fit its shared memory at the largest k and tp */
   if (load_layout("return { name = 'k', vocab_size = 163840, tp = 64, dtype = 'bf16', "
                   "max_tokens = 4, topk = 64 }", &s, &lay) == 0)
-    CHECK(lay.rec_chunks == 33 && lay.sel_split == 1 && 64 * lay.rec_chunks * 16 <= 40960,
-          "tp 64 top-64: split %d rec %d", lay.sel_split, lay.rec_chunks);
+    CHECK(lay.rec_chunks == 33 && lay.topk_split == 1 && 64 * lay.rec_chunks * 16 <= 40960,
+          "tp 64 top-64: split %d rec %d", lay.topk_split, lay.rec_chunks);
   bad(SPEC(", topk = 0"), "t.lua:1: topk:", "out of range");
   bad(SPEC(", topk = -1"), "t.lua:1: topk:", "out of range");
   bad(SPEC(", topk = 65"), "t.lua:1: topk:", "65 is out of range (1..64)");
