@@ -1,6 +1,7 @@
 /* The kernel table: the generated kernels a context loads, an entry each
  * (rt.h's kl_kernel), filled from the rows below; and the one launcher.
- * Everything here runs at creation but kl_launch, which every step calls. */
+ * Everything here runs at creation but kl_grid and kl_launch, which every
+ * step calls. */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -119,14 +120,29 @@ static int set_caps(kl_ctx *c, int on_device) {
   return ok ? 0 : -1;
 }
 
+void kl_kernels_forget(kl_ctx *c) {
+  for (int i = 0; i < KL_K_COUNT; i++) {
+    c->kern[i].slots = NULL;
+    c->kern[i].nslots = 0;
+    memset(&c->kern[i].prm, 0, sizeof c->kern[i].prm);
+  }
+}
+
 static unsigned long long *group_slots(const kl_ctx *c, enum slot_group g) {
   unsigned long long *gather = (unsigned long long *)(c->state + sizeof(kl_state));
   return g == SLOTS_GATHER ? gather : gather + c->layout.max_ctas;
 }
 
+/* Slots a group's region in the state block holds (transport.c sizes it
+ * from the layout): the table's grids must stay within it. */
+static long long group_capacity(const kl_ctx *c, enum slot_group g) {
+  return g == SLOTS_GATHER ? c->layout.max_ctas : c->layout.sel_max_ctas;
+}
+
 /* Kernels that share slots share their number: the largest grid any of
- * them launches, at max_tokens and its cap. */
-static void set_slots(kl_ctx *c) {
+ * them launches, at max_tokens and its cap. -1 if that is more than the
+ * layout made room for (a row whose grid rule the layout does not know). */
+static int set_slots(kl_ctx *c) {
   int most[SLOTS_COUNT] = {0};
   for (int i = 0; i < KL_K_COUNT; i++) {
     enum slot_group g = rows[i].slots;
@@ -134,12 +150,15 @@ static void set_slots(kl_ctx *c) {
     int n = rows[i].grid(c, (int)c->spec.max_tokens, c->kern[i].cap);
     if (n > most[g]) most[g] = n;
   }
+  for (int g = 1; g < SLOTS_COUNT; g++)
+    if (most[g] > group_capacity(c, (enum slot_group)g)) return -1;
   for (int i = 0; i < KL_K_COUNT; i++) {
     enum slot_group g = rows[i].slots;
     if (!g) continue;
     c->kern[i].slots = group_slots(c, g);
     c->kern[i].nslots = most[g];
   }
+  return 0;
 }
 
 /* The parameter of a one-shot step with no work (tokens 0). */
@@ -186,7 +205,11 @@ int kl_kernels_ready(kl_ctx *c, int on_device, char *why) {
     snprintf(why, KL_PEER_WHY, "rank %d: the one-shot kernels cannot be resident", c->rank);
     return -1;
   }
-  set_slots(c);
+  if (set_slots(c) != 0) {
+    snprintf(why, KL_PEER_WHY, "rank %d: a kernel's grid has more CTAs than the state block "
+             "has step slots for", c->rank);
+    return -1;
+  }
   kl_kernels_set_peers(c);
   return warm_up(c, why);
 }

@@ -174,7 +174,7 @@ typedef struct kl_call kl_call;
  * layer: its outputs, the rules that differ, and its two paths. */
 typedef struct kl_route {
   const char *fn;            /* the public function, for messages */
-  kl_kernel_id kernel;       /* the kernel of its one-shot path */
+  kl_kernel_id kernel;       /* its kernel (the one-shot path's; select's NCCL path too) */
   int nouts;
   unsigned align_mask[KL_OUTS_MAX]; /* outputs the kernels write in place: 0, or the
                                        alignment they need less 1 */
@@ -293,6 +293,9 @@ CUresult kl_kernels_load(kl_ctx *c);
 int kl_kernels_ready(kl_ctx *c, int on_device, char *why);
 /* c->peers into the parameter of every kernel that has peers. */
 void kl_kernels_set_peers(kl_ctx *c);
+/* Forgets what points into the state block and the peers (teardown, or a
+ * context that is not ready): nothing is left to point at freed memory. */
+void kl_kernels_forget(kl_ctx *c);
 /* CTAs of kernel id for `tokens` rows: at most its cap when capped, else
  * as many as the rows need. */
 int kl_grid(const kl_ctx *c, kl_kernel_id id, int tokens, int capped);

@@ -314,6 +314,7 @@ out:
   if (!c->ready || res != KLRT_OK) {
     unmap_all(c);
     free_buffers(c);
+    kl_kernels_forget(c);
     c->ready = 0;
   }
   free(all);
@@ -324,4 +325,5 @@ out:
 void kl_transport_teardown(kl_ctx *c) {
   unmap_all(c);
   free_buffers(c);
+  kl_kernels_forget(c);
 }

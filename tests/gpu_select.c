@@ -141,7 +141,7 @@ typedef struct rank_ctx {
 /* Host buffers are pinned and allocated before creation. With pageable ones
  * (malloc) a step timed out in 4 of 6 runs on one H200 (a rank thread stalled
  * in the copies back while its peers spun); pinned, none in the next 4 (a
- * later time-out, at max_tokens, was the residency cap: runtime/transport.c).
+ * later time-out, at max_tokens, was the residency cap: runtime/kernels.c).
  * A pageable copy goes through driver staging that may wait on the device. */
 typedef struct bufs {
   CUdeviceptr shard, out, ref, step, idx1, val1, idxk, valk, lse;
