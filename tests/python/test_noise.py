@@ -26,8 +26,9 @@ pytestmark = pytest.mark.gpu
 SPEC = "gpt2_tp4"  # any spec: the noise does not depend on it
 
 # gen/compile.c's options, besides the arch: what klgen's JIT passes. CuPy
-# adds -ftz=true to every compile, which the JIT does not; u and both logs are
-# normal floats (at least 2^-24), so flushing subnormals cannot change them.
+# adds -ftz=true to every compile, which the JIT does not: logf is then the
+# same instructions with .ftz, and for u >= 2^-24 none of their operands or
+# results is subnormal, so the bits are the same.
 NVRTC_OPTIONS = ("-std=c++17", "-lineinfo")
 
 # After the spec's source, whose names are in namespace kl_<spec> (u32 and
