@@ -21,7 +21,8 @@ static const char *const source_parts[] = {
     "prelude.cuh.tmpl", "kl_abi.h",                          /* constants, the contract */
     "memory.cuh.tmpl", "lamport.cuh.tmpl", "epilogue.cuh.tmpl", /* what every kernel uses */
     "oneshot.cu.tmpl",                                       /* the gather */
-    "keys.cuh.tmpl", "scan.cuh.tmpl", "exchange.cuh.tmpl", "merge.cuh.tmpl", /* select parts */
+    "keys.cuh.tmpl", "scan.cuh.tmpl", "noise.cuh.tmpl",      /* select parts: a CTA's scan, */
+    "exchange.cuh.tmpl", "merge.cuh.tmpl",                   /* the records between ranks */
     "argmax.cu.tmpl", "topk.cu.tmpl", "relayout.cu.tmpl", NULL};
 static const char *const header_part = "header.h.tmpl";
 

@@ -142,9 +142,9 @@ static void templates_with(const char *from, const char *dir, const char *name, 
                            const char *text) {
   const char *all[] = {"prelude.cuh.tmpl", "kl_abi.h",          "memory.cuh.tmpl",
                        "lamport.cuh.tmpl", "epilogue.cuh.tmpl", "oneshot.cu.tmpl",
-                       "keys.cuh.tmpl",    "scan.cuh.tmpl",     "exchange.cuh.tmpl",
-                       "merge.cuh.tmpl",   "argmax.cu.tmpl",    "topk.cu.tmpl",
-                       "relayout.cu.tmpl", "header.h.tmpl"};
+                       "keys.cuh.tmpl",    "scan.cuh.tmpl",     "noise.cuh.tmpl",
+                       "exchange.cuh.tmpl", "merge.cuh.tmpl",   "argmax.cu.tmpl",
+                       "topk.cu.tmpl",     "relayout.cu.tmpl",  "header.h.tmpl"};
   mkdir(dir, 0755);
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
     char p[1024], q[1024];

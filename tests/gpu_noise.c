@@ -1,0 +1,217 @@
+/* templates/noise.cuh.tmpl on the GPU against the host (noise_ref.c): the
+ * sampler's noise as a kernel of a rendered spec computes it.
+ *   - philox4x32_10: Random123's known answers;
+ *   - noise_word and noise_group: bit for bit, for every combination of edge
+ *     seeds, offsets and columns, and for random ones;
+ *   - noise_uniform: bit for bit, for every one of its 2^23 values;
+ *     -logf(u) within 2 ulp of the double log of u, and gumbel within 2 ulp
+ *     of the double log of that float (each log against its own exact value:
+ *     near g = 0 one ulp of the inner log is many of g's, so the chain as a
+ *     whole is held to the float32 steps the contract names, not to g's double).
+ *  gpu_noise SPEC   (exit 77 without a GPU) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "gpu_util.h"
+#include "noise_ref.h"
+
+#define ULPS 2 /* CUDA's logf is within 1 ulp; both logs are checked within 2 */
+#define RANDOM_CASES (1 << 16)
+#define VALUES (1u << 23) /* u's distinct values: x >> 9 */
+
+typedef struct gpu {
+  const kl_cu *cu;
+  CUfunction fn[NOISE_KERNELS];
+} gpu;
+
+static CUdeviceptr to_device(const gpu *g, const void *p, size_t bytes) {
+  CUdeviceptr d;
+  CU_CHECK(g->cu, cuMemAlloc(&d, bytes));
+  if (p) CU_CHECK(g->cu, cuMemcpyHtoD(d, p, bytes));
+  return d;
+}
+
+static void from_device(const gpu *g, void *p, CUdeviceptr d, size_t bytes) {
+  CU_CHECK(g->cu, cuCtxSynchronize());
+  CU_CHECK(g->cu, cuMemcpyDtoH(p, d, bytes));
+  CU_CHECK(g->cu, cuMemFree(d));
+}
+
+static void launch(const gpu *g, int k, int n, void **args) {
+  const unsigned block = 256, grid = ((unsigned)n + block - 1) / block;
+  CU_CHECK(g->cu, cuLaunchKernel(g->fn[k], grid, 1, 1, block, 1, 1, 0, NULL, args, NULL));
+}
+
+/* The rendered spec's source with the test kernels, for this GPU's arch. */
+static void load(gpu *g, const char *spec) {
+  CUdevice dev;
+  CUcontext ctx;
+  int major = 0, minor = 0;
+  CU_CHECK(g->cu, cuDeviceGet(&dev, 0));
+  CU_CHECK(g->cu, cuDevicePrimaryCtxRetain(&ctx, dev));
+  CU_CHECK(g->cu, cuCtxSetCurrent(ctx));
+  CU_CHECK(g->cu, cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+  CU_CHECK(g->cu, cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+  char arch[16];
+  snprintf(arch, sizeof arch, "sm_%d%d", major, minor);
+  kl_err e;
+  kl_binary bin;
+  char *src = noise_test_source(spec, &e);
+  if (!src || kl_nvrtc_compile(src, "noise_test", arch, &bin, &e)) {
+    fprintf(stderr, "%s\n", e.msg);
+    exit(1);
+  }
+  free(src);
+  CUmodule mod;
+  CU_CHECK(g->cu, cuModuleLoadData(&mod, bin.data));
+  kl_binary_free(&bin);
+  for (int k = 0; k < NOISE_KERNELS; k++)
+    CU_CHECK(g->cu, cuModuleGetFunction(&g->fn[k], mod, noise_kernel_names[k]));
+  printf("noise kernels compiled for %s\n", arch);
+}
+
+static void known_answers(const gpu *g) {
+  const int n = noise_n_kats;
+  uint32_t ctr[16], key[8], out[16];
+  for (int i = 0; i < n; i++) {
+    memcpy(ctr + 4 * i, noise_kats[i].ctr, sizeof noise_kats[i].ctr);
+    memcpy(key + 2 * i, noise_kats[i].key, sizeof noise_kats[i].key);
+  }
+  CUdeviceptr dc = to_device(g, ctr, 16 * (size_t)n), dk = to_device(g, key, 8 * (size_t)n),
+              dout = to_device(g, NULL, 16 * (size_t)n);
+  int nn = n;
+  void *args[] = {&dc, &dk, &dout, &nn};
+  launch(g, 0, n, args);
+  from_device(g, out, dout, 16 * (size_t)n);
+  g->cu->cuMemFree(dc);
+  g->cu->cuMemFree(dk);
+  for (int i = 0; i < n; i++)
+    CHECK(!memcmp(out + 4 * i, noise_kats[i].out, 16), "philox4x32_10 kat %d: %08x %08x %08x %08x",
+          i, out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);
+}
+
+static uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static const uint64_t edge_seeds[] = {0, 1, 0xffffffffull, 0x100000000ull, 0x0123456789abcdefull,
+                                      0xffffffffffffffffull};
+static const uint64_t edge_offsets[] = {0, 1, 0xfffffffeull, 0xffffffffull, 0x100000000ull,
+                                        0xfffffffffffffffeull, 0xffffffffffffffffull};
+/* 0..7, the 32-bit edge, the counter's second word (2^34 + 3), the ends of
+ * large vocabularies (Qwen2.5's 152064, Kimi's 163840, 2^18), and 2^62. */
+static const uint64_t edge_columns[] = {0, 1, 2, 3, 4, 5, 6, 7, 0xfffffffeull, 0xffffffffull,
+                                        0x100000000ull, 0x400000003ull, 0x400000004ull, 152063,
+                                        163839, 262143, 0x4000000000000000ull};
+#define N_EDGE_SEEDS (sizeof edge_seeds / sizeof *edge_seeds)
+#define N_EDGE_OFFSETS (sizeof edge_offsets / sizeof *edge_offsets)
+#define N_EDGE_COLUMNS (sizeof edge_columns / sizeof *edge_columns)
+#define N_EDGE (int)(N_EDGE_SEEDS * N_EDGE_OFFSETS * N_EDGE_COLUMNS)
+
+/* Every combination of the edges, then random triples (columns below 2^40). */
+static void make_cases(uint64_t *s, uint64_t *o, uint64_t *c, int n) {
+  int i = 0;
+  for (size_t a = 0; a < N_EDGE_SEEDS; a++)
+    for (size_t b = 0; b < N_EDGE_OFFSETS; b++)
+      for (size_t k = 0; k < N_EDGE_COLUMNS; k++, i++)
+        s[i] = edge_seeds[a], o[i] = edge_offsets[b], c[i] = edge_columns[k];
+  uint64_t rng = 22;
+  for (; i < n; i++) {
+    s[i] = splitmix64(&rng);
+    o[i] = splitmix64(&rng);
+    c[i] = splitmix64(&rng) >> (24 + splitmix64(&rng) % 40);
+  }
+}
+
+static void column_words(const gpu *g) {
+  const int n = N_EDGE + RANDOM_CASES;
+  const size_t b64 = 8 * (size_t)n, b32 = 4 * (size_t)n;
+  uint64_t *s = malloc(b64), *o = malloc(b64), *c = malloc(b64);
+  uint32_t *word = malloc(b32), *group = malloc(b32);
+  if (!s || !o || !c || !word || !group) exit(1);
+  make_cases(s, o, c, n);
+  CUdeviceptr ds = to_device(g, s, b64), dof = to_device(g, o, b64), dc = to_device(g, c, b64),
+              dw = to_device(g, NULL, b32), dg = to_device(g, NULL, b32);
+  int nn = n;
+  void *args[] = {&ds, &dof, &dc, &nn, &dw, &dg};
+  launch(g, 1, n, args);
+  from_device(g, word, dw, b32);
+  from_device(g, group, dg, b32);
+  g->cu->cuMemFree(ds);
+  g->cu->cuMemFree(dof);
+  g->cu->cuMemFree(dc);
+  int bad = 0;
+  for (int i = 0; i < n; i++) {
+    const uint32_t want = noise_word_ref(s[i], o[i], c[i]);
+    if (word[i] == want && group[i] == want) continue;
+    if (bad++ < 5)
+      fprintf(stderr, "seed %llx offset %llx column %llx: noise_word %08x, noise_group %08x, "
+              "expected %08x\n", (unsigned long long)s[i], (unsigned long long)o[i],
+              (unsigned long long)c[i], word[i], group[i], want);
+  }
+  CHECK(bad == 0, "%d of %d columns' words differ from the host's", bad, n);
+  printf("words: %d columns (%d edge combinations)\n", n, N_EDGE);
+  free(s), free(o), free(c), free(word), free(group);
+}
+
+/* Word i of the exhaustive run: u's value i, with low bits that must not count. */
+static uint32_t value_word(uint32_t i) { return i << 9 | ((i * 0x9E3779B1u) >> 23); }
+
+/* u, the inner log and g of value i against the host; the worst ulps so far. */
+static int check_value(uint32_t i, float u, float inner, float g, uint32_t worst[2]) {
+  const float want_u = noise_uniform_ref(value_word(i));
+  const uint32_t e_inner = noise_ulps(inner, (float)-log((double)want_u));
+  const uint32_t e_g = noise_ulps(g, (float)-log((double)inner));
+  if (e_inner > worst[0]) worst[0] = e_inner;
+  if (e_g > worst[1]) worst[1] = e_g;
+  const int ok = memcmp(&u, &want_u, sizeof u) == 0 && e_inner <= ULPS && e_g <= ULPS &&
+                 g >= -2.8117f && g <= 16.6357f;
+  return ok;
+}
+
+static void values(const gpu *g) {
+  const size_t bytes = 4 * (size_t)VALUES;
+  uint32_t *x = malloc(bytes);
+  float *u = malloc(bytes), *inner = malloc(bytes), *gv = malloc(bytes);
+  if (!x || !u || !inner || !gv) exit(1);
+  for (uint32_t i = 0; i < VALUES; i++) x[i] = value_word(i);
+  CUdeviceptr dx = to_device(g, x, bytes), du = to_device(g, NULL, bytes),
+              di = to_device(g, NULL, bytes), dg = to_device(g, NULL, bytes);
+  int n = (int)VALUES;
+  void *args[] = {&dx, &n, &du, &di, &dg};
+  launch(g, 2, n, args);
+  from_device(g, u, du, bytes);
+  from_device(g, inner, di, bytes);
+  from_device(g, gv, dg, bytes);
+  g->cu->cuMemFree(dx);
+  uint32_t worst[2] = {0, 0}, bad = 0;
+  for (uint32_t i = 0; i < VALUES; i++) {
+    if (check_value(i, u[i], inner[i], gv[i], worst)) continue;
+    if (bad++ < 5)
+      fprintf(stderr, "x %08x: u %a (expected %a), -logf(u) %a, g %a\n", x[i], (double)u[i],
+              (double)noise_uniform_ref(x[i]), (double)inner[i], (double)gv[i]);
+  }
+  CHECK(bad == 0, "%u of %u values of u wrong", bad, VALUES);
+  printf("values: all %u of u; worst -logf(u) %u ulp, gumbel %u ulp of their doubles\n", VALUES,
+         worst[0], worst[1]);
+  free(x), free(u), free(inner), free(gv);
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: gpu_noise SPEC\n");
+    return 2;
+  }
+  gpu g = {gpu_require(1), {0}};
+  load(&g, argv[1]);
+  known_answers(&g);
+  column_words(&g);
+  values(&g);
+  return check_done();
+}
