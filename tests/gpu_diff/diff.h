@@ -44,14 +44,16 @@ typedef struct diff_case {
 #define DIFF_ELEM_BUDGET (2 << 20)
 #define DIFF_MAX_ROWS 160
 
-/* What every case of a run shares: ranks on `devices` GPUs (1: tp up to
- * max_tp, at most 16; 2: tp 1 or 2 on two GPUs), the NCCL the ranks have,
- * the specs' poll limit. */
+/* What every case of a run shares: ranks on `devices` GPUs (1: tp from
+ * min_tp to max_tp, at most 16; 2: tp 1 or 2 on two GPUs), the NCCL the
+ * ranks have, the specs' poll limit. min_tp 0 or 1 leaves the draws as they
+ * are without it (a seed replays the same case). */
 typedef struct diff_knobs {
   int devices;
   nccl_mode nccl;
   int max_tp;
   int timeout_ms;
+  int min_tp;
 } diff_knobs;
 
 /* Draws case `seed`. Deterministic. 0, or -1 with why (the loader refused a

@@ -1,6 +1,7 @@
 /* gpu_diff: the randomized differential suite.
  *
- *   gpu_diff [--seed N] [--cases M] [--minutes T] [--nccl standin:LIB | real | none] [-v]
+ *   gpu_diff [--seed N] [--cases M] [--minutes T] [--nccl standin:LIB | real | none]
+ *            [--max-tp N] [--min-tp N] [--timeout-ms MS] [-v]
  *
  * Case i of a run is the case of seed N + i (default N: 1): a random spec
  * (vocab 1..300000, tp 1..16, every dtype, padding up to whole ranks of it,
@@ -57,12 +58,12 @@ static double now_s(void) {
 
 static int usage(void) {
   fprintf(stderr, "usage: gpu_diff [--seed N] [--cases M] [--minutes T] "
-                  "[--nccl standin:LIB | real | none] [--max-tp N] [--timeout-ms MS] [-v]\n");
+                  "[--nccl standin:LIB | real | none] [--max-tp N] [--min-tp N] [--timeout-ms MS] [-v]\n");
   return 2;
 }
 
 static int parse(int argc, char **argv, options *o) {
-  *o = (options){1, 100, 0, NULL, 0, {1, NCCL_NONE, 16, 4000}};
+  *o = (options){1, 100, 0, NULL, 0, {1, NCCL_NONE, 16, 4000, 1}};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "-v")) o->verbose = 1;
@@ -70,6 +71,7 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--cases") && v) o->cases = atol(v), i++;
     else if (!strcmp(a, "--minutes") && v) o->minutes = atof(v), i++;
     else if (!strcmp(a, "--max-tp") && v) o->k.max_tp = atoi(v), i++;
+    else if (!strcmp(a, "--min-tp") && v) o->k.min_tp = atoi(v), i++;
     else if (!strcmp(a, "--timeout-ms") && v) o->k.timeout_ms = atoi(v), i++;
     else if (!strcmp(a, "--nccl") && v) {
       i++;
@@ -81,7 +83,11 @@ static int parse(int argc, char **argv, options *o) {
   }
   if (o->k.nccl == NCCL_REAL) o->k.devices = 2;
   int ok = o->cases > 0 && o->k.max_tp >= 1 && o->k.timeout_ms >= 1 && o->k.timeout_ms <= 600000;
-  return ok ? 0 : usage();
+  /* a tp the draw offers (1 2 3 4 6 8 16) must lie between the two */
+  int some = 0;
+  for (int tp = 1; tp <= 16; tp++)
+    some |= tp >= o->k.min_tp && tp <= o->k.max_tp && (tp <= 4 || tp == 6 || tp == 8 || tp == 16);
+  return ok && some ? 0 : usage();
 }
 
 /* ---- the architecture, asked in a child so workers can fork before CUDA ---- */
@@ -428,10 +434,10 @@ int main(int argc, char **argv) {
     deadline = 0;
     if (env.case_failures) {
       failed++;
-      printf("  replay: gpu_diff --seed %llu --cases 1 --nccl %s%s --max-tp %d --timeout-ms %d\n",
-             (unsigned long long)seed, o.k.nccl == NCCL_STANDIN ? "standin:" : "",
+      printf("  replay: gpu_diff --seed %llu --cases 1 --nccl %s%s --max-tp %d --min-tp %d "
+             "--timeout-ms %d\n", (unsigned long long)seed, o.k.nccl == NCCL_STANDIN ? "standin:" : "",
              o.k.nccl == NCCL_STANDIN ? o.lib : o.k.nccl == NCCL_REAL ? "real" : "none",
-             o.k.max_tp, o.k.timeout_ms);
+             o.k.max_tp, o.k.min_tp > 1 ? o.k.min_tp : 1, o.k.timeout_ms);
     } else if (o.verbose) {
       printf("ok %llu: %s\n", (unsigned long long)seed, c.lua);
     }

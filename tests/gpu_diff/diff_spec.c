@@ -96,7 +96,7 @@ int diff_draw(uint64_t seed, const diff_knobs *k, diff_case *c, char *why, size_
   c->seed = seed;
   rng r = rng_for(seed, 1);
   int tp = k->devices == 2 ? (rng_chance(&r, 0.85) ? 2 : 1) : pick(&r, tps, tpw, 7);
-  while (tp > k->max_tp) tp = tps[rng_below(&r, 7)];
+  while (tp > k->max_tp || (k->devices != 2 && tp < k->min_tp)) tp = tps[rng_below(&r, 7)];
   int64_t vocab = draw_vocab(&r);
   const char *dtype = dtypes[rng_below(&r, 3)];
   c->valid = 1;

@@ -138,7 +138,7 @@ static void draws(int sample) {
   for (uint64_t seed = 1; seed <= 4000; seed++) {
     diff_case c;
     char why[600];
-    diff_knobs k = {1, NCCL_STANDIN, 16, 4000};
+    diff_knobs k = {1, NCCL_STANDIN, 16, 4000, 1};
     int rc = diff_draw(seed, &k, &c, why, sizeof why);
     CHECK(rc == 0, "seed %llu: %s", (unsigned long long)seed, why);
     if (rc) continue;
