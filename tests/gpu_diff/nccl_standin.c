@@ -101,32 +101,54 @@ static unsigned *faults; /* host-mapped: peers that never came, over every group
 /* Peers that never came to a call, over the process's groups (read by the tests). */
 unsigned kl_standin_timeouts(void) { return faults ? *(volatile unsigned *)faults : 0u; }
 
+/* The kernel's cubin, compiled once per process (a group is made per test
+ * case, and NVRTC takes longer than the rest of a small case): for `arch`. */
+static pthread_mutex_t compile_mu = PTHREAD_MUTEX_INITIALIZER;
+static kl_binary cubin;
+static char cubin_arch[16];
+
+static int compile_once(const char *arch) {
+  pthread_mutex_lock(&compile_mu);
+  int rc = 0;
+  if (!cubin.data || strcmp(cubin_arch, arch) != 0) {
+    char head[160];
+    snprintf(head, sizeof head, "#define THREADS %d\n#define TIMEOUT_NS %lluull\n#define STAGE %uull\n",
+             STANDIN_THREADS, STANDIN_TIMEOUT_NS, STANDIN_STAGE_BYTES);
+    char *src = malloc(strlen(head) + strlen(kernel_src) + 1);
+    kl_binary bin;
+    kl_err err;
+    rc = -1;
+    if (src) {
+      strcpy(src, head);
+      strcat(src, kernel_src);
+      rc = kl_nvrtc_compile(src, "nccl_standin", arch, &bin, &err);
+      if (rc) fprintf(stderr, "nccl stand-in: %s\n", err.msg);
+      free(src);
+    }
+    if (rc == 0) {
+      if (cubin.data) kl_binary_free(&cubin);
+      cubin = bin;
+      snprintf(cubin_arch, sizeof cubin_arch, "%s", arch);
+    }
+  }
+  pthread_mutex_unlock(&compile_mu);
+  return rc;
+}
+
 static int load_kernel(const kl_cu *cu, standin_group *g) {
   CUdevice dev;
   int maj = 0, min = 0;
   if (cu->cuCtxGetDevice(&dev) != CUDA_SUCCESS) return -1;
   cu->cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
   cu->cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-  char arch[16], head[160];
+  char arch[16];
   snprintf(arch, sizeof arch, "sm_%d%d", maj, min);
-  snprintf(head, sizeof head, "#define THREADS %d\n#define TIMEOUT_NS %lluull\n#define STAGE %uull\n",
-           STANDIN_THREADS, STANDIN_TIMEOUT_NS, STANDIN_STAGE_BYTES);
-  char *src = malloc(strlen(head) + strlen(kernel_src) + 1);
-  if (!src) return -1;
-  strcpy(src, head);
-  strcat(src, kernel_src);
-  kl_binary bin;
-  kl_err err;
-  int rc = kl_nvrtc_compile(src, "nccl_standin", arch, &bin, &err);
-  free(src);
-  if (rc) {
-    fprintf(stderr, "nccl stand-in: %s\n", err.msg);
-    return -1;
-  }
-  rc = cu->cuModuleLoadData(&g->mod, bin.data) != CUDA_SUCCESS ||
-       cu->cuModuleGetFunction(&g->fn, g->mod, "allgather") != CUDA_SUCCESS ||
-       (cu->cuFuncLoad && cu->cuFuncLoad(g->fn) != CUDA_SUCCESS); /* no lazy load beside spinning kernels */
-  kl_binary_free(&bin);
+  if (compile_once(arch) != 0) return -1;
+  pthread_mutex_lock(&compile_mu);
+  int rc = cu->cuModuleLoadData(&g->mod, cubin.data) != CUDA_SUCCESS ||
+           cu->cuModuleGetFunction(&g->fn, g->mod, "allgather") != CUDA_SUCCESS ||
+           (cu->cuFuncLoad && cu->cuFuncLoad(g->fn) != CUDA_SUCCESS); /* no lazy load beside spinning kernels */
+  pthread_mutex_unlock(&compile_mu);
   return rc ? -1 : 0;
 }
 
