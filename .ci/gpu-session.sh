@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The whole GPU verification in one sitting on a GPU machine, from a build/
+# and a wheel in dist/ made elsewhere (bash .ci/wheel.sh dist), within a time
+# budget: each part is bounded, what is left goes to the differential suite.
+#   bash .ci/gpu-session.sh [SECONDS] [LOGS]    (default 540 s, build/gpu-session)
+# In order: ctest -L gpu but gpu_diff; the wheel into this Python and the GPU
+# pytest (tests/python, marker gpu); compute-sanitizer's four tools over one
+# random case each (.ci/gpu-sanitize.sh 1); then gpu_diff over fresh seeds
+# (GPU_DIFF_SEED, default from the clock; GPU_DIFF_ARGS adds options, e.g.
+# --min-tp 16) until the budget is spent. One line per part, the logs in LOGS.
+set -uo pipefail
+source "$(dirname "$0")/gpu-env.sh"
+budget=${1:-540}
+logs=${2:-$root/build/gpu-session}
+mkdir -p "$logs" && logs=$(cd "$logs" && pwd)
+export CUDA_DEVICE_MAX_CONNECTIONS=32
+start=$SECONDS
+left() { echo $((budget - (SECONDS - start))); }
+part() { # name, seconds at most, then the command; prints rc and time
+  local name=$1 limit=$2 t0=$SECONDS
+  shift 2
+  [ "$limit" -gt "$(left)" ] && limit=$(left)
+  if [ "$limit" -le 5 ]; then echo "gpu-session: $name: no time left"; return; fi
+  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+  echo "gpu-session: $name: rc $? in $((SECONDS - t0)) s (log: $logs/$name.log)"
+}
+nvidia-smi -L 2>/dev/null | sed 's/^/gpu-session: /'
+part ctest 240 ctest --test-dir "$root/build" -L gpu -E gpu_diff --output-on-failure
+grep -E "tests passed|Failed|\(Failed\)|\(Timeout\)" "$logs/ctest.log" | sed 's/^/  /'
+wheel=$(ls "$root"/dist/klgen-*.whl 2>/dev/null | head -1)
+if [ -n "$wheel" ]; then
+  python3 -m pip install -q --no-deps --force-reinstall --root-user-action=ignore "$wheel" \
+    >"$logs/pip.log" 2>&1
+  # from elsewhere than the tree: the installed klgen is what is imported
+  part pytest 240 bash -c "cd /tmp && python3 -m pytest -q -m gpu -rs $root/tests/python"
+  tail -3 "$logs/pytest.log" | sed 's/^/  /'
+else
+  echo "gpu-session: pytest: no wheel in dist/ (bash .ci/wheel.sh dist)"
+fi
+part sanitize 200 bash "$root/.ci/gpu-sanitize.sh" 1
+grep -E "SUMMARY|gpu-sanitize:" "$logs/sanitize.log" | sed 's/^/  /'
+seed=${GPU_DIFF_SEED:-$(( $(date +%s) % 1000000 * 1000 ))}
+minutes=$(awk -v s="$(left)" 'BEGIN { m = (s - 30) / 60; print (m > 0.2 ? m : 0.2) }')
+# shellcheck disable=SC2086
+part gpu_diff "$(left)" "$root/build/tests/gpu_diff" --seed "$seed" --cases 100000 \
+  --minutes "$minutes" --nccl "standin:$root/build/tests/libkl_nccl_standin.so" ${GPU_DIFF_ARGS:-}
+grep -E "^FAIL|lost|gpu_diff: (seeds|tp|[0-9.]+ s of|[0-9]+ passed)" "$logs/gpu_diff.log" |
+  head -20 | sed 's/^/  /'
