@@ -39,8 +39,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-__all__ = ["Sample", "SamplingArgs", "bits", "check_sampling_args", "keep_mask", "noise",
-           "sample", "top_p_margin", "uniform"]
+__all__ = ["Sample", "SamplingArgs", "WEIGHT_SCALE", "bits", "check_sampling_args", "keep_mask",
+           "noise", "sample", "top_p_margin", "uniform"]
 
 # Philox4x32's multipliers and Weyl key increments (Random123's philox.h).
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -263,12 +263,29 @@ def _log_min_p(min_p):
     return torch.log(min_p.to(torch.float64)).to(torch.float32)
 
 
+# Top-p's weights are integers, W = floor(exp(t - max t) * 2^38) (the exp in
+# float32), so that their sums are exact in any order: a kernel that adds
+# them by shards gets the reference's sums and the same cut. 2^38 keeps the
+# total below 2^62 for any vocabulary klgen takes (2^24 columns) and a
+# weight's truncation below 2^-38 of the largest.
+WEIGHT_SCALE = 2.0 ** 38
+
+
+def _ceil_product(p, totals):
+    """ceil(p * total) for each row, exactly: p float32 [rows], totals int64 [rows]."""
+    out = []
+    for pi, ti in zip(p.tolist(), totals.tolist()):
+        num, den = float(pi).as_integer_ratio()  # a float32's value, exactly
+        out.append(-((-ti * num) // den))
+    return torch.tensor(out, dtype=torch.int64, device=totals.device)
+
+
 def _keep_sorted(values, args):
     """Which entries of rows sorted in the key order (value descending, ties
     to the lowest column) min-p, top-k and top-p keep, every row's maximum
     finite: a boolean tensor of values' shape; and each row's top-p margin,
-    the smallest |sum before a column - p * total| / total over the columns
-    top-p decides on (float64; inf where top-p is off)."""
+    the smallest |weights before a column - p * total| / total over the
+    columns top-p decides on (float64; inf where top-p is off)."""
     rows, vocab = values.shape
     rank = torch.arange(vocab, device=values.device)
     m = values[:, :1]
@@ -277,16 +294,19 @@ def _keep_sorted(values, args):
     keep = (args.min_p[:, None] == 0) | (values >= threshold)
     # top-k: the first k in the key order, exactly k.
     keep &= (args.top_k[:, None] == 0) | (rank < args.top_k[:, None])
-    # top-p: the shortest prefix of what is left whose mass reaches p; the
-    # weights exp(v - m) and their sums in float64, in the key order.
-    w = torch.where(keep, torch.exp(values.to(torch.float64) - m.to(torch.float64)), 0.0)
+    # top-p: the shortest prefix of what is left whose mass reaches p, in
+    # integer weights (WEIGHT_SCALE): a column stays while the weights before
+    # it sum to less than p * total, exactly (the sum is an integer, so that
+    # is less than ceil(p * total)).
+    w = torch.where(keep, (torch.exp(values - m) * WEIGHT_SCALE).to(torch.int64), 0)
     total = torch.cumsum(w, dim=-1)
-    before = torch.cat((torch.zeros_like(total[:, :1]), total[:, :-1]), dim=-1)
+    before = total - w
+    bound = _ceil_product(args.top_p, total[:, -1])[:, None]
+    off = (args.top_p == 1)[:, None]
     p = args.top_p.to(torch.float64)[:, None]
-    off = p == 1
-    distance = torch.where(keep & ~off, (before - p * total[:, -1:]).abs(), math.inf)
-    margin = distance.amin(dim=-1) / total[:, -1]
-    return keep & (off | (before < p * total[:, -1:])), margin
+    distance = (before.to(torch.float64) - p * total[:, -1:].to(torch.float64)).abs()
+    margin = torch.where(keep & ~off, distance, math.inf).amin(dim=-1) / total[:, -1]
+    return keep & (off | (before < bound)), margin
 
 
 def keep_mask(logits, temperature, top_k=None, top_p=None, min_p=None):
@@ -307,9 +327,11 @@ def top_p_margin(logits, temperature, top_k=None, top_p=None, min_p=None):
     """How near each row's top-p decision is to going the other way: the
     smallest |sum of the weights before a column - top_p * total| / total
     over the columns top-p decides on, float64 [tokens]; inf where top-p does
-    not run (top_p 1, or a largest value that is not finite). A sampler that
-    sums the weights in another order, or with another exp, can keep another
-    set only where this is within its rounding (about vocab * 2^-53).
+    not run (top_p 1, or a largest value that is not finite). The weights are
+    integers, so the order of a sum changes nothing; an exp that differs in
+    the last bit (the CPU's against CUDA's expf) moves a weight by up to
+    2^-23 of the largest, and can change the kept set only where this is
+    about that small. So do sums of floats, as vLLM's float32 cumsum.
     Arguments as sample(); rows with temperature 0 are taken on the logits.
     """
     _check_logits(logits)
@@ -372,9 +394,10 @@ def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, o
                 min_p > 0: t >= max(t) + log(min_p), the sum in float32;
                 top_k > 0: the first top_k of what min_p kept;
                 top_p < 1: of what is left, the shortest prefix whose weights
-                  exp(t - max(t)) sum to at least top_p times their total: a
-                  column stays when the sum before it is < top_p * total
-                  (float64, summed in that order);
+                  sum to at least top_p times their total: a column stays
+                  when the sum before it is < top_p * total, exactly, with
+                  integer weights floor(exp(t - max(t)) * 2^38), exp in
+                  float32 (WEIGHT_SCALE: exact sums in any order);
               and the token is the first column of the largest
               t + noise(seed, offset, column) among those kept (float32).
     logprob, rank and the n = logprobs top entries come from log_softmax(x)

@@ -10,6 +10,7 @@ without it.
 import math
 import random
 import struct
+from fractions import Fraction
 
 import pytest
 
@@ -172,13 +173,14 @@ def slow_keep(t, top_k, top_p, min_p):
     if 0 < top_k < len(t):
         kept = kept[:top_k]
     if top_p < 1:
-        weights = [math.exp(t[c] - m) for c in kept]
-        total = 0.0
-        for w in weights:
-            total += w
-        out, before = [], 0.0
+        # integer weights of a correctly rounded float32 exp, compared exactly
+        # (Fractions); torch's float32 exp may differ in the last bit, which
+        # matters only where a cut is that near (none of these rows)
+        weights = [math.floor(f32(math.exp(f32(t[c] - m))) * 2**38) for c in kept]
+        total = sum(weights)
+        out, before = [], 0
         for c, w in zip(kept, weights):
-            if not before < top_p * total:
+            if not before < Fraction(top_p) * total:
                 break
             out.append(c)
             before += w
