@@ -46,6 +46,8 @@ typedef struct rank_report {
   int cuda_failed;
   char cuda_err[200];
   char status[240]; /* kl_ctx_status's error after the step, if any */
+  double step_ms;   /* the step's wall time, enqueue to done: a time-out under the
+                       poll limit would mean the device's clock, not a peer, was late */
 } rank_report;
 
 typedef struct case_run {
@@ -230,6 +232,8 @@ static void run_step(case_run *run, int rank, kl_ctx *ctx, CUgraphExec *ge) {
     capture(run, ctx, s, rep, ge);
     return;
   }
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   canary(run, s, rep);
   upload(run, s, rep);
   if (p->replay) {
@@ -239,6 +243,8 @@ static void run_step(case_run *run, int rank, kl_ctx *ctx, CUgraphExec *ge) {
     run_ops(run, ctx, s, rep);
   }
   download(run, s, rep);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  rep->step_ms = 1e3 * (double)(t1.tv_sec - t0.tv_sec) + 1e-6 * (double)(t1.tv_nsec - t0.tv_nsec);
   if (kl_ctx_status(ctx) != KLRT_OK) snprintf(rep->status, sizeof rep->status, "%s", kl_last_error());
 }
 
@@ -496,9 +502,14 @@ static long long check_selection(case_run *run, const ref_step *ref, int rank, i
 }
 
 /* Every rank's outputs of the step against the reference. */
-/* Every rank's host time per call of a failing step: a late peer shows as
- * the rank whose call blocked, or as none (then its kernel was late on the GPU). */
+/* Every rank's wall time for a failing step and host time per call: a late
+ * peer shows as the rank whose call blocked, or as none (then its kernel was
+ * late on the GPU); a step that timed out in less wall time than the poll
+ * limit was timed by a clock that jumped. */
 static void host_times(const case_run *run, const char *label) {
+  printf("  %s step wall ms by rank:", label);
+  for (int r = 0; r < run->tp; r++) printf(" %.1f", run->rep[r].step_ms);
+  printf("\n");
   for (int i = 0; i < run->plan.nops; i++) {
     int op = run->plan.ops[i];
     printf("  %s host ms of %s by rank:", label, op_names[op]);
