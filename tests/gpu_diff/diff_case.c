@@ -110,6 +110,12 @@ static int sticky(CUresult r) {
 
 int diff_context_lost(void) { return context_lost; }
 
+static double ms_since(const struct timespec *t0) {
+  struct timespec t1;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return 1e3 * (double)(t1.tv_sec - t0->tv_sec) + 1e-6 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
 static int cu_ok(rank_report *rep, CUresult r, const char *what) {
   if (r == CUDA_SUCCESS) return 1;
   if (sticky(r)) context_lost = 1;
@@ -191,11 +197,10 @@ static void run_ops(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report 
     if (p->overlap && i > 0) upload(run, s, rep); /* the last op wrote over it */
     kl_stats a = KL_STATS_INIT, b = KL_STATS_INIT;
     kl_ctx_stats(ctx, &a);
-    struct timespec t0, t1;
+    struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     rep->rc[op] = call_op(run, ctx, s, op, s->s);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    rep->host_ms[op] = 1e3 * (double)(t1.tv_sec - t0.tv_sec) + 1e-6 * (double)(t1.tv_nsec - t0.tv_nsec);
+    rep->host_ms[op] = ms_since(&t0);
     if (rep->rc[op] != KLRT_OK) snprintf(rep->err[op], sizeof rep->err[op], "%s", kl_last_error());
     kl_ctx_stats(ctx, &b);
     rep->staged[op] = (long long)(b.staged - a.staged);
@@ -232,7 +237,7 @@ static void run_step(case_run *run, int rank, kl_ctx *ctx, CUgraphExec *ge) {
     capture(run, ctx, s, rep, ge);
     return;
   }
-  struct timespec t0, t1;
+  struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   canary(run, s, rep);
   upload(run, s, rep);
@@ -243,8 +248,7 @@ static void run_step(case_run *run, int rank, kl_ctx *ctx, CUgraphExec *ge) {
     run_ops(run, ctx, s, rep);
   }
   download(run, s, rep);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  rep->step_ms = 1e3 * (double)(t1.tv_sec - t0.tv_sec) + 1e-6 * (double)(t1.tv_nsec - t0.tv_nsec);
+  rep->step_ms = ms_since(&t0);
   if (kl_ctx_status(ctx) != KLRT_OK) snprintf(rep->status, sizeof rep->status, "%s", kl_last_error());
 }
 
