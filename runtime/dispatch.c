@@ -21,7 +21,7 @@ int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why) {
   return PATH_ONESHOT;
 }
 
-int kl_capturing(const kl_ctx *c, CUstream s) {
+static int capturing(const kl_ctx *c, CUstream s) {
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   c->cu->cuStreamIsCapturing(s, &st);
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
@@ -45,7 +45,7 @@ kl_result kl_ensure(kl_ctx *c, kl_buf_id b, size_t need, size_t size, CUstream s
   kl_buffer *buf = &c->buf[b];
   const char *what = buf_names[b];
   if (need <= buf->bytes) return KLRT_OK;
-  if (kl_capturing(c, s))
+  if (capturing(c, s))
     return kl_rt_fail(KLRT_EINVAL, "%s: %zu bytes needed while capturing a CUDA graph; run one "
                       "step of this size before capture so the buffer exists", what, need);
   if (size < need) size = need;
@@ -141,7 +141,7 @@ static kl_result check_args(kl_ctx *c, const kl_call *k) {
 
 /* ---- staging ---- */
 
-kl_result kl_copy(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+static kl_result copy_async(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   KL_CU_TRY(c, cuMemcpyAsync(dst, src, n, s));
   return KLRT_OK;
 }
@@ -163,7 +163,7 @@ kl_result kl_stage_in(kl_ctx *c, kl_call *k, CUstream s) {
   kl_buffer *b = &c->buf[KL_BUF_STAGE_IN];
   kl_result res = kl_ensure(c, KL_BUF_STAGE_IN, k->in_bytes,
                             (size_t)most * (size_t)c->layout.shard_bytes, s);
-  if (res || (res = kl_copy(c, b->p, in, k->in_bytes, s))) return res;
+  if (res || (res = copy_async(c, b->p, in, k->in_bytes, s))) return res;
   k->kin = b->p;
   return KLRT_OK;
 }
@@ -182,13 +182,13 @@ kl_result kl_stage_out(kl_ctx *c, const kl_call *k, CUstream s, CUdeviceptr *tar
 
 kl_result kl_unstage_out(kl_ctx *c, const kl_call *k, CUdeviceptr target, CUstream s) {
   CUdeviceptr out = (CUdeviceptr)k->out[0].p;
-  return target == out ? KLRT_OK : kl_copy(c, out, target, k->out[0].bytes, s);
+  return target == out ? KLRT_OK : copy_async(c, out, target, k->out[0].bytes, s);
 }
 
 /* ---- the exchange ---- */
 
 kl_result kl_allgather(kl_ctx *c, CUdeviceptr mine, CUdeviceptr all, size_t bytes, CUstream s) {
-  if (c->nranks == 1) return kl_copy(c, all, mine, bytes, s);
+  if (c->nranks == 1) return copy_async(c, all, mine, bytes, s);
   ncclResult_t nr = c->nccl_api->ncclAllGather((const void *)mine, (void *)all, bytes, ncclUint8,
                                                c->nccl, (cudaStream_t)s);
   if (nr != ncclSuccess)
@@ -199,7 +199,7 @@ kl_result kl_allgather(kl_ctx *c, CUdeviceptr mine, CUdeviceptr all, size_t byte
 /* ---- stream order ---- */
 
 kl_result kl_order_streams(kl_ctx *c, CUstream s, int *outside) {
-  *outside = !kl_capturing(c, s);
+  *outside = !capturing(c, s);
   if (!*outside) return KLRT_OK;
 #ifdef KL_TESTING
   /* Lets tests/gpu_streams.c show that it fails without the ordering. */

@@ -318,7 +318,6 @@ kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s);
 kl_result kl_order_streams(kl_ctx *c, CUstream s, int *outside);
 /* After a call on s (outside capture): what the next call's ordering waits on. */
 kl_result kl_order_mark(kl_ctx *c, CUstream s);
-int kl_capturing(const kl_ctx *c, CUstream s);
 /* c->buf[b] grown to `need` bytes (allocated as `size`, zeroed), never while
  * capturing; the old buffer is kept until destroy. */
 kl_result kl_ensure(kl_ctx *c, kl_buf_id b, size_t need, size_t size, CUstream s);
@@ -330,7 +329,6 @@ size_t kl_record_bytes(const kl_ctx *c, long long tokens);
 size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens);
 const char *kl_arg_name(kl_arg a);
 int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn);
-kl_result kl_copy(kl_ctx *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
 /* k->kin: the input itself when aligned for the kernels' vectors and apart
  * from the outputs, else a staged copy. */
 kl_result kl_stage_in(kl_ctx *c, kl_call *k, CUstream s);

@@ -312,9 +312,7 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   }
 out:
   if (!c->ready || res != KLRT_OK) {
-    unmap_all(c);
-    free_buffers(c);
-    kl_kernels_forget(c);
+    kl_transport_teardown(c);
     c->ready = 0;
   }
   free(all);
