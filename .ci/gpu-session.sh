@@ -25,7 +25,7 @@ part() { # name, seconds at most, then the command; prints rc and time
   echo "gpu-session: $name: rc $? in $((SECONDS - t0)) s (log: $logs/$name.log)"
 }
 nvidia-smi -L 2>/dev/null | sed 's/^/gpu-session: /'
-part ctest 240 ctest --test-dir "$root/build" -L gpu -E gpu_diff --output-on-failure
+part ctest 240 bash "$root/.ci/gpu-tests.sh" -E gpu_diff
 grep -E "tests passed|Failed|\(Failed\)|\(Timeout\)" "$logs/ctest.log" | sed 's/^/  /'
 wheel=$(ls "$root"/dist/klgen-*.whl 2>/dev/null | head -1)
 if [ -n "$wheel" ]; then

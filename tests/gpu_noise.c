@@ -45,32 +45,26 @@ static void launch(const gpu *g, int k, int n, void **args) {
   CU_CHECK(g->cu, cuLaunchKernel(g->fn[k], grid, 1, 1, block, 1, 1, 0, NULL, args, NULL));
 }
 
-/* The rendered spec's source with the test kernels, for this GPU's arch. */
+/* The rendered spec's source with the test kernels, for this GPU. */
 static void load(gpu *g, const char *spec) {
   CUdevice dev;
   CUcontext ctx;
-  int major = 0, minor = 0;
   CU_CHECK(g->cu, cuDeviceGet(&dev, 0));
   CU_CHECK(g->cu, cuDevicePrimaryCtxRetain(&ctx, dev));
   CU_CHECK(g->cu, cuCtxSetCurrent(ctx));
-  CU_CHECK(g->cu, cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
-  CU_CHECK(g->cu, cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
-  char arch[16];
-  snprintf(arch, sizeof arch, "sm_%d%d", major, minor);
   kl_err e;
-  kl_binary bin;
   char *src = noise_test_source(spec, &e);
-  if (!src || kl_nvrtc_compile(src, "noise_test", arch, &bin, &e)) {
+  if (!src) {
     fprintf(stderr, "%s\n", e.msg);
     exit(1);
   }
-  free(src);
   CUmodule mod;
-  CU_CHECK(g->cu, cuModuleLoadData(&mod, bin.data));
-  kl_binary_free(&bin);
+  int rc = gpu_load_source(g->cu, src, "noise_test", &mod);
+  free(src);
+  if (rc) exit(1);
   for (int k = 0; k < NOISE_KERNELS; k++)
     CU_CHECK(g->cu, cuModuleGetFunction(&g->fn[k], mod, noise_kernel_names[k]));
-  printf("noise kernels compiled for %s\n", arch);
+  printf("noise kernels compiled\n");
 }
 
 static void known_answers(const gpu *g) {

@@ -131,7 +131,7 @@ static const char *const kernels_src =
     "}\n"
     "extern \"C\" __global__ void bump(u32 *step) { *step += 1; }\n";
 
-int testkern_load(const kl_cu *cu, int elem, testkern *k) {
+int gpu_load_source(const kl_cu *cu, const char *src, const char *name, CUmodule *mod) {
   CUdevice dev;
   CUcontext ctx;
   int maj = 0, min = 0;
@@ -139,23 +139,30 @@ int testkern_load(const kl_cu *cu, int elem, testkern *k) {
     return -1;
   cu->cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
   cu->cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-  char arch[16], *src = malloc(strlen(kernels_src) + 32);
+  char arch[16];
   snprintf(arch, sizeof arch, "sm_%d%d", maj, min);
-  sprintf(src, "#define ELEM %d\n%s", elem, kernels_src);
   kl_binary bin;
   kl_err err;
-  int rc = kl_nvrtc_compile(src, "testdata", arch, &bin, &err);
-  free(src);
-  if (rc) {
-    fprintf(stderr, "test kernels: %s\n", err.msg);
+  if (kl_nvrtc_compile(src, name, arch, &bin, &err)) {
+    fprintf(stderr, "%s: %s\n", name, err.msg);
     return -1;
   }
+  int rc = cu->cuModuleLoadData(mod, bin.data) != CUDA_SUCCESS;
+  kl_binary_free(&bin);
+  return rc ? -1 : 0;
+}
+
+int testkern_load(const kl_cu *cu, int elem, testkern *k) {
+  char *src = malloc(strlen(kernels_src) + 32);
+  if (!src) return -1;
+  sprintf(src, "#define ELEM %d\n%s", elem, kernels_src);
+  int rc = gpu_load_source(cu, src, "testdata", &k->mod);
+  free(src);
+  if (rc) return -1;
   k->elem = elem;
-  rc = cu->cuModuleLoadData(&k->mod, bin.data) != CUDA_SUCCESS ||
-       cu->cuModuleGetFunction(&k->fill, k->mod, "fill") != CUDA_SUCCESS ||
+  rc = cu->cuModuleGetFunction(&k->fill, k->mod, "fill") != CUDA_SUCCESS ||
        cu->cuModuleGetFunction(&k->verify, k->mod, "verify") != CUDA_SUCCESS ||
        cu->cuModuleGetFunction(&k->bump, k->mod, "bump") != CUDA_SUCCESS;
-  kl_binary_free(&bin);
   return rc ? -1 : 0;
 }
 

@@ -116,12 +116,17 @@ def bits_of(a):
     return a.view(np.uint32)
 
 
+def assert_words_and_uniforms(pairs, columns, word, u, device):
+    """The reference's Philox words and uniforms on device: the kernel's, bit for bit."""
+    assert np.array_equal(reference_of(reference.bits, pairs, columns, device), word)
+    assert np.array_equal(bits_of(reference_of(reference.uniform, pairs, columns, device)),
+                          bits_of(u))
+
+
 def test_kernel_is_the_reference_on_cuda(cp, kernel):
     pairs, columns = cases()
     word, u, _, g = run(cp, kernel, pairs, columns)
-    assert np.array_equal(reference_of(reference.bits, pairs, columns, "cuda"), word)
-    assert np.array_equal(bits_of(reference_of(reference.uniform, pairs, columns, "cuda")),
-                          bits_of(u))
+    assert_words_and_uniforms(pairs, columns, word, u, "cuda")
     want = reference_of(reference.noise, pairs, columns, "cuda")
     same = bits_of(want) == bits_of(g)
     assert same.all(), (f"{(~same).sum()} of {same.size} g differ, e.g. u {u[~same][:4]}: "
@@ -140,9 +145,7 @@ def test_cpu_reference_against_the_kernel(cp, kernel):
     many of g, and the CPU's log may round L the other way from CUDA's."""
     pairs, columns = cases()
     word, u, inner, g = run(cp, kernel, pairs, columns)
-    assert np.array_equal(reference_of(reference.bits, pairs, columns, "cpu"), word)
-    assert np.array_equal(bits_of(reference_of(reference.uniform, pairs, columns, "cpu")),
-                          bits_of(u))
+    assert_words_and_uniforms(pairs, columns, word, u, "cpu")
     want = reference_of(reference.noise, pairs, columns, "cpu")
     assert np.isfinite(want).all() and np.isfinite(g).all()
     tol = 2 * ulp(g) + 2 * ulp(inner) / inner.astype(np.float64)
