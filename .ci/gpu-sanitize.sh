@@ -3,12 +3,14 @@
 # over the GPU tests with few steps, on a machine with a GPU, from a build/
 # made elsewhere: every kernel klgen generates, the tests' own and the NCCL
 # stand-in's must report 0 errors.
-#   bash .ci/gpu-sanitize.sh [cases]     (random specs of gpu_diff per tool; default 6)
+#   bash .ci/gpu-sanitize.sh [cases] [tools]   (random specs of gpu_diff per tool,
+#   default 6; tools default "memcheck racecheck synccheck initcheck")
 # Ranks share the GPU and wait on each other, so the poll limits are raised:
 # under a tool a kernel runs 10-100 times slower.
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 cases=${1:-6}
+tools=${2:-memcheck racecheck synccheck initcheck}
 san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 [ -n "$san" ] || { echo "gpu-sanitize: no compute-sanitizer"; exit 1; }
 t="$root/build/tests"
@@ -25,10 +27,11 @@ run() { # tool, then the command
     printf '%s\n' "$out" | grep -B2 -A12 "========= [A-Z]" | head -60
   fi
 }
-for tool in memcheck racecheck synccheck initcheck; do
+for tool in $tools; do
   run "$tool" "$t/gpu_diff" --seed 7000 --cases "$cases" --timeout-ms 60000 \
     --nccl "standin:$t/libkl_nccl_standin.so"
   run "$tool" "$t/gpu_fault" 5000
 done
-echo "gpu-sanitize: $((8 - failed)) passed, $failed failed"
+runs=$((2 * $(wc -w <<<"$tools")))
+echo "gpu-sanitize: $((runs - failed)) passed, $failed failed"
 [ $failed -eq 0 ]

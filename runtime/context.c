@@ -667,7 +667,10 @@ static kl_result move_slots(kl_ctx *c, CUdeviceptr dev, int n, uint32_t near, ui
     to = near - (uint32_t)((near % 3 + 3 - step % 3) % 3);
     slots[i] = (slots[i] & 0xffffffff00000000ull) | to;
   }
-  if (r == CUDA_SUCCESS) r = c->cu->cuMemcpyHtoD(dev, slots, (size_t)n * 8);
+  /* from pageable memory cuMemcpyHtoD may return before the copy lands, and
+   * on the legacy stream, unordered with the kernels' streams: wait for it */
+  if (r == CUDA_SUCCESS) r = c->cu->cuMemcpyHtoDAsync(dev, slots, (size_t)n * 8, c->stream);
+  if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
   free(slots);
   if (r != CUDA_SUCCESS) return kl_rt_fail(KLRT_ECUDA, "step slots: %s", kl_cu_errstr(r));
   if (set) *set = to;

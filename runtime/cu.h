@@ -26,7 +26,7 @@
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)
 
 /* Newer than the oldest driver the runtime runs on: NULL where the driver lacks them. */
-#define KL_CU_OPTIONAL(X) X(cuFuncLoad)
+#define KL_CU_OPTIONAL(X) X(cuFuncLoad) X(cuEventElapsedTime)
 
 #define KL_CU_MEMBER(name) __typeof__(&name) name;
 typedef struct kl_cu {

@@ -83,8 +83,12 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
   CUresult r = c->cu->cuMemAlloc(&all->p, bytes);
   if (r == CUDA_SUCCESS) all->bytes = bytes;
   if (r == CUDA_SUCCESS) r = c->cu->cuMemAlloc(&rec->p, sel);
-  /* records leave padding words unwritten; NCCL copies them (kl_ensure) */
-  if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD32(rec->p, 0, sel / 4);
+  /* records leave padding words unwritten; NCCL copies them (kl_ensure).
+   * On the context's stream and waited for: cuMemsetD32 would go to the
+   * legacy stream, which is not ordered with the non-blocking streams the
+   * kernels run on, and returns before it is done. */
+  if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD32Async(rec->p, 0, sel / 4, c->stream);
+  if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
   if (r != CUDA_SUCCESS)
     return kl_rt_fail(KLRT_ENOMEM, "NCCL scratch (%zu + %zu bytes): %s", bytes, sel,
                       kl_cu_errstr(r));

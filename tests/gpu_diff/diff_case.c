@@ -48,6 +48,8 @@ typedef struct rank_report {
   char status[240]; /* kl_ctx_status's error after the step, if any */
   double step_ms;   /* the step's wall time, enqueue to done: a time-out under the
                        poll limit would mean the device's clock, not a peer, was late */
+  float dev_ms[DIFF_STEP_EVENTS]; /* device time from the step's start to its upload
+                                     done and to each op done (eager steps), -1 unknown */
 } rank_report;
 
 typedef struct case_run {
@@ -157,18 +159,22 @@ static kl_result call_op(case_run *run, kl_ctx *ctx, const diff_slot *s, int op,
 /* Fills every output of the step with a canary, so an output a call leaves
  * unwritten shows (the shard is uploaded after: it may overlap). */
 static void canary(case_run *run, const diff_slot *s, rank_report *rep) {
-  const kl_cu *cu = run->env->cu;
   const step_plan *p = &run->plan;
   size_t sz[5];
   sel_sizes(run, p->tokens, sz);
-  cu_ok(rep, cu->cuMemsetD8Async(at(s, p->out_at), 0xa5, out_bytes(run, p->tokens), s->s), "canary");
+  cu_ok(rep, diff_move(run->env, at(s, p->out_at), NULL, 0xa5, out_bytes(run, p->tokens), s->s),
+        "canary");
   for (int i = 0; i < 5; i++)
-    if (sz[i]) cu_ok(rep, cu->cuMemsetD8Async(at(s, p->sel_at[i]), 0xa5, sz[i], s->s), "canary");
+    if (sz[i]) cu_ok(rep, diff_move(run->env, at(s, p->sel_at[i]), NULL, 0xa5, sz[i], s->s), "canary");
 }
 
+/* Pinned host memory and device memory share one address space (UVA). */
+static CUdeviceptr host(void *p) { return (CUdeviceptr)(uintptr_t)p; }
+static const void *dev(CUdeviceptr p) { return (const void *)(uintptr_t)p; }
+
 static void upload(case_run *run, const diff_slot *s, rank_report *rep) {
-  cu_ok(rep, run->env->cu->cuMemcpyHtoDAsync(at(s, run->plan.in_at), s->h_in,
-                                             in_bytes(run, run->plan.tokens), s->s), "upload");
+  cu_ok(rep, diff_move(run->env, at(s, run->plan.in_at), s->h_in, 0, in_bytes(run, run->plan.tokens),
+                       s->s), "upload");
 }
 
 static void download(case_run *run, const diff_slot *s, rank_report *rep) {
@@ -176,11 +182,13 @@ static void download(case_run *run, const diff_slot *s, rank_report *rep) {
   const step_plan *p = &run->plan;
   size_t sz[5];
   sel_sizes(run, p->tokens, sz);
-  cu_ok(rep, cu->cuMemcpyDtoHAsync(s->h_out, at(s, p->out_at), out_bytes(run, p->tokens), s->s),
-        "download");
+  cu_ok(rep, diff_move(run->env, host(s->h_out), dev(at(s, p->out_at)), 0, out_bytes(run, p->tokens),
+                       s->s), "download");
   void *dst[5] = {s->h_idx1, s->h_val1, s->h_idxk, s->h_valk, s->h_lse};
   for (int i = 0; i < 5; i++)
-    if (sz[i]) cu_ok(rep, cu->cuMemcpyDtoHAsync(dst[i], at(s, p->sel_at[i]), sz[i], s->s), "download");
+    if (sz[i])
+      cu_ok(rep, diff_move(run->env, host(dst[i]), dev(at(s, p->sel_at[i])), 0, sz[i], s->s),
+            "download");
   cu_ok(rep, cu->cuStreamSynchronize(s->s), "stream");
 }
 
@@ -190,9 +198,10 @@ static int path_of(const kl_stats *a, const kl_stats *b) {
   return PATH_UNKNOWN;
 }
 
-static void run_ops(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report *rep) {
+static void run_ops(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report *rep, int timed) {
   const step_plan *p = &run->plan;
   for (int i = 0; i < p->nops; i++) {
+    if (timed && i > 0) cu_ok(rep, run->env->cu->cuEventRecord(s->ev[1 + i], s->s), "event");
     int op = p->ops[i];
     if (p->overlap && i > 0) upload(run, s, rep); /* the last op wrote over it */
     kl_stats a = KL_STATS_INIT, b = KL_STATS_INIT;
@@ -218,13 +227,26 @@ static void capture(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report 
   pthread_barrier_wait(&run->ranks);
   CUgraph g = NULL;
   if (cu_ok(rep, cu->cuStreamBeginCapture(s->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture")) {
-    run_ops(run, ctx, s, rep);
+    run_ops(run, ctx, s, rep, 0);
     cu_ok(rep, cu->cuStreamEndCapture(s->s, &g), "end capture");
   }
   pthread_barrier_wait(&run->ranks);
   if (!g || !cu_ok(rep, cu->cuGraphInstantiate(ge, g, 0), "instantiate")) *ge = NULL;
   if (g) cu->cuGraphDestroy(g);
   pthread_barrier_wait(&run->ranks);
+}
+
+/* Where an eager step's device time went: a peer whose upload finished
+ * late had its kernel held back on the device (it could not start), one
+ * whose upload was on time but whose op took the poll limit waited. */
+static void device_times(case_run *run, const diff_slot *s, rank_report *rep) {
+  int n = run->plan.replay ? 0 : 2 + run->plan.nops;
+  for (int e = 1; e < DIFF_STEP_EVENTS; e++) {
+    rep->dev_ms[e] = -1;
+    if (e < n && run->env->cu->cuEventElapsedTime &&
+        run->env->cu->cuEventElapsedTime(&rep->dev_ms[e], s->ev[0], s->ev[e]) != CUDA_SUCCESS)
+      rep->dev_ms[e] = -1;
+  }
 }
 
 static void run_step(case_run *run, int rank, kl_ctx *ctx, CUgraphExec *ge) {
@@ -239,16 +261,22 @@ static void run_step(case_run *run, int rank, kl_ctx *ctx, CUgraphExec *ge) {
   }
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
+  const kl_cu *cu = run->env->cu;
+  int timed = !p->replay;
+  if (timed) cu_ok(rep, cu->cuEventRecord(s->ev[0], s->s), "event");
   canary(run, s, rep);
   upload(run, s, rep);
+  if (timed) cu_ok(rep, cu->cuEventRecord(s->ev[1], s->s), "event");
   if (p->replay) {
-    if (*ge) cu_ok(rep, run->env->cu->cuGraphLaunch(*ge, s->s), "graph launch");
+    if (*ge) cu_ok(rep, cu->cuGraphLaunch(*ge, s->s), "graph launch");
     for (int i = 0; i < p->nops; i++) rep->rc[p->ops[i]] = *ge ? KLRT_OK : KLRT_ESTATE;
   } else {
-    run_ops(run, ctx, s, rep);
+    run_ops(run, ctx, s, rep, 1);
+    cu_ok(rep, cu->cuEventRecord(s->ev[1 + p->nops], s->s), "event");
   }
   download(run, s, rep);
   rep->step_ms = ms_since(&t0);
+  device_times(run, s, rep);
   if (kl_ctx_status(ctx) != KLRT_OK) snprintf(rep->status, sizeof rep->status, "%s", kl_last_error());
 }
 
@@ -518,6 +546,13 @@ static void host_times(const case_run *run, const char *label) {
     int op = run->plan.ops[i];
     printf("  %s host ms of %s by rank:", label, op_names[op]);
     for (int r = 0; r < run->tp; r++) printf(" %.2f", run->rep[r].host_ms[op]);
+    printf("\n");
+  }
+  if (run->plan.replay) return;
+  for (int e = 1; e < 2 + run->plan.nops; e++) {
+    printf("  %s device ms to %s done by rank:", label,
+           e == 1 ? "upload" : op_names[run->plan.ops[e - 2]]);
+    for (int r = 0; r < run->tp; r++) printf(" %.1f", (double)run->rep[r].dev_ms[e]);
     printf("\n");
   }
 }

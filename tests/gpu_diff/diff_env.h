@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #define DIFF_MAX_RANKS 16
+#define DIFF_STEP_EVENTS 5
 #define DIFF_DETAIL_LINES 12 /* failure lines printed per case */
 
 typedef struct diff_slot {
@@ -25,6 +26,8 @@ typedef struct diff_slot {
   unsigned char *h_in, *h_out;
   int64_t *h_idx1, *h_idxk;
   uint32_t *h_val1, *h_valk, *h_lse;
+  /* timing events of an eager step: begun, uploaded, each op done (3) */
+  CUevent ev[DIFF_STEP_EVENTS];
 } diff_slot;
 
 typedef struct diff_coverage {
@@ -58,7 +61,8 @@ typedef struct diff_env {
   CUcontext ctx0;
   CUstream ts;
   CUmodule tmod;
-  CUfunction tanh_fn;
+  CUfunction tanh_fn, move_fn;
+  int ce_copies; /* --copies ce: the steps' data by copy engine (diff_move) */
   CUdeviceptr targ, tout;
   float *h_targ, *h_tout;
   int case_failures; /* failure lines of the case running */
@@ -70,6 +74,9 @@ void diff_run_case(diff_env *env, const diff_case *c);
 int diff_context_lost(void); /* a sticky CUDA error: nothing more can run */
 /* diff_main.c */
 void diff_device_tanh(diff_env *env, size_t n); /* h_tout[i] = tanhf(h_targ[i]) */
+/* n bytes to dst on s: from src (device, or pinned host), or `fill` when src is NULL */
+CUresult diff_move(const diff_env *env, CUdeviceptr dst, const void *src, int fill, size_t n,
+                   CUstream s);
 void diff_watchdog_note(const char *where);
 
 #endif

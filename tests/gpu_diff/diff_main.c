@@ -47,6 +47,7 @@ typedef struct options {
   double minutes;
   const char *lib;
   int verbose;
+  int ce_copies;
   diff_knobs k;
 } options;
 
@@ -58,12 +59,13 @@ static double now_s(void) {
 
 static int usage(void) {
   fprintf(stderr, "usage: gpu_diff [--seed N] [--cases M] [--minutes T] "
-                  "[--nccl standin:LIB | real | none] [--max-tp N] [--min-tp N] [--timeout-ms MS] [-v]\n");
+                  "[--nccl standin:LIB | real | none] [--max-tp N] [--min-tp N] [--timeout-ms MS] "
+                  "[--copies kernel | ce] [-v]\n");
   return 2;
 }
 
 static int parse(int argc, char **argv, options *o) {
-  *o = (options){1, 100, 0, NULL, 0, {1, NCCL_NONE, 16, 4000, 1}};
+  *o = (options){1, 100, 0, NULL, 0, 0, {1, NCCL_NONE, 16, 4000, 1}};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "-v")) o->verbose = 1;
@@ -73,6 +75,8 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--max-tp") && v) o->k.max_tp = atoi(v), i++;
     else if (!strcmp(a, "--min-tp") && v) o->k.min_tp = atoi(v), i++;
     else if (!strcmp(a, "--timeout-ms") && v) o->k.timeout_ms = atoi(v), i++;
+    else if (!strcmp(a, "--copies") && v && (!strcmp(v, "ce") || !strcmp(v, "kernel")))
+      o->ce_copies = !strcmp(v, "ce"), i++;
     else if (!strcmp(a, "--nccl") && v) {
       i++;
       if (!strncmp(v, "standin:", 8)) o->k.nccl = NCCL_STANDIN, o->lib = v + 8;
@@ -230,11 +234,44 @@ static void *watchdog(void *arg) {
 
 /* ---- device resources made once ---- */
 
-static const char *const tanh_src =
+/* tanh_map: tanhf for the reference. move_bytes: the steps' uploads,
+ * downloads and canaries (diff_move). */
+static const char *const util_src =
     "extern \"C\" __global__ void tanh_map(const float *x, float *y, unsigned long long n) {\n"
     "  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += gridDim.x * 256ull)\n"
     "    y[i] = tanhf(x[i]);\n"
+    "}\n"
+    "extern \"C\" __global__ void move_bytes(unsigned char *dst, const unsigned char *src,\n"
+    "                                         unsigned fill, unsigned long long n) {\n"
+    "  unsigned long long i = blockIdx.x * 256ull + threadIdx.x, step = gridDim.x * 256ull;\n"
+    "  uint4 f = make_uint4(fill, fill, fill, fill);\n"
+    "  if (!(((unsigned long long)dst | (unsigned long long)src | n) & 15)) {\n"
+    "    for (; i < n / 16; i += step) ((uint4 *)dst)[i] = src ? ((const uint4 *)src)[i] : f;\n"
+    "  } else {\n"
+    "    for (; i < n; i += step) dst[i] = src ? src[i] : (unsigned char)fill;\n"
+    "  }\n"
     "}\n";
+
+/* Ranks that share a GPU may share a copy engine's queue, which runs in
+ * order: a rank's download, waiting for its spinning kernel, can hold up a
+ * slower peer's upload that this kernel needs, until the poll limit. So the
+ * steps move their data with a kernel (host buffers are pinned, mapped into
+ * the device's address space), each rank's in its own hardware queue;
+ * --copies ce keeps the copy engines. Few CTAs: it must fit beside the
+ * ranks' grids. */
+CUresult diff_move(const diff_env *env, CUdeviceptr dst, const void *src, int fill, size_t n,
+                   CUstream s) {
+  const kl_cu *cu = env->cu;
+  if (env->ce_copies)
+    return src ? cu->cuMemcpyAsync(dst, (CUdeviceptr)(uintptr_t)src, n, s)
+               : cu->cuMemsetD8Async(dst, (unsigned char)fill, n, s);
+  unsigned long long nn = n;
+  unsigned f = 0x01010101u * (unsigned)(fill & 0xff);
+  const void *sp = src;
+  void *args[] = {&dst, &sp, &f, &nn};
+  unsigned grid = (unsigned)((n + 4095) / 4096 < 8 ? (n + 4095) / 4096 : 8);
+  return cu->cuLaunchKernel(env->move_fn, grid ? grid : 1, 1, 1, 256, 1, 1, 0, s, args, NULL);
+}
 
 void diff_device_tanh(diff_env *env, size_t n) {
   const kl_cu *cu = env->cu;
@@ -269,6 +306,7 @@ static void setup(diff_env *env, const char *arch) {
     CU_CHECK(cu, cuDevicePrimaryCtxRetain(&s->cuctx, dev));
     CU_CHECK(cu, cuCtxSetCurrent(s->cuctx));
     CU_CHECK(cu, cuStreamCreate(&s->s, CU_STREAM_NON_BLOCKING));
+    for (int e = 0; e < DIFF_STEP_EVENTS; e++) CU_CHECK(cu, cuEventCreate(&s->ev[e], CU_EVENT_DEFAULT));
     CU_CHECK(cu, cuMemAlloc(&s->arena, env->arena_bytes));
     s->h_in = pinned(cu, data);
     s->h_out = pinned(cu, data);
@@ -287,13 +325,17 @@ static void setup(diff_env *env, const char *arch) {
   env->h_tout = pinned(cu, (size_t)DIFF_ELEM_BUDGET * 4);
   kl_binary bin;
   kl_err err;
-  if (kl_nvrtc_compile(tanh_src, "tanh_map", arch, &bin, &err)) {
+  if (kl_nvrtc_compile(util_src, "gpu_diff_util", arch, &bin, &err)) {
     fprintf(stderr, "gpu_diff: %s\n", err.msg);
     exit(1);
   }
   CU_CHECK(cu, cuModuleLoadData(&env->tmod, bin.data));
   CU_CHECK(cu, cuModuleGetFunction(&env->tanh_fn, env->tmod, "tanh_map"));
-  if (cu->cuFuncLoad) CU_CHECK(cu, cuFuncLoad(env->tanh_fn)); /* never lazily, beside spinning ranks */
+  CU_CHECK(cu, cuModuleGetFunction(&env->move_fn, env->tmod, "move_bytes"));
+  if (cu->cuFuncLoad) { /* never lazily, beside spinning ranks */
+    CU_CHECK(cu, cuFuncLoad(env->tanh_fn));
+    CU_CHECK(cu, cuFuncLoad(env->move_fn));
+  }
   kl_binary_free(&bin);
   diff_ref_bufs *r = &env->ref;
   r->rows = malloc((size_t)DIFF_ELEM_BUDGET * 4);
@@ -387,6 +429,7 @@ int main(int argc, char **argv) {
   diff_env env;
   memset(&env, 0, sizeof env);
   env.devices = o.k.devices;
+  env.ce_copies = o.ce_copies;
   if (env.devices > devices) {
     printf("SKIP: --nccl real needs 2 GPUs, found %d\n", devices);
     return 77;
@@ -435,9 +478,10 @@ int main(int argc, char **argv) {
     if (env.case_failures) {
       failed++;
       printf("  replay: gpu_diff --seed %llu --cases 1 --nccl %s%s --max-tp %d --min-tp %d "
-             "--timeout-ms %d\n", (unsigned long long)seed, o.k.nccl == NCCL_STANDIN ? "standin:" : "",
+             "--timeout-ms %d%s\n", (unsigned long long)seed, o.k.nccl == NCCL_STANDIN ? "standin:" : "",
              o.k.nccl == NCCL_STANDIN ? o.lib : o.k.nccl == NCCL_REAL ? "real" : "none",
-             o.k.max_tp, o.k.min_tp > 1 ? o.k.min_tp : 1, o.k.timeout_ms);
+             o.k.max_tp, o.k.min_tp > 1 ? o.k.min_tp : 1, o.k.timeout_ms,
+             o.ce_copies ? " --copies ce" : "");
     } else if (o.verbose) {
       printf("ok %llu: %s\n", (unsigned long long)seed, c.lua);
     }

@@ -176,6 +176,8 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
   cu->cuCtxPushCurrent(g->ctx);
   int bad = load_kernel(cu, g) != 0 || cu->cuMemAlloc(&g->board, board) != CUDA_SUCCESS ||
             cu->cuMemsetD32(g->board, 0, board / 4) != CUDA_SUCCESS ||
+            /* the legacy stream's memset is not ordered with the ranks' streams */
+            cu->cuStreamSynchronize(NULL) != CUDA_SUCCESS ||
             cu->cuMemAlloc(&g->stage, (size_t)ndev * STANDIN_STAGE_BYTES) != CUDA_SUCCESS;
   pthread_mutex_lock(&mu);
   if (!bad && !faults) {
