@@ -533,7 +533,27 @@ static long long check_selection(case_run *run, const ref_step *ref, int rank, i
   return bad;
 }
 
-/* Every rank's outputs of the step against the reference. */
+/* When each rank's step began on the device, after the earliest rank's: the
+ * ranks enqueued it together, so a rank far behind had its stream held
+ * back on the device. One GPU only: events of two contexts do not compare. */
+static void start_skew(const case_run *run, const char *label) {
+  const diff_env *env = run->env;
+  const kl_cu *cu = env->cu;
+  float at[DIFF_MAX_RANKS], first = 0;
+  if (env->devices != 1 || !cu->cuEventElapsedTime) return;
+  cu->cuCtxPushCurrent(env->ctx0);
+  for (int r = 0; r < run->tp; r++) {
+    if (cu->cuEventElapsedTime(&at[r], env->slots[0].ev[0], env->slots[r].ev[0]) != CUDA_SUCCESS)
+      at[r] = NAN;
+    if (r == 0 || at[r] < first) first = at[r];
+  }
+  CUcontext dummy;
+  cu->cuCtxPopCurrent(&dummy);
+  printf("  %s device ms from the first rank's step start to each rank's:", label);
+  for (int r = 0; r < run->tp; r++) printf(" %.1f", (double)(at[r] - first));
+  printf("\n");
+}
+
 /* Every rank's wall time for a failing step and host time per call: a late
  * peer shows as the rank whose call blocked, or as none (then its kernel was
  * late on the GPU); a step that timed out in less wall time than the poll
@@ -549,6 +569,7 @@ static void host_times(const case_run *run, const char *label) {
     printf("\n");
   }
   if (run->plan.replay) return;
+  start_skew(run, label);
   for (int e = 1; e < 2 + run->plan.nops; e++) {
     printf("  %s device ms to %s done by rank:", label,
            e == 1 ? "upload" : op_names[run->plan.ops[e - 2]]);
