@@ -210,6 +210,7 @@ static void run_ops(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report 
     clock_gettime(CLOCK_MONOTONIC, &t0);
     rep->rc[op] = call_op(run, ctx, s, op, s->s);
     rep->host_ms[op] = ms_since(&t0);
+    if (timed && run->env->serial_ops) cu_ok(rep, run->env->cu->cuStreamSynchronize(s->s), "stream");
     if (rep->rc[op] != KLRT_OK) snprintf(rep->err[op], sizeof rep->err[op], "%s", kl_last_error());
     kl_ctx_stats(ctx, &b);
     rep->staged[op] = (long long)(b.staged - a.staged);

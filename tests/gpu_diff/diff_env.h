@@ -63,6 +63,8 @@ typedef struct diff_env {
   CUmodule tmod;
   CUfunction tanh_fn, move_fn;
   int ce_copies; /* --copies ce: the steps' data by copy engine (diff_move) */
+  int serial_ops; /* --serial-ops: an eager step's calls one at a time (each waited for),
+                     so no rank queues work behind its spinning kernel */
   CUdeviceptr targ, tout;
   float *h_targ, *h_tout;
   int case_failures; /* failure lines of the case running */

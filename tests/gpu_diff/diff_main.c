@@ -47,7 +47,7 @@ typedef struct options {
   double minutes;
   const char *lib;
   int verbose;
-  int ce_copies;
+  int ce_copies, serial_ops;
   diff_knobs k;
 } options;
 
@@ -60,12 +60,12 @@ static double now_s(void) {
 static int usage(void) {
   fprintf(stderr, "usage: gpu_diff [--seed N] [--cases M] [--minutes T] "
                   "[--nccl standin:LIB | real | none] [--max-tp N] [--min-tp N] [--timeout-ms MS] "
-                  "[--copies kernel | ce] [-v]\n");
+                  "[--copies kernel | ce] [--serial-ops] [-v]\n");
   return 2;
 }
 
 static int parse(int argc, char **argv, options *o) {
-  *o = (options){1, 100, 0, NULL, 0, 0, {1, NCCL_NONE, 16, 4000, 1}};
+  *o = (options){1, 100, 0, NULL, 0, 0, 0, {1, NCCL_NONE, 16, 4000, 1}};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "-v")) o->verbose = 1;
@@ -77,6 +77,7 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--timeout-ms") && v) o->k.timeout_ms = atoi(v), i++;
     else if (!strcmp(a, "--copies") && v && (!strcmp(v, "ce") || !strcmp(v, "kernel")))
       o->ce_copies = !strcmp(v, "ce"), i++;
+    else if (!strcmp(a, "--serial-ops")) o->serial_ops = 1;
     else if (!strcmp(a, "--nccl") && v) {
       i++;
       if (!strncmp(v, "standin:", 8)) o->k.nccl = NCCL_STANDIN, o->lib = v + 8;
@@ -430,6 +431,7 @@ int main(int argc, char **argv) {
   memset(&env, 0, sizeof env);
   env.devices = o.k.devices;
   env.ce_copies = o.ce_copies;
+  env.serial_ops = o.serial_ops;
   if (env.devices > devices) {
     printf("SKIP: --nccl real needs 2 GPUs, found %d\n", devices);
     return 77;
@@ -478,10 +480,10 @@ int main(int argc, char **argv) {
     if (env.case_failures) {
       failed++;
       printf("  replay: gpu_diff --seed %llu --cases 1 --nccl %s%s --max-tp %d --min-tp %d "
-             "--timeout-ms %d%s\n", (unsigned long long)seed, o.k.nccl == NCCL_STANDIN ? "standin:" : "",
+             "--timeout-ms %d%s%s\n", (unsigned long long)seed, o.k.nccl == NCCL_STANDIN ? "standin:" : "",
              o.k.nccl == NCCL_STANDIN ? o.lib : o.k.nccl == NCCL_REAL ? "real" : "none",
              o.k.max_tp, o.k.min_tp > 1 ? o.k.min_tp : 1, o.k.timeout_ms,
-             o.ce_copies ? " --copies ce" : "");
+             o.ce_copies ? " --copies ce" : "", o.serial_ops ? " --serial-ops" : "");
     } else if (o.verbose) {
       printf("ok %llu: %s\n", (unsigned long long)seed, c.lua);
     }
