@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "diff.h"
+#include "diff_sample.h"
 
 static int failures;
 #define CHECK(cond, ...)                                   \
@@ -171,10 +172,49 @@ static void draws(int sample) {
   CHECK(topk > valid / 2 && epi > valid / 3, "coverage");
 }
 
+/* The sampler's C reference on rows worked out by hand (the Python
+ * reference checks it on random rows: tests/python/test_reference.py). */
+static int64_t token_of(const float *x, int64_t vocab, sample_args a, const float *g, int64_t *kept) {
+  float t[8], e[8];
+  const float m = sample_tempered(x, vocab, a.temperature, t);
+  for (int64_t c = 0; c < vocab; c++) e[c] = expf(t[c] - m);
+  return sample_token(t, m, vocab, &a, e, g, kept);
+}
+
+static void sampler(void) {
+  const float x[5] = {3, 1, 3, 2, 3}, zero[5] = {0}, g[5] = {0, 5, 0.5f, 0, 1};
+  int64_t kept;
+  /* noise 0: the first largest; the noise picks among the kept only */
+  CHECK(token_of(x, 5, (sample_args){1, 0, 1, 0}, zero, &kept) == 0 && kept == 5, "plain");
+  CHECK(token_of(x, 5, (sample_args){1, 0, 1, 0}, g, &kept) == 1, "noise 5 on column 1");
+  CHECK(token_of(x, 5, (sample_args){1, 2, 1, 0}, g, &kept) == 2 && kept == 2, "top_k 2: 0 and 2");
+  CHECK(token_of(x, 5, (sample_args){1, 0, 1, 1}, g, &kept) == 4 && kept == 3, "min_p 1: equals");
+  CHECK(token_of(x, 5, (sample_args){0, 2, 0.1f, 0.5f}, g, &kept) == 0, "greedy");
+  /* four equal weights 2^38: p = 0.5 keeps two (their sum reaches p exactly) */
+  const float flat[4] = {0, 0, 0, 0}, gf[4] = {0, 0, 0, 1};
+  CHECK(token_of(flat, 4, (sample_args){1, 0, 0.5f, 0}, gf, &kept) == 0 && kept == 2, "top_p 0.5");
+  CHECK(token_of(flat, 4, (sample_args){1, 0, 0.75f, 0}, gf, &kept) == 0 && kept == 3, "0.75");
+  CHECK(token_of(flat, 4, (sample_args){1, 0, 0.7500001f, 0}, gf, &kept) == 3 && kept == 4,
+        "past 0.75");
+  CHECK(token_of(flat, 4, (sample_args){1, 0, 0x1p-149f, 0}, gf, &kept) == 0 && kept == 1,
+        "the smallest p");
+  /* rows whose largest is not finite: argmax, whatever the filters */
+  const float nan_row[3] = {1, NAN, NAN}, inf_row[3] = {1, INFINITY, INFINITY},
+              ninf[3] = {-INFINITY, -INFINITY, -INFINITY};
+  CHECK(token_of(nan_row, 3, (sample_args){1, 1, 0.5f, 0.5f}, g, &kept) == 1, "NaN");
+  CHECK(token_of(inf_row, 3, (sample_args){1, 1, 0.5f, 0.5f}, g, &kept) == 1, "Inf");
+  CHECK(token_of(ninf, 3, (sample_args){1, 0, 1, 0}, g, &kept) == 0, "all -Inf");
+  int64_t rank, top[3];
+  CHECK(isnan(sample_logprob(nan_row, 3, 0, &rank)) && rank == 1, "NaN logprob");
+  CHECK(fabsf(sample_logprob(flat, 4, 2, &rank) - logf(0.25f)) < 1e-7f && rank == 4, "flat logprob");
+  CHECK(sample_top(nan_row, 3, 3, top) == 0 && top[0] == 1 && top[1] == 2 && top[2] == 0, "top");
+}
+
 int main(int argc, char **argv) {
   fp16_all();
   conversions();
   selections();
+  sampler();
   draws(argc > 1 ? atoi(argv[1]) : 12);
   printf("test_diff_ref: %s\n", failures ? "FAILED" : "ok");
   return failures ? 1 : 0;

@@ -7,9 +7,13 @@ The scalar Philox and its known answers need no torch; the rest skips
 without it.
 """
 
+import ctypes
 import math
+import os
 import random
+import shutil
 import struct
+import subprocess
 from fractions import Fraction
 
 import pytest
@@ -240,21 +244,32 @@ def draw_params(rng, vocab):
             rng.choice([0.0, 0.0, 1e-6, 0.05, 0.3, 0.999, 1.0]))
 
 
+def random_batch(rng, vocab, rows, dtype, k_dtype=torch.int64 if torch else None,
+                 p_dtype=torch.float32 if torch else None):
+    """rows hostile rows of logits in dtype, and sample()'s arguments for them
+    as per-row tensors (top_k and top_p of the dtypes given)."""
+    logits = torch.tensor([hostile_row(rng, vocab) for _ in range(rows)])
+    params = [draw_params(rng, vocab) for _ in range(rows)]
+    return dict(
+        logits=logits.to(getattr(torch, dtype)), params=params,
+        temperature=torch.tensor([p[0] for p in params]),
+        top_k=torch.tensor([p[1] for p in params], dtype=k_dtype),
+        top_p=torch.tensor([p[2] for p in params], dtype=p_dtype),
+        min_p=torch.tensor([p[3] for p in params]),
+        seed=torch.tensor([rng.randrange(-(2**63), 2**63) for _ in range(rows)]),
+        offset=torch.tensor([rng.randrange(2**40) for _ in range(rows)]))
+
+
 @needs_torch
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_sample_matches_the_slow_sampler(dtype):
     rng = random.Random({"float32": 11, "bfloat16": 12, "float16": 13}[dtype])
     for vocab in (1, 2, 5, 33, 300):
         rows = 60
-        logits = torch.tensor([hostile_row(rng, vocab) for _ in range(rows)])
-        logits = logits.to(getattr(torch, dtype))
-        params = [draw_params(rng, vocab) for _ in range(rows)]
-        temperature = torch.tensor([p[0] for p in params])
-        top_k = torch.tensor([p[1] for p in params], dtype=torch.int32)
-        top_p = torch.tensor([p[2] for p in params], dtype=torch.float64)
-        min_p = torch.tensor([p[3] for p in params])
-        seed = torch.tensor([rng.randrange(-(2**63), 2**63) for _ in range(rows)])
-        offset = torch.tensor([rng.randrange(2**40) for _ in range(rows)])
+        b = random_batch(rng, vocab, rows, dtype, torch.int32, torch.float64)
+        logits, params, temperature, top_k, top_p, min_p, seed, offset = (
+            b[k] for k in ("logits", "params", "temperature", "top_k", "top_p", "min_p",
+                           "seed", "offset"))
         n = min(vocab, 4)
         out = reference.sample(logits, temperature, top_k, top_p, min_p, seed=seed,
                                offset=offset, logprobs=n)
@@ -381,6 +396,95 @@ def test_sample_does_not_depend_on_padding_or_the_other_rows():
                                 min_p=0.01, seed=int(kw["seed"][i]), offset=3).tokens)
            for i in range(rows)]
     assert one == base.tolist()
+
+
+# ---- the C reference the differential suite holds kl_sample to ----
+
+C_REFERENCE = os.path.join(os.path.dirname(__file__), os.pardir, "gpu_diff", "diff_sample.c")
+
+
+@pytest.fixture(scope="module")
+def c_reference(tmp_path_factory):
+    """tests/gpu_diff/diff_sample.c built into a shared library, through ctypes."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    lib = tmp_path_factory.mktemp("sample_ref") / "libsample_ref.so"
+    subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+                    "-o", str(lib), C_REFERENCE, "-lm"], check=True)
+    so = ctypes.CDLL(str(lib))
+    f32p, i64p = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int64)
+    so.sample_tempered.argtypes = [f32p, ctypes.c_int64, ctypes.c_float, f32p]
+    so.sample_tempered.restype = ctypes.c_float
+    so.sample_token.argtypes = [f32p, ctypes.c_float, ctypes.c_int64,
+                                ctypes.POINTER(SampleArgs), f32p, f32p, i64p]
+    so.sample_token.restype = ctypes.c_int64
+    so.sample_logprob.argtypes = [f32p, ctypes.c_int64, ctypes.c_int64, i64p]
+    so.sample_logprob.restype = ctypes.c_float
+    so.sample_top.argtypes = [f32p, ctypes.c_int64, ctypes.c_int, i64p]
+    so.sample_top.restype = ctypes.c_int
+    return so
+
+
+class SampleArgs(ctypes.Structure):
+    _fields_ = [("temperature", ctypes.c_float), ("top_k", ctypes.c_int64),
+                ("top_p", ctypes.c_float), ("min_p", ctypes.c_float)]
+
+
+def as_ptr(tensor, ctype):
+    """A contiguous CPU tensor's data as a ctypes pointer."""
+    assert tensor.is_contiguous() and tensor.device.type == "cpu"
+    return ctypes.cast(tensor.data_ptr(), ctypes.POINTER(ctype))
+
+
+def c_sample_row(so, x, args, g):
+    """One row through the C reference; e as the Python reference rounds it
+    (torch's exp of the sorted values, put back in column order)."""
+    vocab = x.shape[0]
+    t = torch.empty(vocab, dtype=torch.float32)
+    m = so.sample_tempered(as_ptr(x, ctypes.c_float), vocab, float(args.temperature),
+                           as_ptr(t, ctypes.c_float))
+    e = torch.zeros(vocab, dtype=torch.float32)
+    if math.isfinite(m):
+        values, order = torch.sort(t, descending=True, stable=True)
+        e[order] = torch.exp(values - torch.tensor(m, dtype=torch.float32))
+    kept = ctypes.c_int64()
+    token = so.sample_token(as_ptr(t, ctypes.c_float), m, vocab, ctypes.byref(args),
+                            as_ptr(e, ctypes.c_float), as_ptr(g, ctypes.c_float),
+                            ctypes.byref(kept))
+    rank = ctypes.c_int64()
+    lp = so.sample_logprob(as_ptr(x, ctypes.c_float), vocab, token, ctypes.byref(rank))
+    return token, lp, rank.value
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_c_reference_matches_the_python_one(c_reference, dtype):
+    rng = random.Random({"float32": 21, "bfloat16": 22}[dtype])
+    for vocab in (1, 2, 7, 64, 1000):
+        rows = 80
+        b = random_batch(rng, vocab, rows, dtype)
+        n = min(vocab, 5)
+        out = reference.sample(b["logits"], b["temperature"], b["top_k"], b["top_p"],
+                               b["min_p"], seed=b["seed"], offset=b["offset"], logprobs=n)
+        g = reference.noise(b["seed"], b["offset"], vocab).contiguous()
+        x = b["logits"].float().contiguous()
+        for i in range(rows):
+            t_, k_, p_, mp_ = b["params"][i]
+            args = SampleArgs(t_, 0 if k_ >= vocab else k_, p_, mp_)
+            token, lp, rank = c_sample_row(c_reference, x[i], args, g[i])
+            where = (dtype, vocab, i, b["params"][i])
+            assert token == int(out.tokens[i]), where
+            assert rank == int(out.rank[i]), where
+            want = float(out.logprob[i])
+            # a sum in float64 in another order: 1 ulp of float32, and near
+            # log 1 = 0 (a logprob of -8e-12 is 1 - 8e-12 in the sum) 1e-14
+            assert (math.isnan(lp) and math.isnan(want)) or lp == pytest.approx(
+                want, rel=2**-23, abs=1e-14), where
+            top = torch.empty(n, dtype=torch.int64)
+            assert c_reference.sample_top(as_ptr(x[i], ctypes.c_float), vocab, n,
+                                          as_ptr(top, ctypes.c_int64)) == 0
+            assert top.tolist() == out.top_indices[i].tolist(), where
 
 
 # ---- vLLM's own filters (where vLLM is installed: .ci/engines.sh's venv) ----
