@@ -23,7 +23,7 @@ static const char *const source_parts[] = {
     "oneshot.cu.tmpl",                                       /* the gather */
     "keys.cuh.tmpl", "scan.cuh.tmpl", "noise.cuh.tmpl",      /* select parts: a CTA's scan, */
     "exchange.cuh.tmpl", "merge.cuh.tmpl",                   /* the records between ranks */
-    "argmax.cu.tmpl", "topk.cu.tmpl", "relayout.cu.tmpl", NULL};
+    "argmax.cu.tmpl", "topk.cu.tmpl", "sample.cu.tmpl", "relayout.cu.tmpl", NULL};
 static const char *const header_part = "header.h.tmpl";
 
 uint64_t kl_template_set_hash(void) {
@@ -151,6 +151,8 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_str(L, "ARGMAX", buf);
   kl_entry_name(s, "topk", buf, sizeof buf);
   set_str(L, "TOPK_ENTRY", buf);
+  kl_entry_name(s, "sample", buf, sizeof buf); /* sample.cu.tmpl */
+  set_str(L, "SAMPLE_ENTRY", buf);
 }
 
 /* One rendering: what the protected function needs, and its outcome. */

@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 3
+#define KL_ABI_VERSION 4
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -89,10 +89,28 @@ typedef struct kl_select_args {
 #define KL_SELECT_REDUCE 1
 #define KL_SELECT_MERGE 2
 
+/* kl_sample's row sampler: the gathered logits and per-row parameters in,
+ * a token per row out (the wide path: it reads whole rows). Parameter
+ * arrays are [tokens]: temperature (0: greedy), top_k (0: off), top_p (1:
+ * off), min_p (0: off), seed and offset (64-bit). */
+typedef struct kl_sample_args {
+  const void *logits;             /* [tokens, VOCAB], the spec's out dtype */
+  const float *temperature;
+  const long long *top_k;
+  const float *top_p, *min_p;
+  const unsigned long long *seed, *offset;
+  long long *token;               /* [tokens] */
+  float *logprob;                 /* [tokens], or NULL */
+  long long *top_index;           /* [tokens, n_top], or NULL */
+  float *top_logprob;             /* [tokens, n_top], or NULL */
+  int tokens, n_top;              /* n_top <= TOPK and <= VOCAB */
+} kl_sample_args;
+
 KL_ABI_ASSERT(sizeof(kl_state) == 64, "kl_state is 64 bytes: the step slots follow it");
 KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit ABI");
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
 KL_ABI_ASSERT(sizeof(kl_select_args) == 80, "peers[] follow kl_select_args at byte 80");
+KL_ABI_ASSERT(sizeof(kl_sample_args) == 96, "kl_sample_args layout");
 
 #endif
