@@ -496,23 +496,33 @@ static kl_result step(kl_ctx *c, kl_call *k, kl_stream stream) {
 }
 
 kl_result kl_gather(kl_ctx *c, const void *in, void *out, int tokens, kl_stream stream) {
-  kl_call k = {&kl_gather_route, in, {{out, 0, KL_ARG_OUT}}, tokens, 0, 0};
+  kl_call k = {.route = &kl_gather_route, .in = in, .out = {{out, 0, KL_ARG_OUT}}, .tokens = tokens};
   return step(c, &k, stream);
 }
 
 kl_result kl_argmax(kl_ctx *c, const void *shard, int64_t *index, float *value, int tokens,
                     kl_stream stream) {
-  kl_call k = {&kl_argmax_route, shard,
-               {{index, 0, KL_ARG_INDEX}, {value, 0, KL_ARG_VALUE}, {NULL, 0, KL_ARG_LSE}},
-               tokens, 0, 0};
+  kl_call k = {.route = &kl_argmax_route, .in = shard,
+               .out = {{index, 0, KL_ARG_INDEX}, {value, 0, KL_ARG_VALUE}, {NULL, 0, KL_ARG_LSE}},
+               .tokens = tokens};
   return step(c, &k, stream);
 }
 
 kl_result kl_topk(kl_ctx *c, const void *shard, int64_t *index, float *value, float *lse,
                   int tokens, kl_stream stream) {
-  kl_call k = {&kl_topk_route, shard,
-               {{index, 0, KL_ARG_INDEX}, {value, 0, KL_ARG_VALUE}, {lse, 0, KL_ARG_LSE}},
-               tokens, 0, 0};
+  kl_call k = {.route = &kl_topk_route, .in = shard,
+               .out = {{index, 0, KL_ARG_INDEX}, {value, 0, KL_ARG_VALUE}, {lse, 0, KL_ARG_LSE}},
+               .tokens = tokens};
+  return step(c, &k, stream);
+}
+
+kl_result kl_sample(kl_ctx *c, const void *shard, const kl_sampling *params, int64_t *token,
+                    float *logprob, int64_t *top_index, float *top_logprob, int n_top, int tokens,
+                    kl_stream stream) {
+  kl_sample_call x = {params, n_top};
+  kl_call k = {.route = &kl_sample_route, .in = shard, .tokens = tokens, .extra = &x,
+               .out = {{token, 0, KL_ARG_TOKEN}, {logprob, 0, KL_ARG_LOGPROB},
+                       {top_index, 0, KL_ARG_TOP_INDEX}, {top_logprob, 0, KL_ARG_TOP_LOGPROB}}};
   return step(c, &k, stream);
 }
 

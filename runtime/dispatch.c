@@ -31,7 +31,8 @@ static int capturing(const kl_ctx *c, CUstream s) {
 
 static const char *const buf_names[KL_BUF_COUNT] = {
     [KL_BUF_SCRATCH] = "NCCL scratch", [KL_BUF_RECORDS] = "select scratch",
-    [KL_BUF_STAGE_IN] = "staging (input)", [KL_BUF_STAGE_OUT] = "staging (output)"};
+    [KL_BUF_STAGE_IN] = "staging (input)", [KL_BUF_STAGE_OUT] = "staging (output)",
+    [KL_BUF_SAMPLE] = "sample scratch"};
 
 /* A buffer of at least `need` bytes, allocated for `size` (>= need, and at
  * least twice the old one, so it grows a few times at most). Never while
@@ -98,7 +99,9 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
 
 /* ---- arguments ---- */
 
-static const char *const arg_names[KL_ARG_COUNT] = {"shard", "out", "index", "value", "lse"};
+static const char *const arg_names[KL_ARG_COUNT] = {
+    "shard",       "out",    "index", "value", "lse",  "token", "logprob", "top_index",
+    "top_logprob", "temperature", "top_k", "top_p", "min_p", "seed", "offset"};
 
 const char *kl_arg_name(kl_arg a) { return arg_names[a]; }
 
@@ -107,7 +110,7 @@ int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) {
 }
 
 /* Device pointers must live on this context's GPU (checked once per pointer). */
-static kl_result check_ptr(kl_ctx *c, const void *p, kl_arg arg) {
+kl_result kl_check_ptr(kl_ctx *c, const void *p, kl_arg arg) {
   if (p == c->checked[arg]) return KLRT_OK;
   int ordinal = -1;
   CUresult r = c->cu->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
@@ -131,12 +134,12 @@ static int outputs_overlap(const kl_call *k, int i, int j) {
  * aligned for them and apart from each other. */
 static kl_result check_args(kl_ctx *c, const kl_call *k) {
   const kl_route *r = k->route;
-  kl_result res = check_ptr(c, k->in, KL_ARG_SHARD);
+  kl_result res = kl_check_ptr(c, k->in, KL_ARG_SHARD);
   if (res) return res;
   for (int i = 0; i < r->nouts; i++)
     if ((uintptr_t)k->out[i].p & r->align_mask[i]) return kl_rt_fail(KLRT_EINVAL, "%s", r->misaligned);
   for (int i = 0; i < r->nouts; i++)
-    if (k->out[i].p && (res = check_ptr(c, k->out[i].p, k->out[i].arg))) return res;
+    if (k->out[i].p && (res = kl_check_ptr(c, k->out[i].p, k->out[i].arg))) return res;
   for (int i = 0; i < r->nouts; i++)
     for (int j = i + 1; j < r->nouts; j++)
       if (outputs_overlap(k, i, j)) return kl_rt_fail(KLRT_EINVAL, "%s", r->overlap);
@@ -256,6 +259,7 @@ kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s) {
   k->kin = (CUdeviceptr)k->in;
   r->measure(c, k);
   kl_result res = check_args(c, k);
+  if (!res && r->check) res = r->check(c, k);
   if (res) return res;
   if (r->nccl_kernels) { /* both paths read the input through the kernels */
     if ((res = kl_stage_in(c, k, s))) return res;

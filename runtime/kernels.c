@@ -9,7 +9,7 @@
 #include "rt.h"
 
 /* How each kernel takes its parameter (kl_kernel_params' members). */
-enum params_kind { PARAMS_ONESHOT, PARAMS_RELAYOUT, PARAMS_SELECT };
+enum params_kind { PARAMS_ONESHOT, PARAMS_RELAYOUT, PARAMS_SELECT, PARAMS_SAMPLE };
 /* Which step slots a polling kernel advances (kl_abi.h: the state block
  * holds kl_state, the gather's slots, then the select kernels' shared ones). */
 enum slot_group { SLOTS_NONE, SLOTS_GATHER, SLOTS_SELECT, SLOTS_COUNT };
@@ -28,6 +28,10 @@ static int argmax_grid(const kl_ctx *c, int tokens, int cap) {
 }
 static int topk_grid(const kl_ctx *c, int tokens, int cap) {
   return kl_layout_select_grid(&c->layout, tokens, cap, 1);
+}
+static int sample_grid(const kl_ctx *c, int tokens, int cap) {
+  (void)c; /* a CTA a row; past cap the CTAs take several */
+  return tokens < 1 ? 1 : tokens < cap ? tokens : cap;
 }
 
 static const struct row {
@@ -49,6 +53,8 @@ static const struct row {
                      argmax_grid, 0},
     [KL_K_TOPK] = {"topk", offsetof(kl_layout, sel_block), PARAMS_SELECT, SLOTS_SELECT, 1,
                    topk_grid, 0},
+    [KL_K_SAMPLE] = {"sample", offsetof(kl_layout, sel_block), PARAMS_SAMPLE, SLOTS_NONE, 1,
+                     sample_grid, KL_SAMPLE_CTAS_PER_SM},
 };
 
 static int wanted(const kl_ctx *c, kl_kernel_id id) { return !rows[id].needs_topk || c->spec.topk; }
@@ -175,6 +181,8 @@ static void idle_params(kl_ctx *c, kl_kernel *k, enum params_kind p) {
     a.nslots = k->nslots;
     a.mode = KL_SELECT_ONESHOT;
     k->prm.select.a = a;
+  } else if (p == PARAMS_SAMPLE) {
+    k->prm.sample = (kl_sample_args){0};
   } else {
     k->prm.relayout = (kl_relayout_args){NULL, NULL, 0, 0};
   }

@@ -111,6 +111,7 @@ typedef enum kl_kernel_id {
   KL_K_RELAYOUT, /* kl_gather's NCCL path: [tp, tokens, shard] to [tokens, vocab] */
   KL_K_ARGMAX,   /* kl_argmax, one-shot or reduce / merge around NCCL */
   KL_K_TOPK,     /* kl_topk, alike; only for a spec with topk */
+  KL_K_SAMPLE,   /* kl_sample's row sampler, after a gather; only for a spec with topk */
   KL_K_COUNT
 } kl_kernel_id;
 /* A kernel's parameter (kl_abi.h): its args, then the peers' receive
@@ -122,6 +123,7 @@ typedef union kl_kernel_params {
     CUdeviceptr peers[KL_TP_MAX];
   } oneshot;
   kl_relayout_args relayout;
+  kl_sample_args sample;
   struct {
     kl_select_args a;
     CUdeviceptr peers[KL_TP_MAX];
@@ -143,13 +145,16 @@ typedef struct kl_kernel {
   kl_kernel_params prm;
 } kl_kernel;
 #define KL_RELAYOUT_CTAS_PER_SM 4 /* the relayout grid's cap: larger outputs loop */
+#define KL_SAMPLE_CTAS_PER_SM 4   /* the row sampler's (a CTA a row): more rows loop */
 
 /* ---- dispatch.c: what kl_gather, kl_argmax and kl_topk share ---- */
 enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
 /* The pointer arguments of the calls: each one's name in messages and its
  * slot in the cache of pointers checked (c->checked). */
 typedef enum kl_arg { KL_ARG_SHARD, KL_ARG_OUT, KL_ARG_INDEX, KL_ARG_VALUE, KL_ARG_LSE,
-                      KL_ARG_COUNT } kl_arg;
+                      KL_ARG_TOKEN, KL_ARG_LOGPROB, KL_ARG_TOP_INDEX, KL_ARG_TOP_LOGPROB,
+                      KL_ARG_TEMPERATURE, KL_ARG_TOP_K, KL_ARG_TOP_P, KL_ARG_MIN_P, KL_ARG_SEED,
+                      KL_ARG_OFFSET, KL_ARG_COUNT } kl_arg;
 /* Device buffers a context grows and keeps (kl_ensure): each one's name in
  * messages is kept beside it in dispatch.c. */
 typedef enum kl_buf_id {
@@ -157,13 +162,14 @@ typedef enum kl_buf_id {
   KL_BUF_RECORDS,   /* the select kernels' NCCL path: this rank's records, then every rank's */
   KL_BUF_STAGE_IN,  /* an input copied where the kernels can read it */
   KL_BUF_STAGE_OUT, /* an output the kernels write aligned, copied after */
+  KL_BUF_SAMPLE,    /* kl_sample's gathered rows, [tokens, vocab] of the out dtype */
   KL_BUF_COUNT
 } kl_buf_id;
 typedef struct kl_buffer {
   CUdeviceptr p;
   size_t bytes;
 } kl_buffer;
-#define KL_OUTS_MAX 3
+#define KL_OUTS_MAX 4
 typedef struct kl_out {
   void *p;      /* NULL (but out[0]): not written */
   size_t bytes; /* for this call's tokens (the route's measure) */
@@ -187,17 +193,25 @@ typedef struct kl_route {
   const char *nccl_kernels;
   int logged; /* its changes of path go to KLGEN_LOG (the gather's alone) */
   kl_result (*usable)(const kl_ctx *c); /* NULL: always; else called at every call */
+  /* NULL: none; else the route's own arguments (k->extra), after the layer's */
+  kl_result (*check)(kl_ctx *c, const kl_call *k);
   void (*measure)(const kl_ctx *c, kl_call *k); /* out[i].bytes for k->tokens */
   /* The paths, after the layer's checks, choice and counts; the NCCL path
    * also after the checks that every rank makes alike. */
   kl_result (*oneshot)(kl_ctx *c, kl_call *k, CUstream s);
   kl_result (*nccl)(kl_ctx *c, kl_call *k, CUstream s);
 } kl_route;
+/* kl_sample's arguments beside its outputs (kl_call.extra). */
+typedef struct kl_sample_call {
+  const kl_sampling *p;
+  int n_top;
+} kl_sample_call;
 struct kl_call {
   const kl_route *route;
   const void *in; /* the shard, [tokens, shard] */
   kl_out out[KL_OUTS_MAX];
   int tokens;
+  const void *extra; /* the route's own arguments (kl_sample's parameters), or NULL */
   /* set by the layer */
   size_t in_bytes;
   CUdeviceptr kin; /* the input as the kernels read it: in, or its staged copy */
@@ -312,6 +326,8 @@ int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why);
  * the input staged where the route says, the path chosen and counted, the
  * route's path run, the log. */
 kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s);
+/* p is device memory of this context's GPU (KLRT_EINVAL naming arg if not). */
+kl_result kl_check_ptr(kl_ctx *c, const void *p, kl_arg arg);
 /* Before a call on s: s waits for the previous call's work when the streams
  * differ. *outside says s is not capturing (a graph runs later, on a stream
  * of its own, and is left to the caller to order). */
@@ -341,7 +357,7 @@ kl_result kl_unstage_out(kl_ctx *c, const kl_call *k, CUdeviceptr target, CUstre
  * (a copy for one rank). */
 kl_result kl_allgather(kl_ctx *c, CUdeviceptr mine, CUdeviceptr all, size_t bytes, CUstream s);
 /* ---- gather.c, select.c: the calls' routes ---- */
-extern const kl_route kl_gather_route, kl_argmax_route, kl_topk_route;
+extern const kl_route kl_gather_route, kl_argmax_route, kl_topk_route, kl_sample_route;
 
 /* ---- context.c ---- */
 /* KLRT_EDEVICE naming the rank, peer and step of a fault word (kl_abi.h). */

@@ -92,7 +92,8 @@ typedef struct kl_select_args {
 /* kl_sample's row sampler: the gathered logits and per-row parameters in,
  * a token per row out (the wide path: it reads whole rows). Parameter
  * arrays are [tokens]: temperature (0: greedy), top_k (0: off), top_p (1:
- * off), min_p (0: off), seed and offset (64-bit). */
+ * off), min_p (0: off), seed and offset (64-bit); NULL but temperature: off
+ * (seed and offset 0). */
 typedef struct kl_sample_args {
   const void *logits;             /* [tokens, VOCAB], the spec's out dtype */
   const float *temperature;

@@ -6,6 +6,8 @@
  * (gpu_diff/diff_sample.c). The reference takes the noise and top-p's expf
  * from the device (helper kernels appended to the spec's source), so
  * tokens must agree bit for bit; logprobs within 2 ulp.
+ * Then kl_sample itself on one rank: eager, in a replayed CUDA graph (which
+ * reads the parameters of the replay), and the calls it must refuse.
  *   gpu_sample SPECS [ROWS]   (exit 77 without a GPU) */
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +19,7 @@
 #include "gpu_diff/diff_sample.h"
 #include "gpu_util.h"
 #include "kl_abi.h"
+#include "klrt/klrt.h"
 
 /* Appended to the spec's source ("%s": its name): one row's noise and
  * expf(t - m), as the sampler computes them. */
@@ -171,17 +174,27 @@ static void *xmalloc(size_t n) {
   return p;
 }
 
+static void alloc_rows(rows *w) {
+  const size_t n = (size_t)w->n;
+  w->bits = xmalloc(4 * n * (size_t)w->vocab);
+  w->temperature = xmalloc(4 * n), w->top_p = xmalloc(4 * n), w->min_p = xmalloc(4 * n);
+  w->top_k = xmalloc(8 * n), w->seed = xmalloc(8 * n), w->offset = xmalloc(8 * n);
+  w->token = xmalloc(8 * n), w->logprob = xmalloc(4 * n);
+  w->top_index = xmalloc(8 * n * (size_t)w->n_top);
+  w->top_logprob = xmalloc(4 * n * (size_t)w->n_top);
+}
+
+static void free_rows(rows *w) {
+  void *all[] = {w->bits, w->temperature, w->top_p, w->min_p, w->top_k, w->seed, w->offset,
+                 w->token, w->logprob, w->top_index, w->top_logprob};
+  for (size_t j = 0; j < sizeof all / sizeof *all; j++) free(all[j]);
+}
+
 static void spec_rows(const dev *d, const kl_spec *s, int n, uint64_t seed) {
   rows w = {n, s->topk, s->out_dtype, s->vocab_size, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
             NULL, NULL, NULL, NULL};
   rng r = rng_for(seed, 1);
-  w.bits = xmalloc(4 * (size_t)n * (size_t)w.vocab);
-  w.temperature = xmalloc(4 * (size_t)n), w.top_p = xmalloc(4 * (size_t)n);
-  w.min_p = xmalloc(4 * (size_t)n), w.top_k = xmalloc(8 * (size_t)n);
-  w.seed = xmalloc(8 * (size_t)n), w.offset = xmalloc(8 * (size_t)n);
-  w.token = xmalloc(8 * (size_t)n), w.logprob = xmalloc(4 * (size_t)n);
-  w.top_index = xmalloc(8 * (size_t)n * (size_t)w.n_top);
-  w.top_logprob = xmalloc(4 * (size_t)n * (size_t)w.n_top);
+  alloc_rows(&w);
   for (int i = 0; i < n; i++) {
     diff_fill_row(&r, w.out_dtype, (int)rng_below(&r, (uint64_t)diff_row_kinds()),
                   w.bits + (size_t)i * (size_t)w.vocab, w.vocab, w.vocab);
@@ -189,9 +202,7 @@ static void spec_rows(const dev *d, const kl_spec *s, int n, uint64_t seed) {
   }
   run_kernel(d, &w);
   for (int i = 0; i < n; i++) check_row(d, &w, i, s->name);
-  void *all[] = {w.bits, w.temperature, w.top_p, w.min_p, w.top_k, w.seed, w.offset, w.token,
-                 w.logprob, w.top_index, w.top_logprob};
-  for (size_t j = 0; j < sizeof all / sizeof *all; j++) free(all[j]);
+  free_rows(&w);
 }
 
 /* The spec's rendered source with the helper kernel, loaded. */
@@ -218,6 +229,133 @@ static void load(dev *d, const kl_spec *s) {
   CU_CHECK(d->cu, cuModuleGetFunction(&d->aux, mod, "row_aux"));
 }
 
+/* ---- kl_sample end to end, one rank (tp 1: the gather is a copy) ---- */
+
+#define API_SPEC                                                                          \
+  "return { name = 'sample_tp1', vocab_size = 5000, tp = 1, dtype = 'bf16', "            \
+  "max_tokens = 16, topk = 8 }"
+
+typedef struct api_bufs {
+  CUdeviceptr shard, T, K, P, MP, S, O, token, logprob, top_index, top_logprob;
+} api_bufs;
+
+/* The device parameters of w's rows, and outputs for them. */
+static api_bufs api_upload(const dev *d, const rows *w, const uint16_t *shard, long long padded) {
+  const size_t n = (size_t)w->n, top = n * (size_t)w->n_top;
+  return (api_bufs){up(d, shard, 2 * n * (size_t)padded), up(d, w->temperature, 4 * n),
+                    up(d, w->top_k, 8 * n), up(d, w->top_p, 4 * n), up(d, w->min_p, 4 * n),
+                    up(d, w->seed, 8 * n), up(d, w->offset, 8 * n), up(d, NULL, 8 * n),
+                    up(d, NULL, 4 * n), up(d, NULL, 8 * top), up(d, NULL, 4 * top)};
+}
+
+static kl_sampling api_params(const api_bufs *b) {
+  return (kl_sampling){(const float *)b->T, (const int64_t *)b->K, (const float *)b->P,
+                       (const float *)b->MP, (const uint64_t *)b->S, (const uint64_t *)b->O};
+}
+
+static kl_result api_call(kl_ctx *ctx, const api_bufs *b, const kl_sampling *p, int n_top, int n,
+                          CUstream s) {
+  return kl_sample(ctx, (const void *)b->shard, p, (int64_t *)b->token, (float *)b->logprob,
+                   (int64_t *)b->top_index, (float *)b->top_logprob, n_top, n, (kl_stream)s);
+}
+
+static void api_results(const dev *d, rows *w, const api_bufs *b) {
+  const size_t n = (size_t)w->n, top = n * (size_t)w->n_top;
+  CU_CHECK(d->cu, cuCtxSynchronize());
+  CU_CHECK(d->cu, cuMemcpyDtoH(w->token, b->token, 8 * n));
+  CU_CHECK(d->cu, cuMemcpyDtoH(w->logprob, b->logprob, 4 * n));
+  CU_CHECK(d->cu, cuMemcpyDtoH(w->top_index, b->top_index, 8 * top));
+  CU_CHECK(d->cu, cuMemcpyDtoH(w->top_logprob, b->top_logprob, 4 * top));
+}
+
+/* Calls that must be refused, each with its message, the context unharmed. */
+static void api_misuse(kl_ctx *ctx, const api_bufs *b, int n) {
+  kl_sampling p = api_params(b), none = {0};
+  float host_t[1] = {1.f};
+  kl_sampling host = p;
+  host.temperature = host_t;
+  struct {
+    kl_result rc;
+    const char *what;
+  } cases[] = {
+      {api_call(ctx, b, &p, 9, n, NULL), "n_top is 9"},
+      {api_call(ctx, b, &none, 8, n, NULL), "temperature is NULL"},
+      {kl_sample(ctx, (const void *)b->shard, NULL, (int64_t *)b->token, NULL, NULL, NULL, 0, n,
+                 NULL), "params is NULL"},
+      {kl_sample(ctx, (const void *)b->shard, &p, (int64_t *)b->token, NULL, NULL, NULL, 3, n,
+                 NULL), "top_index must be given"},
+      {kl_sample(ctx, (const void *)b->shard, &p, (int64_t *)(b->token + 4), NULL, NULL, NULL, 0,
+                 n, NULL), "8-byte aligned"},
+      {api_call(ctx, b, &host, 8, n, NULL), "temperature"},
+      {api_call(ctx, b, &p, 8, 0, NULL), "tokens is 0"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    CHECK(cases[i].rc == KLRT_EINVAL && strstr(kl_last_error(), cases[i].what) != NULL,
+          "misuse %zu: %s (%s), want EINVAL with \"%s\"", i, kl_result_name(cases[i].rc),
+          kl_last_error(), cases[i].what);
+}
+
+static void api(dev *d) {
+  kl_spec_list list;
+  kl_err e;
+  if (kl_spec_load_string("api", API_SPEC, strlen(API_SPEC), NULL, &list, &e)) {
+    fprintf(stderr, "gpu_sample: %s\n", e.msg);
+    exit(1);
+  }
+  load(d, &list.v[0]); /* the helper kernel, for the reference */
+  kl_layout l;
+  kl_layout_derive(&list.v[0], &l, &e);
+  const int n = 16;
+  const long long v = list.v[0].vocab_size, padded = l.padded_vocab;
+  rows w = {n, 8, KL_BF16, v, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+  alloc_rows(&w);
+  uint32_t *row = xmalloc(4 * (size_t)padded);
+  uint16_t *shard = xmalloc(2 * (size_t)n * (size_t)padded);
+  rng r = rng_for(77, 2);
+  for (int i = 0; i < n; i++) {
+    diff_fill_row(&r, KL_BF16, (int)rng_below(&r, (uint64_t)diff_row_kinds()), row, v, padded);
+    for (long long c = 0; c < padded; c++) shard[(size_t)i * padded + c] = (uint16_t)row[c];
+    for (long long c = 0; c < v; c++) w.bits[(size_t)i * v + c] = row[c];
+    draw_params(&r, &w, i);
+  }
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.nranks = 1;
+  kl_ctx *ctx = NULL;
+  CHECK(kl_ctx_create_string(&ctx, API_SPEC, NULL, &cfg) == KLRT_OK, "create: %s", kl_last_error());
+  if (!ctx) exit(1);
+  api_bufs b = api_upload(d, &w, shard, padded);
+  kl_sampling p = api_params(&b);
+  CHECK(api_call(ctx, &b, &p, 8, n, NULL) == KLRT_OK, "kl_sample: %s", kl_last_error());
+  api_results(d, &w, &b);
+  for (int i = 0; i < n; i++) check_row(d, &w, i, "kl_sample");
+  api_misuse(ctx, &b, n);
+  /* captured: a replay reads the parameters as they are then (new seeds) */
+  CUstream s;
+  CU_CHECK(d->cu, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUgraph g;
+  CUgraphExec ge;
+  CU_CHECK(d->cu, cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  kl_result rc = api_call(ctx, &b, &p, 8, n, s);
+  CU_CHECK(d->cu, cuStreamEndCapture(s, &g));
+  CHECK(rc == KLRT_OK, "kl_sample captured: %s", kl_last_error());
+  CU_CHECK(d->cu, cuGraphInstantiate(&ge, g, 0));
+  for (int i = 0; i < n; i++) w.seed[i] = rng_next(&r);
+  CU_CHECK(d->cu, cuMemcpyHtoD(b.S, w.seed, 8 * (size_t)n));
+  CU_CHECK(d->cu, cuGraphLaunch(ge, s));
+  api_results(d, &w, &b);
+  for (int i = 0; i < n; i++) check_row(d, &w, i, "kl_sample replayed");
+  CU_CHECK(d->cu, cuGraphExecDestroy(ge));
+  CU_CHECK(d->cu, cuGraphDestroy(g));
+  CU_CHECK(d->cu, cuStreamDestroy(s));
+  CHECK(kl_ctx_destroy(ctx) == KLRT_OK, "destroy: %s", kl_last_error());
+  CUdeviceptr all[] = {b.shard, b.T, b.K, b.P, b.MP, b.S, b.O, b.token, b.logprob, b.top_index,
+                       b.top_logprob};
+  for (size_t j = 0; j < sizeof all / sizeof *all; j++) CU_CHECK(d->cu, cuMemFree(all[j]));
+  free(row), free(shard), free_rows(&w);
+  kl_spec_list_free(&list);
+  printf("kl_sample (tp 1): %d rows, eager and replayed, and its misuse\n", n);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: gpu_sample SPECS [ROWS]\n");
@@ -234,5 +372,6 @@ int main(int argc, char **argv) {
     printf("%s: %d rows of %lld\n", list.v[k].name, n, (long long)list.v[k].vocab_size);
   }
   kl_spec_list_free(&list);
+  api(&d);
   return check_done();
 }

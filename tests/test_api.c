@@ -79,6 +79,11 @@ static void misuse(void) {
              "kl_argmax: ctx is NULL");
   EXPECT_ERR(kl_topk(NULL, (void *)1, (int64_t *)8, NULL, NULL, 1, NULL), KLRT_EINVAL,
              "kl_topk: ctx is NULL");
+  kl_sampling sp = {0};
+  EXPECT_ERR(kl_sample(NULL, (void *)1, &sp, (int64_t *)8, NULL, NULL, NULL, 0, 1, NULL),
+             KLRT_EINVAL, "kl_sample: ctx is NULL");
+  EXPECT_ERR(kl_sample(bogus, (void *)1, &sp, (int64_t *)8, NULL, NULL, NULL, 0, 1, NULL),
+             KLRT_ESTATE, "destroyed");
   EXPECT_ERR(kl_gather(bogus, (void *)1, (void *)1, 1, NULL), KLRT_ESTATE, "destroyed");
   EXPECT_ERR(kl_ctx_stats(NULL, &st), KLRT_EINVAL, "NULL");
   EXPECT_ERR(kl_ctx_stats(bogus, &st), KLRT_ESTATE, "destroyed");

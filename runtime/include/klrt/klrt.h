@@ -179,6 +179,37 @@ kl_result kl_argmax(kl_ctx *ctx, const void *shard, int64_t *index, float *value
 kl_result kl_topk(kl_ctx *ctx, const void *shard, int64_t *index, float *value, float *lse,
                   int tokens, kl_stream stream);
 
+/* kl_sample's parameters: per-row arrays in device memory on the context's
+ * GPU, [tokens] each, read when the sampler runs (a captured graph reads the
+ * values of each replay). NULL but temperature: off (seed and offset 0). */
+typedef struct kl_sampling {
+  const float *temperature; /* 0: greedy (argmax); else finite, > 0 */
+  const int64_t *top_k;     /* 0 (or >= vocab_size): off */
+  const float *top_p;       /* in (0, 1]; 1: off */
+  const float *min_p;       /* in [0, 1]; 0: off */
+  const uint64_t *seed;     /* the noise's 64-bit key, per row */
+  const uint64_t *offset;   /* and its 64-bit counter (e.g. the token's position) */
+} kl_sampling;
+
+/* kl_sample, for a spec with `topk = K`: token[t] (int64) is row t's draw
+ * from its logits after the spec's epilogue, the same on every rank, as
+ * docs/DESIGN.md "Sampling" defines it (vLLM's order: temperature, min-p,
+ * top-k, top-p, a Gumbel-max draw with counter-based noise of (seed, offset,
+ * column); temperature 0: kl_argmax's token). logprob[t] (NULL: not
+ * written) is the token's log-probability under the raw logits; top_index
+ * and top_logprob [tokens, n_top] (n_top 0..K; both NULL when 0,
+ * top_logprob may be NULL) the n_top largest raw logits' columns (kl_topk's
+ * order) and log-probabilities. A row whose parameters are outside the
+ * domain gets token -1 and NaN logprobs (checked on the device, where the
+ * values are). Outputs aligned for their type, apart from each other and
+ * from the parameters. Collective, enqueued, capturable and ordered as
+ * kl_gather; KLRT_EINVAL for a spec without topk. Every row takes the wide
+ * path for now: the logits are gathered (either path, as kl_gather chooses)
+ * into the context's scratch and sampled there. */
+kl_result kl_sample(kl_ctx *ctx, const void *shard, const kl_sampling *params, int64_t *token,
+                    float *logprob, int64_t *top_index, float *top_logprob, int n_top, int tokens,
+                    kl_stream stream);
+
 /* Why a call did not take the one-shot path. */
 typedef enum kl_decline {
   KL_DECLINE_DISABLED = 0, /* KLGEN_DISABLE=1 on some rank */

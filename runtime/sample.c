@@ -1,0 +1,104 @@
+/* kl_sample's route (docs/DESIGN.md "Sampling"): the wide path for every
+ * row. The logits are gathered into the context's scratch by the gather's
+ * own paths (one-shot, or NCCL and the relayout; the layer chooses as for
+ * kl_gather, every rank alike), then the row sampler (sample.cu.tmpl) draws
+ * each row's token there. Every rank gathers the same rows and draws with
+ * the same noise, so every rank gets the same tokens. */
+#include <stdint.h>
+
+#include "rt.h"
+
+static size_t row_bytes(const kl_ctx *c) {
+  return (size_t)c->spec.vocab_size * (size_t)c->layout.out_elem_bytes;
+}
+
+/* token [tokens] int64, logprob [tokens] fp32, top_index and top_logprob
+ * [tokens, n_top] int64 and fp32. */
+static void measure(const kl_ctx *c, kl_call *k) {
+  (void)c;
+  const size_t n = (size_t)k->tokens, top = n * (size_t)((const kl_sample_call *)k->extra)->n_top;
+  k->out[0].bytes = n * 8;
+  k->out[1].bytes = n * 4;
+  k->out[2].bytes = top * 8;
+  k->out[3].bytes = top * 4;
+}
+
+static kl_result has_topk(const kl_ctx *c) {
+  if (c->spec.topk) return KLRT_OK;
+  return kl_rt_fail(KLRT_EINVAL, "kl_sample: spec '%s' has no topk field (add topk = K to it: "
+                    "the sampler's capacity for top-n logprobs)", c->spec.name);
+}
+
+/* n_top and its outputs agree; the parameter arrays: temperature required,
+ * the others NULL or on this GPU. */
+static kl_result check(kl_ctx *c, const kl_call *k) {
+  const kl_sample_call *x = k->extra;
+  const kl_sampling *p = x->p;
+  if (x->n_top < 0 || x->n_top > c->spec.topk)
+    return kl_rt_fail(KLRT_EINVAL, "kl_sample: n_top is %d (must be 0..%d, the spec's topk)",
+                      x->n_top, c->spec.topk);
+  if ((x->n_top > 0) != (k->out[2].p != NULL) || (!x->n_top && k->out[3].p))
+    return kl_rt_fail(KLRT_EINVAL, "kl_sample: top_index must be given exactly when n_top > 0, "
+                      "and top_logprob only then");
+  if (!p) return kl_rt_fail(KLRT_EINVAL, "kl_sample: params is NULL");
+  if (!p->temperature) return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->temperature is NULL");
+  const void *arrays[] = {p->temperature, p->top_k, p->top_p, p->min_p, p->seed, p->offset};
+  for (int i = 0; i < 6; i++) {
+    kl_result res = arrays[i] ? kl_check_ptr(c, arrays[i], (kl_arg)(KL_ARG_TEMPERATURE + i))
+                              : KLRT_OK;
+    if (res) return res;
+  }
+  return KLRT_OK;
+}
+
+/* The gathered rows in the scratch, by the gather route's path `oneshot`. */
+static kl_result gather_rows(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
+  const size_t need = (size_t)k->tokens * row_bytes(c);
+  long long most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
+  kl_result res = kl_ensure(c, KL_BUF_SAMPLE, need, (size_t)most * row_bytes(c), s);
+  if (res) return res;
+  kl_call g = {.route = &kl_gather_route, .in = (const void *)k->kin, .tokens = k->tokens,
+               .out = {{(void *)c->buf[KL_BUF_SAMPLE].p, need, KL_ARG_OUT}},
+               .in_bytes = k->in_bytes, .kin = k->kin};
+  return oneshot ? kl_gather_route.oneshot(c, &g, s) : kl_gather_route.nccl(c, &g, s);
+}
+
+static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
+  const kl_sample_call *x = k->extra;
+  const kl_sampling *p = x->p;
+  c->kern[KL_K_SAMPLE].prm.sample = (kl_sample_args){
+      (const void *)c->buf[KL_BUF_SAMPLE].p, p->temperature, (const long long *)p->top_k,
+      p->top_p, p->min_p, (const unsigned long long *)p->seed,
+      (const unsigned long long *)p->offset, (long long *)k->out[0].p, k->out[1].p,
+      (long long *)k->out[2].p, k->out[3].p, k->tokens, x->n_top};
+  CUresult r = kl_launch(c, KL_K_SAMPLE, kl_grid(c, KL_K_SAMPLE, k->tokens, 1), 0, s);
+  if (r == CUDA_SUCCESS) return KLRT_OK;
+  return kl_rt_fail(KLRT_ECUDA, "launching the row sampler: %s", kl_cu_errstr(r));
+}
+
+static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
+  kl_result res = gather_rows(c, k, s, 1);
+  return res ? res : draw(c, k, s);
+}
+
+static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
+  kl_result res = gather_rows(c, k, s, 0);
+  return res ? res : draw(c, k, s);
+}
+
+const kl_route kl_sample_route = {
+    .fn = "kl_sample",
+    .kernel = KL_K_ONESHOT, /* the gather's one-shot kernel decides the path */
+    .nouts = 4,
+    .align_mask = {7, 3, 7, 3},
+    .misaligned = "token and top_index must be 8-byte aligned, logprob and top_logprob 4-byte "
+                  "aligned",
+    .overlap = "token, logprob, top_index and top_logprob overlap",
+    .sized = 1, /* it moves the shard, as kl_gather */
+    .nccl_kernels = "kl_sample needs the generated row sampler on every rank",
+    .usable = has_topk,
+    .check = check,
+    .measure = measure,
+    .oneshot = oneshot,
+    .nccl = nccl,
+};
