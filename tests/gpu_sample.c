@@ -57,7 +57,8 @@ static const float min_ps[] = {0.f, 0.f, 0.f, 1e-6f, 0.05f, 0.3f, 0.999f, 1.f};
 
 /* Row i's parameters; about one row in 16 outside the domain. */
 static void draw_params(rng *r, rows *w, int i) {
-  const long long v = w->vocab, ks[] = {0, 0, 0, 1, 2, 3, 50, v - 1, v, v + 5};
+  const long long v = w->vocab, cap = w->n_top;
+  const long long ks[] = {0, 0, 0, 1, 2, 3, cap, cap, v, v + 5, cap + 1, v - 1};
   w->temperature[i] = PICK(r, temps);
   w->top_k[i] = PICK(r, ks);
   w->top_p[i] = PICK(r, top_ps);
@@ -73,9 +74,11 @@ static void draw_params(rng *r, rows *w, int i) {
     }
 }
 
+/* The domain: as check_sampling_args with max_top_k the spec's topk (n_top here). */
 static int valid(const rows *w, int i) {
+  const long long k = w->top_k[i] >= w->vocab ? 0 : w->top_k[i];
   return w->temperature[i] >= 0.f && isfinite(w->temperature[i]) && w->top_p[i] > 0.f &&
-         w->top_p[i] <= 1.f && w->min_p[i] >= 0.f && w->min_p[i] <= 1.f && w->top_k[i] >= 0;
+         w->top_p[i] <= 1.f && w->min_p[i] >= 0.f && w->min_p[i] <= 1.f && k >= 0 && k <= w->n_top;
 }
 
 static CUdeviceptr up(const dev *d, const void *p, size_t bytes) {

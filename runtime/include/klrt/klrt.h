@@ -184,7 +184,7 @@ kl_result kl_topk(kl_ctx *ctx, const void *shard, int64_t *index, float *value, 
  * values of each replay). NULL but temperature: off (seed and offset 0). */
 typedef struct kl_sampling {
   const float *temperature; /* 0: greedy (argmax); else finite, > 0 */
-  const int64_t *top_k;     /* 0 (or >= vocab_size): off */
+  const int64_t *top_k;     /* 0 (or >= vocab_size): off; else at most the spec's topk */
   const float *top_p;       /* in (0, 1]; 1: off */
   const float *min_p;       /* in [0, 1]; 0: off */
   const uint64_t *seed;     /* the noise's 64-bit key, per row */
