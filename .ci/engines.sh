@@ -55,7 +55,9 @@ for pin in "${pins[@]}"; do
   tests=("$src/tests/python/test_$engine.py")
   # the sampler's reference needs torch, which test_python's venv has not:
   # it runs here, beside vLLM's own top-k/top-p
-  if [ "$engine" = vllm ]; then tests+=("$src/tests/python/test_reference.py"); fi
+  if [ "$engine" = vllm ]; then
+    tests+=("$src/tests/python/test_reference.py" "$src/tests/python/test_sampling_args.py")
+  fi
   echo "engines: $pin, ${tests[*]#"$src/"}"
   # from elsewhere than the tree: the installed klgen is what is imported
   (cd "$work" && "$dir/bin/python" -m pytest -q -p no:cacheprovider -rs "${tests[@]}")

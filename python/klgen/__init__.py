@@ -23,14 +23,15 @@ from ._errors import DeviceError, Error, SpecError
 
 __version__ = "0.1.0"
 __all__ = [
-    "DeviceError", "Error", "LogitsGather", "SPECS_DIR", "SpecError", "SpecInfo", "TopK",
+    "DeviceError", "Error", "LogitsGather", "SPECS_DIR", "Sample", "SpecError", "SpecInfo", "TopK",
+    "TopLogprobs",
     "generate", "shipped_specs", "spec_info", "spec_names", "spec_path",
 ]
 
 
 def __getattr__(name):
     # The PyTorch part loads torch only when asked for: spec queries need no torch.
-    if name in ("LogitsGather", "TopK"):
+    if name in ("LogitsGather", "Sample", "TopK", "TopLogprobs"):
         try:
             import torch  # noqa: F401
         except ModuleNotFoundError as e:

@@ -65,6 +65,13 @@ class Config(ctypes.Structure):
     ]
 
 
+class Sampling(ctypes.Structure):
+    """kl_sampling: device pointers to per-row arrays (NULL but temperature: off)."""
+
+    _fields_ = [(name, ctypes.c_void_p)
+                for name in ("temperature", "top_k", "top_p", "min_p", "seed", "offset")]
+
+
 class Stats(ctypes.Structure):
     """kl_stats."""
 
@@ -118,6 +125,12 @@ def _load():
             ctypes.c_int,
             [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_int, ctypes.c_void_p],
+        ),
+        "kl_sample": (
+            ctypes.c_int,
+            [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(Sampling), ctypes.c_void_p,
+             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+             ctypes.c_void_p],
         ),
         "kl_ctx_info": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(Info)]),
         "kl_ctx_stats": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(Stats)]),

@@ -5,16 +5,20 @@
 
     index = g.argmax(shard)                            # [tokens] int64, greedy
     top = g.topk(shard)                                # spec with topk = K
+    out = g.sample(shard, 0.7, top_p=0.9, seed=seeds)  # spec with topk = K
 
 The calls run on torch's current stream, through custom ops (klgen::gather,
-klgen::argmax, klgen::topk, with fake implementations), so they work eagerly,
-inside torch.cuda.graph capture, and under torch.compile(fullgraph=True).
+klgen::argmax, klgen::topk, klgen::sample, with fake implementations), so they
+work eagerly, inside torch.cuda.graph capture, and under
+torch.compile(fullgraph=True).
 """
 
 import collections
 import ctypes
 import itertools
+import math
 import os
+import struct
 import threading
 
 import torch
@@ -29,6 +33,14 @@ TopK = collections.namedtuple("TopK", "values indices lse")
 TopK.__doc__ = """kl_topk's result: values and indices [tokens, k] (largest first, ties
 to the lowest column; values in fp32), lse [tokens] (the log-sum-exp of the
 whole row, fp32)."""
+Sample = collections.namedtuple("Sample", "tokens logprobs top_logprobs")
+Sample.__doc__ = """kl_sample's result: tokens [tokens] int64 (the same on every rank; -1
+for a row whose per-row parameters are outside the domain), logprobs [tokens]
+fp32 (the token's log-probability under the raw logits), top_logprobs None
+(logprobs=0) or a TopLogprobs of the n largest raw logits."""
+TopLogprobs = collections.namedtuple("TopLogprobs", "values indices")
+TopLogprobs.__doc__ = """The n largest raw logits' log-probabilities [tokens, n] fp32 and
+columns [tokens, n] int64, largest first, ties to the lowest column."""
 _BY_NAME = {v: k for k, v in _DTYPES.items()}
 
 # Live gathers by handle: what the custom op (which takes plain values) calls.
@@ -238,6 +250,49 @@ class LogitsGather:
             return TopK(*self._select(shard, 1, True))
         return TopK(*torch.ops.klgen.topk(shard, self._handle))
 
+    # ---- sampling: the vocabulary's rows drawn, as klgen.reference.sample ----
+
+    def sample(self, shard, temperature, top_k=None, top_p=None, min_p=None, *, seed=0,
+               offset=0, logprobs=0):
+        """A Sample of each row: temperature, min-p, top-k, top-p and a
+        Gumbel-max draw keyed by (seed, offset, column), as
+        klgen.reference.sample defines it (a spec with topk = K).
+
+        Each parameter is a number (every row) or a [tokens] tensor on this
+        device (one per row; what a CUDA graph replays with new values):
+        temperature >= 0 (0: greedy), top_k 0..K or >= vocab_size (0 and
+        None: off), top_p in (0, 1], min_p in [0, 1], seed and offset 64-bit
+        ints (int64 tensors). Numbers are checked here; a tensor's values are
+        checked on the device, where a row outside the domain gets token -1
+        and NaN logprobs. logprobs: n top logprobs, 0..K."""
+        if not self.k:
+            raise Error(f"spec '{self.name}' has no topk field (add topk = K to it)")
+        self._check(shard, None)
+        params = _sampling_args(self, shard.shape[0], temperature, top_k, top_p, min_p, seed,
+                                offset, logprobs)
+        if not torch.compiler.is_compiling():
+            token, lp, values, indices = self._sample(shard, *params, logprobs)
+        else:
+            token, lp, values, indices = torch.ops.klgen.sample(shard, *params, logprobs,
+                                                                self._handle)
+        return Sample(token, lp, TopLogprobs(values, indices) if logprobs else None)
+
+    def _sample(self, shard, temperature, top_k, top_p, min_p, seed, offset, n):
+        self._check(shard, None)
+        shard = shard.contiguous()
+        tokens = shard.shape[0]
+        token = torch.empty((tokens,), dtype=torch.int64, device=self.device)
+        lp = torch.empty((tokens,), dtype=torch.float32, device=self.device)
+        values = torch.empty((tokens, n), dtype=torch.float32, device=self.device)
+        indices = torch.empty((tokens, n), dtype=torch.int64, device=self.device)
+        p = _capi.Sampling(*(t.data_ptr() for t in (temperature, top_k, top_p, min_p, seed,
+                                                    offset)))
+        _capi.check(_capi.lib.kl_sample(
+            self._ctx, shard.data_ptr(), ctypes.byref(p), token.data_ptr(), lp.data_ptr(),
+            indices.data_ptr() if n else None, values.data_ptr() if n else None, n, tokens,
+            _raw_stream(self.device.index)))
+        return token, lp, values, indices
+
     def _select(self, shard, topk, values):
         self._check(shard, None)
         shard = shard.contiguous()
@@ -387,6 +442,109 @@ def _(shard, handle):
     return (shard.new_empty((tokens, g.k), dtype=torch.float32),
             shard.new_empty((tokens, g.k), dtype=torch.int64),
             shard.new_empty((tokens,), dtype=torch.float32))
+
+
+# ---- sampling's arguments ----
+
+_PER_ROW = (("temperature", torch.float32), ("top_k", torch.int64), ("top_p", torch.float32),
+            ("min_p", torch.float32), ("seed", torch.int64), ("offset", torch.int64))
+_OFF = {"temperature": None, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0, "offset": 0}
+
+
+def _f32(x):
+    """x rounded to float32 (beyond its range: an infinity)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _number(name, value, g):
+    """A parameter given as a number, checked by the definition's rules
+    (klgen.reference.check_sampling_args) in plain Python, so that
+    torch.compile sees constants; returns the value each row gets."""
+    if name in ("top_k", "seed", "offset"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int or a tensor of one per row, not "
+                            f"{type(value).__name__}")
+        if name == "top_k":
+            k = 0 if value >= g.vocab_size else value
+            if not 0 <= k <= g.k:
+                raise ValueError(f"top_k must be 0..{g.k} (the spec's topk), or >= the vocabulary "
+                                 f"({g.vocab_size}: off), not {value}")
+            return k
+        if not -(1 << 63) <= value < 1 << 64:
+            raise ValueError(f"{name} {value} is outside [-2**63, 2**64)")
+        return value - (1 << 64) if value >= 1 << 63 else value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number or a tensor of one per row, not "
+                        f"{type(value).__name__}")
+    v = float(value) if abs(value) < 2**1024 else math.copysign(math.inf, value)
+    if not torch.compiler.is_compiling():  # (struct is not traced; the device checks again)
+        v = _f32(v)
+    ok = {"temperature": math.isfinite(v) and v >= 0, "top_p": 0 < v <= 1,
+          "min_p": 0 <= v <= 1}[name]
+    if not ok:
+        rule = {"temperature": "finite and >= 0", "top_p": "in (0, 1]",
+                "min_p": "in [0, 1]"}[name]
+        raise ValueError(f"{name} must be {rule} (as a float32), not {value!r}")
+    return v
+
+
+def _sampling_args(g, tokens, *values):
+    """The six per-row parameter tensors of g.sample's arguments (the last of
+    values is logprobs): numbers checked here, tensors for dtype, shape and
+    device (their values on the device)."""
+    *params, logprobs = values
+    if isinstance(logprobs, bool) or not isinstance(logprobs, int):
+        raise TypeError(f"logprobs must be an int, not {type(logprobs).__name__}")
+    most = min(g.k, g.vocab_size)
+    if not 0 <= logprobs <= most:
+        raise ValueError(f"logprobs must be in [0, {most}] (the spec's topk), not {logprobs}")
+    out = []
+    for (name, dtype), value in zip(_PER_ROW, params):
+        if value is None:
+            if _OFF[name] is None:
+                raise TypeError(f"{name} is required")
+            value = _OFF[name]
+        if isinstance(value, torch.Tensor):
+            out.append(_row_tensor(value, name, dtype, tokens, g.device))
+        else:
+            out.append(torch.full((tokens,), _number(name, value, g), dtype=dtype,
+                                  device=g.device))
+    return out
+
+
+def _row_tensor(t, name, dtype, tokens, device):
+    if dtype.is_floating_point != t.dtype.is_floating_point or (
+            name in ("seed", "offset") and t.dtype != torch.int64):
+        want = "an int64" if name in ("seed", "offset") else (
+            "a floating-point" if dtype.is_floating_point else "an integer")
+        raise TypeError(f"{name} must be {want} tensor, not {t.dtype}")
+    if t.dim() != 1 or t.shape[0] != tokens:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [{tokens}] (one per row)")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (the shard's)")
+    return t.to(dtype).contiguous()
+
+
+@torch.library.custom_op("klgen::sample", mutates_args=())
+def _sample_op(shard: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+               top_p: torch.Tensor, min_p: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
+               logprobs: int, handle: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                    torch.Tensor]:
+    return _gather(handle)._sample(shard, temperature, top_k, top_p, min_p, seed, offset,
+                                   logprobs)
+
+
+@_sample_op.register_fake
+def _(shard, temperature, top_k, top_p, min_p, seed, offset, logprobs, handle):
+    _fake_check(shard, _gather(handle))
+    tokens = shard.shape[0]
+    return (shard.new_empty((tokens,), dtype=torch.int64),
+            shard.new_empty((tokens,), dtype=torch.float32),
+            shard.new_empty((tokens, logprobs), dtype=torch.float32),
+            shard.new_empty((tokens, logprobs), dtype=torch.int64))
 
 
 @torch.library.custom_op("klgen::gather_out", mutates_args=("out",))

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import klgen
+from klgen import reference as definition  # the sampler's
 from klgen.integrations import _gathers
 
 failures = 0
@@ -113,7 +114,7 @@ def sampling(rank, tp, steps):
     ]
     for fields in cases:
         with klgen.LogitsGather(**fields) as g:
-            bad = {"gather": 0, "argmax": 0, "topk": 0, "lse": 0}
+            bad = {"gather": 0, "argmax": 0, "topk": 0, "lse": 0, "sample": 0}
             plain = "softcap" not in fields and "scale" not in fields and "out_dtype" not in fields
             worst = 0.0
             over = 0
@@ -147,6 +148,8 @@ def sampling(rank, tp, steps):
                           f"{(step * 7 + t * 3) % 10}): top-k {top.indices[t].tolist()} "
                           f"{top.values[t].tolist()}, want {want_ti[t].tolist()} "
                           f"{want_v[t].tolist()}", flush=True)
+                if step % 4 == 0:
+                    bad["sample"] += check_draws(g, x, gathered, step, tp)
                 finite = torch.isfinite(lse)
                 rel = ((top.lse.double() - lse).abs() / lse.abs().clamp(min=1.0))[finite]
                 worst = max(worst, rel.max().item() if rel.numel() else 0.0)
@@ -157,6 +160,76 @@ def sampling(rank, tp, steps):
             say(not any(bad.values()) and st["nccl"] >= 3 * over and st["oneshot"] > 0,
                 f"sampling {fields['name']}: {n} steps (every 10th via NCCL): mismatches {bad}, "
                 f"lse worst {worst:.2g} relative; paths {st['oneshot']} one-shot, {st['nccl']} NCCL")
+
+
+def draw_params(tokens, k, step, device):
+    """Per-row sampling parameters, the same on every rank (a generator seeded by step)."""
+    gen = torch.Generator().manual_seed(step)
+    pick = lambda options: torch.tensor(options)[torch.randint(len(options), (tokens,),
+                                                               generator=gen)]
+    return dict(temperature=pick([0.0, 0.5, 1.0, 1.3]).to(device),
+                top_k=pick([0, 1, 2, k]).to(device),
+                top_p=pick([1.0, 0.9, 0.5, 1e-7]).to(device),
+                min_p=pick([0.0, 0.0, 0.05, 1.0]).to(device),
+                seed=torch.randint(-2**63, 2**63 - 1, (tokens,), generator=gen).to(device),
+                offset=torch.randint(0, 2**40, (tokens,), generator=gen).to(device))
+
+
+def check_draws(g, x, gathered, step, tp):
+    """g.sample against klgen.reference.sample on the gathered logits: tokens
+    bit for bit (the definition's noise on CUDA is the kernel's), the same on
+    every rank; logprobs within 1e-5; the top columns equal. 0 or 1 (bad)."""
+    n = min(g.k, 4)
+    p = draw_params(x.shape[0], g.k, step, x.device)
+    got = g.sample(x, logprobs=n, **p)
+    want = definition.sample(gathered, logprobs=n, **p)
+    ranks = [torch.empty_like(got.tokens) for _ in range(tp)]
+    dist.all_gather(ranks, got.tokens)
+    close = lambda a, b: torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6,
+                                        equal_nan=True)
+    ok = (torch.equal(got.tokens, want.tokens) and all(torch.equal(r, got.tokens) for r in ranks)
+          and close(got.logprobs, want.logprob) and
+          torch.equal(got.top_logprobs.indices, want.top_indices) and
+          close(got.top_logprobs.values, want.top_logprobs))
+    if not ok:
+        print(f"  {g.name} step {step}: sample {got.tokens.tolist()} want "
+              f"{want.tokens.tolist()}", flush=True)
+    return int(not ok)
+
+
+def sample_graph_and_compile(rank, tp):
+    """g.sample in a CUDA graph (replays read new data and parameters) and
+    under torch.compile(fullgraph=True), against the reference."""
+    with klgen.LogitsGather(vocab_size=50257, dtype=torch.bfloat16, max_tokens=4, topk=8,
+                            name="sample_graph") as g:
+        tokens = 3
+        x = torch.zeros((tokens, g.shard), dtype=g.dtype, device="cuda")
+        p = draw_params(tokens, g.k, 1, "cuda")
+        g.sample(x, logprobs=2, **p)  # eager first, as engines warm up
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = g.sample(x, logprobs=2, **p)
+        ok = True
+        for step in range(5):
+            x.copy_(data(tokens, g.shard, g.dtype, 7100 + 10 * step + rank) * 8)
+            for k, v in draw_params(tokens, g.k, 100 + step, "cuda").items():
+                p[k].copy_(v)
+            graph.replay()
+            want = definition.sample(reference(x, tp, g.vocab_size), logprobs=2, **p)
+            ok &= torch.equal(out.tokens, want.tokens) and torch.equal(
+                out.top_logprobs.indices, want.top_indices)
+        say(ok, "sample: 5 replays of a captured draw, new data and parameters each")
+
+        def draw(x, t, s):
+            return g.sample(x * 2, t, top_p=0.9, seed=s).tokens
+
+        compiled = torch.compile(draw, fullgraph=True)
+        for tokens in (1, 4):
+            x = data(tokens, g.shard, g.dtype, 9100 + tokens + rank).nan_to_num(0.0, 0.0, 0.0)
+            t = torch.full((tokens,), 0.8, device="cuda")
+            s = torch.arange(tokens, device="cuda")
+            say(torch.equal(compiled(x, t, s), draw(x, t, s)),
+                f"sample under torch.compile(fullgraph=True), tokens {tokens}")
 
 
 def same_f32(a, b):
@@ -324,6 +397,7 @@ def main():
             say(bad == 0 and st["nccl"] == 1 and st["oneshot"] == 3,
                 f"epilogue {fields['name']} ({fn.__name__}): one-shot and NCCL path, {bad} bad")
     sampling(rank, tp, int(os.environ.get("KLGEN_TEST_STEPS", "2000")))
+    sample_graph_and_compile(rank, tp)
     integration_specs(rank)
     # wrong tensors: a clean error, raised before anything collective
     g = gathers[0]
