@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "diff_env.h"
+#include "diff_sample.h"
 #include "kl_abi.h"
 #include "klrt_testing.h"
 
@@ -21,8 +22,8 @@
 #define WRAP_AT (1ull << 32)
 #endif
 
-enum { OP_GATHER, OP_ARGMAX, OP_TOPK, OP_COUNT };
-static const char *const op_names[] = {"kl_gather", "kl_argmax", "kl_topk"};
+enum { OP_GATHER, OP_ARGMAX, OP_TOPK, OP_SAMPLE, OP_COUNT };
+static const char *const op_names[] = {"kl_gather", "kl_argmax", "kl_topk", "kl_sample"};
 enum { PATH_UNKNOWN = -1, PATH_ONESHOT = 0, PATH_NCCL = 1 };
 static const char *const path_names[] = {"one-shot", "NCCL"};
 
@@ -33,6 +34,10 @@ typedef struct step_plan {
   size_t in_at, out_at; /* byte offsets of the shard and of out in the arena */
   size_t sel_at[5]; /* argmax index, value; top-k index, value, lse */
   int value, lse;   /* ask for them (else NULL) */
+  /* kl_sample: its top-n, whether it asks for the logprob, which parameter
+   * arrays it passes as NULL (bit i: top_k, top_p, min_p, seed, offset) */
+  int n_top, want_lp;
+  unsigned nulls;
   int replay;       /* launch the captured graph instead of calling */
   int capture;      /* capture this step into the graph; nothing runs */
 } step_plan;
@@ -141,6 +146,52 @@ static void sel_sizes(const case_run *run, int tokens, size_t sz[5]) {
   sz[2] = 8 * k * (size_t)tokens, sz[3] = 4 * k * (size_t)tokens, sz[4] = 4 * (size_t)tokens;
 }
 
+/* kl_sample's parameter arrays in the pinned block and in each arena's sample
+ * area (DIFF_SAMPLE_PARAM_BYTES): T, top_p, min_p, then top_k, seed, offset. */
+enum { P_T, P_TOP_P, P_MIN_P, P_TOP_K, P_SEED, P_OFFSET };
+static size_t param_at(int which) {
+  static const size_t at_[] = {0, 4, 8, 12, 20, 28};
+  return at_[which] * DIFF_MAX_ROWS;
+}
+static void *host_param(const diff_env *env, int which) {
+  return (char *)env->h_params + param_at(which);
+}
+/* Its outputs after the parameters: token, logprob, top index, top logprob. */
+static size_t sample_out_at(const diff_env *env, int which) {
+  static const size_t at_[] = {0, 8, 12, 12 + 8 * 64};
+  return env->sample_area + DIFF_SAMPLE_OUT_AT + at_[which] * DIFF_MAX_ROWS;
+}
+
+static kl_result call_sample(case_run *run, kl_ctx *ctx, const diff_slot *s, CUstream st) {
+  const step_plan *p = &run->plan;
+  const diff_env *env = run->env;
+  CUdeviceptr base = at(s, env->sample_area);
+  /* bits of nulls: top_k, top_p, min_p, seed, offset */
+  kl_sampling sp = {(const float *)(base + param_at(P_T)),
+                    (p->nulls & 1) ? NULL : (const int64_t *)(base + param_at(P_TOP_K)),
+                    (p->nulls & 2) ? NULL : (const float *)(base + param_at(P_TOP_P)),
+                    (p->nulls & 4) ? NULL : (const float *)(base + param_at(P_MIN_P)),
+                    (p->nulls & 8) ? NULL : (const uint64_t *)(base + param_at(P_SEED)),
+                    (p->nulls & 16) ? NULL : (const uint64_t *)(base + param_at(P_OFFSET))};
+  return kl_sample(ctx, (const void *)at(s, p->in_at), &sp, (int64_t *)at(s, sample_out_at(env, 0)),
+                   p->want_lp ? (float *)at(s, sample_out_at(env, 1)) : NULL,
+                   p->n_top ? (int64_t *)at(s, sample_out_at(env, 2)) : NULL,
+                   p->n_top ? (float *)at(s, sample_out_at(env, 3)) : NULL, p->n_top, p->tokens,
+                   (kl_stream)st);
+}
+
+static int has_op(const step_plan *p, int op) {
+  for (int i = 0; i < p->nops; i++)
+    if (p->ops[i] == op) return 1;
+  return 0;
+}
+
+/* kl_sample's outputs' sizes: token, logprob, top index, top logprob. */
+static void sample_sizes(const step_plan *p, size_t ss[4]) {
+  size_t n = (size_t)p->tokens, top = n * (size_t)p->n_top;
+  ss[0] = 8 * n, ss[1] = p->want_lp ? 4 * n : 0, ss[2] = 8 * top, ss[3] = 4 * top;
+}
+
 static kl_result call_op(case_run *run, kl_ctx *ctx, const diff_slot *s, int op, CUstream st) {
   const step_plan *p = &run->plan;
   void *in = (void *)at(s, p->in_at);
@@ -149,6 +200,7 @@ static kl_result call_op(case_run *run, kl_ctx *ctx, const diff_slot *s, int op,
   case OP_ARGMAX:
     return kl_argmax(ctx, in, (int64_t *)at(s, p->sel_at[0]),
                      p->value ? (float *)at(s, p->sel_at[1]) : NULL, p->tokens, st);
+  case OP_SAMPLE: return call_sample(run, ctx, s, st);
   default:
     return kl_topk(ctx, in, (int64_t *)at(s, p->sel_at[2]),
                    p->value ? (float *)at(s, p->sel_at[3]) : NULL,
@@ -166,6 +218,16 @@ static void canary(case_run *run, const diff_slot *s, rank_report *rep) {
         "canary");
   for (int i = 0; i < 5; i++)
     if (sz[i]) cu_ok(rep, diff_move(run->env, at(s, p->sel_at[i]), NULL, 0xa5, sz[i], s->s), "canary");
+  if (has_op(p, OP_SAMPLE)) {
+    size_t ss[4];
+    sample_sizes(p, ss);
+    for (int i = 0; i < 4; i++)
+      if (ss[i]) cu_ok(rep, diff_move(run->env, at(s, sample_out_at(run->env, i)), NULL, 0xa5,
+                                      ss[i], s->s), "canary");
+    /* the step's parameters (a replay reads them where its capture pointed) */
+    cu_ok(rep, diff_move(run->env, at(s, run->env->sample_area), run->env->h_params, 0,
+                         DIFF_SAMPLE_PARAM_BYTES, s->s), "parameters");
+  }
 }
 
 /* Pinned host memory and device memory share one address space (UVA). */
@@ -189,6 +251,15 @@ static void download(case_run *run, const diff_slot *s, rank_report *rep) {
     if (sz[i])
       cu_ok(rep, diff_move(run->env, host(dst[i]), dev(at(s, p->sel_at[i])), 0, sz[i], s->s),
             "download");
+  if (has_op(p, OP_SAMPLE)) {
+    size_t ss[4];
+    sample_sizes(p, ss);
+    void *sdst[4] = {s->h_tok, s->h_lp, s->h_tidx, s->h_tlp};
+    for (int i = 0; i < 4; i++)
+      if (ss[i])
+        cu_ok(rep, diff_move(run->env, host(sdst[i]), dev(at(s, sample_out_at(run->env, i))), 0,
+                             ss[i], s->s), "download");
+  }
   cu_ok(rep, cu->cuStreamSynchronize(s->s), "stream");
 }
 
@@ -371,6 +442,13 @@ static void plan_step(case_run *run, rng *r, step_plan *p, int tokens, int allow
   p->ops[p->nops++] = OP_GATHER;
   if (rng_chance(r, 0.8)) p->ops[p->nops++] = OP_ARGMAX;
   if (c->spec.topk && rng_chance(r, 0.8)) p->ops[p->nops++] = OP_TOPK;
+  if (c->spec.topk && rng_chance(r, 0.6)) {
+    p->ops[p->nops++] = OP_SAMPLE;
+    int most = c->spec.topk < c->spec.vocab_size ? c->spec.topk : (int)c->spec.vocab_size;
+    p->n_top = rng_chance(r, 0.5) ? (int)rng_range(r, 1, most) : 0;
+    p->want_lp = rng_chance(r, 0.8);
+    p->nulls = rng_chance(r, 0.3) ? (unsigned)rng_below(r, 32) : 0;
+  }
   for (int i = p->nops - 1; i > 0; i--) { /* in any order */
     int j = (int)rng_below(r, (uint64_t)i + 1), t = p->ops[i];
     p->ops[i] = p->ops[j], p->ops[j] = t;
@@ -442,6 +520,82 @@ static void reference_values(case_run *run, ref_step *ref, int tokens) {
   }
 }
 
+/* kl_sample's parameters for the step's rows, into the pinned block every
+ * rank uploads: each filter alone and together, their edges, greedy rows,
+ * and now and then a row outside the domain (it must draw -1). */
+static void draw_sample_params(case_run *run, rng *r, int tokens) {
+  const diff_env *env = run->env;
+  const long long v = run->c->spec.vocab_size, cap = run->c->spec.topk;
+  static const float temps[] = {0.f, 0.f, 1e-3f, 0.37f, 0.7f, 1.f, 1.f, 1.7f, 9.5f};
+  static const float ps[] = {1.f, 1.f, 1.f, 1e-7f, 0.05f, 0.5f, 0.9f, 0.99999f};
+  static const float mps[] = {0.f, 0.f, 0.f, 1e-6f, 0.05f, 0.3f, 0.999f, 1.f};
+  float *T = host_param(env, P_T), *P = host_param(env, P_TOP_P), *MP = host_param(env, P_MIN_P);
+  int64_t *K = host_param(env, P_TOP_K);
+  uint64_t *S = host_param(env, P_SEED), *O = host_param(env, P_OFFSET);
+  for (int i = 0; i < tokens; i++) {
+    const long long ks[] = {0, 0, 1, 2, cap, v, v + 3, cap + 1};
+    T[i] = temps[rng_below(r, sizeof temps / sizeof *temps)];
+    P[i] = ps[rng_below(r, sizeof ps / sizeof *ps)];
+    MP[i] = mps[rng_below(r, sizeof mps / sizeof *mps)];
+    K[i] = ks[rng_below(r, rng_chance(r, 0.95) ? 7 : 8)];
+    S[i] = rng_next(r);
+    O[i] = rng_below(r, 1ull << 40);
+    if (rng_chance(r, 0.03)) T[i] = rng_chance(r, 0.5) ? -1.f : NAN;
+  }
+}
+
+/* Row t's parameters as kl_sample reads them (NULL arrays off, 0). */
+static int row_params(const case_run *run, int t, sample_args *a, uint64_t *seed,
+                      uint64_t *offset) {
+  const diff_env *env = run->env;
+  const unsigned nulls = run->plan.nulls;
+  const long long v = run->c->spec.vocab_size;
+  const int64_t k = (nulls & 1) ? 0 : ((int64_t *)host_param(env, P_TOP_K))[t];
+  a->temperature = ((float *)host_param(env, P_T))[t];
+  a->top_k = k >= v ? 0 : k;
+  a->top_p = (nulls & 2) ? 1.f : ((float *)host_param(env, P_TOP_P))[t];
+  a->min_p = (nulls & 4) ? 0.f : ((float *)host_param(env, P_MIN_P))[t];
+  *seed = (nulls & 8) ? 0 : ((uint64_t *)host_param(env, P_SEED))[t];
+  *offset = (nulls & 16) ? 0 : ((uint64_t *)host_param(env, P_OFFSET))[t];
+  return a->temperature >= 0.f && isfinite(a->temperature) && a->top_p > 0.f && a->top_p <= 1.f &&
+         a->min_p >= 0.f && a->min_p <= 1.f && a->top_k >= 0 && a->top_k <= run->c->spec.topk;
+}
+
+/* kl_sample's reference (diff_sample.c) on the values the gather delivers,
+ * with the noise and top-p's expf from the device. */
+static void reference_samples(case_run *run, ref_step *ref, int tokens) {
+  diff_env *env = run->env;
+  const int64_t vocab = run->c->spec.vocab_size;
+  const int n = run->plan.n_top;
+  diff_noise_row *rows = env->h_srow;
+  float *t = env->h_targ;
+  float m[DIFF_MAX_ROWS];
+  sample_args a[DIFF_MAX_ROWS];
+  int ok[DIFF_MAX_ROWS];
+  for (int r = 0; r < tokens; r++) {
+    ok[r] = row_params(run, r, &a[r], &rows[r].seed, &rows[r].offset);
+    m[r] = sample_tempered(ref->vals + (size_t)r * (size_t)vocab, vocab, a[r].temperature,
+                           t + (size_t)r * (size_t)vocab);
+    rows[r].m = isfinite(m[r]) ? m[r] : 0.f;
+  }
+  diff_device_noise(env, vocab, tokens);
+  int64_t top[64];
+  for (int r = 0; r < tokens; r++) {
+    const float *x = ref->vals + (size_t)r * (size_t)vocab;
+    const size_t o = (size_t)r * (size_t)vocab;
+    ref->tok[r] = ok[r] ? sample_token(t + o, m[r], vocab, &a[r], env->h_tout + o, env->h_tg + o,
+                                       NULL)
+                        : -1;
+    ref->lp[r] = ok[r] ? sample_logprob(x, vocab, ref->tok[r], NULL) : NAN;
+    if (n) sample_top(x, vocab, n, top);
+    for (int j = 0; j < n; j++) {
+      ref->tidx[(size_t)r * (size_t)n + (size_t)j] = ok[r] ? top[j] : -1;
+      ref->tlp[(size_t)r * (size_t)n + (size_t)j] = ok[r] ? sample_logprob(x, vocab, top[j], NULL)
+                                                          : NAN;
+    }
+  }
+}
+
 static void reference_selections(case_run *run, ref_step *ref, int tokens) {
   const diff_case *c = run->c;
   int64_t vocab = c->spec.vocab_size;
@@ -462,7 +616,8 @@ static int expected_path(const case_run *run, int op, int tokens, long long cros
   if (c->disable || tokens > c->spec.max_tokens) return PATH_NCCL;
   int nccl_everywhere = run->tp == 1 || c->has_nccl;
   long long bytes = (long long)tokens * c->layout.shard_bytes;
-  if (op == OP_GATHER && nccl_everywhere && bytes > crossover) return PATH_NCCL;
+  if ((op == OP_GATHER || op == OP_SAMPLE) && nccl_everywhere && bytes > crossover)
+    return PATH_NCCL; /* the calls that move the shard */
   return PATH_ONESHOT;
 }
 
@@ -530,6 +685,31 @@ static long long check_selection(case_run *run, const ref_step *ref, int rank, i
       if (!lse_close(got, ref->lse[t]) && bad++ == 0)
         snprintf(first, n, "row %d: lse %.9g, want %.12g", t, (double)got, ref->lse[t]);
     }
+  }
+  return bad;
+}
+
+static int lp_close(float got, float want) {
+  if (isnan(want)) return isnan(got);
+  if (got == want) return 1;
+  return fabsf(got - want) <= 2e-6f * fabsf(want) + 1e-12f;
+}
+
+static long long check_sample(case_run *run, const ref_step *ref, int rank, int tokens,
+                              char *first, size_t n) {
+  const diff_slot *s = &run->env->slots[rank];
+  const step_plan *p = &run->plan;
+  const int k = p->n_top;
+  long long bad = 0;
+  for (int t = 0; t < tokens; t++) {
+    int ok = s->h_tok[t] == ref->tok[t] && (!p->want_lp || lp_close(s->h_lp[t], ref->lp[t]));
+    for (int j = 0; j < k; j++) {
+      const size_t i = (size_t)t * (size_t)k + (size_t)j;
+      ok &= s->h_tidx[i] == ref->tidx[i] && lp_close(s->h_tlp[i], ref->tlp[i]);
+    }
+    if (!ok && bad++ == 0)
+      snprintf(first, n, "row %d: token %lld logprob %a, want %lld %a", t, (long long)s->h_tok[t],
+               p->want_lp ? (double)s->h_lp[t] : 0.0, (long long)ref->tok[t], (double)ref->lp[t]);
   }
   return bad;
 }
@@ -603,9 +783,11 @@ static void compare(case_run *run, const ref_step *ref, long long crossover, con
               op_names[op], rep->path[op] < 0 ? "unknown" : path_names[rep->path[op]],
               path_names[want_path]);
       char first[200] = "";
-      long long bad = op == OP_GATHER
-                          ? check_gather(run, ref, rank, want_path, p->tokens, first, sizeof first)
-                          : check_selection(run, ref, rank, op, p->tokens, first, sizeof first);
+      long long bad =
+          op == OP_GATHER   ? check_gather(run, ref, rank, want_path, p->tokens, first, sizeof first)
+          : op == OP_SAMPLE ? check_sample(run, ref, rank, p->tokens, first, sizeof first)
+                            : check_selection(run, ref, rank, op, p->tokens, first, sizeof first);
+      env->cov.sampled += op == OP_SAMPLE;
       env->cov.calls++;
       env->cov.path[want_path]++;
       if (bad)
@@ -630,10 +812,14 @@ static void step(case_run *run, rng *r, ref_step *ref, long long crossover, cons
   if (!run->plan.capture) {
     make_inputs(run, r, ref, run->plan.tokens);
     reference_values(run, ref, run->plan.tokens);
+    if (has_op(&run->plan, OP_SAMPLE)) draw_sample_params(run, r, run->plan.tokens);
   }
   diff_watchdog_note(label);
   pthread_barrier_wait(&run->all); /* go */
-  if (!run->plan.capture) reference_selections(run, ref, run->plan.tokens);
+  if (!run->plan.capture) {
+    reference_selections(run, ref, run->plan.tokens);
+    if (has_op(&run->plan, OP_SAMPLE)) reference_samples(run, ref, run->plan.tokens);
+  }
   pthread_barrier_wait(&run->all); /* done */
   compare(run, ref, crossover, label);
 }

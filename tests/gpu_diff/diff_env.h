@@ -15,7 +15,13 @@
 #include <stdlib.h>
 
 #define DIFF_MAX_RANKS 16
-#define DIFF_STEP_EVENTS 5
+#define DIFF_STEP_EVENTS 6 /* begun, uploaded, each of up to four calls done */
+/* kl_sample's per-row parameters, struct of arrays: T, top_p, min_p (fp32),
+ * top_k, seed, offset (64-bit), DIFF_MAX_ROWS each; and its outputs: token
+ * (int64), logprob (fp32), top index [rows, 64] (int64), top logprob (fp32). */
+#define DIFF_SAMPLE_PARAM_BYTES ((size_t)DIFF_MAX_ROWS * 36)
+#define DIFF_SAMPLE_OUT_AT 8192
+#define DIFF_SAMPLE_BYTES (DIFF_SAMPLE_OUT_AT + (size_t)DIFF_MAX_ROWS * (12 + 64 * 12))
 #define DIFF_DETAIL_LINES 12 /* failure lines printed per case */
 
 typedef struct diff_slot {
@@ -26,12 +32,14 @@ typedef struct diff_slot {
   unsigned char *h_in, *h_out;
   int64_t *h_idx1, *h_idxk;
   uint32_t *h_val1, *h_valk, *h_lse;
+  int64_t *h_tok, *h_tidx; /* kl_sample's token and top indices, read back */
+  float *h_lp, *h_tlp;      /* its logprobs */
   /* timing events of an eager step: begun, uploaded, each op done (3) */
   CUevent ev[DIFF_STEP_EVENTS];
 } diff_slot;
 
 typedef struct diff_coverage {
-  long cases_run, invalid, steps, calls, replays, graphs, wrap, disabled, topk;
+  long cases_run, invalid, steps, calls, replays, graphs, wrap, disabled, topk, sampled;
   long path[2]; /* calls by path: one-shot, NCCL */
   long tp[DIFF_MAX_RANKS + 1];
 } diff_coverage;
@@ -45,6 +53,11 @@ typedef struct diff_ref_bufs {
   int64_t *idxk;
   uint32_t *valk;
   double lse[DIFF_MAX_ROWS];
+  /* kl_sample's: token, logprob, top indices and logprobs [rows, n_top] */
+  int64_t tok[DIFF_MAX_ROWS];
+  float lp[DIFF_MAX_ROWS];
+  int64_t *tidx;
+  float *tlp;
 } diff_ref_bufs;
 
 typedef struct diff_env {
@@ -67,6 +80,16 @@ typedef struct diff_env {
                      so no rank queues work behind its spinning kernel */
   CUdeviceptr targ, tout;
   float *h_targ, *h_tout;
+  /* kl_sample: the step's per-row parameters (pinned: every rank uploads
+   * them, DIFF_SAMPLE_PARAM_BYTES) and the arena's sample area; the
+   * reference's noise and expf from the device (diff_device_noise) */
+  void *h_params;
+  size_t sample_area;
+  CUmodule smod;
+  CUfunction noise_fn;
+  CUdeviceptr tg, srow;
+  float *h_tg;
+  void *h_srow;
   int case_failures; /* failure lines of the case running */
   diff_coverage cov;
 } diff_env;
@@ -76,6 +99,14 @@ void diff_run_case(diff_env *env, const diff_case *c);
 int diff_context_lost(void); /* a sticky CUDA error: nothing more can run */
 /* diff_main.c */
 void diff_device_tanh(diff_env *env, size_t n); /* h_tout[i] = tanhf(h_targ[i]) */
+/* For `rows` rows of `vocab` tempered values t in h_targ and per row
+ * {float m; u64 seed, offset} in h_srow (diff_noise_row): h_tout = expf(t - m),
+ * h_tg = the noise of (seed, offset, column), as kl_sample's kernel has them. */
+typedef struct diff_noise_row {
+  float m;
+  uint64_t seed, offset;
+} diff_noise_row;
+void diff_device_noise(diff_env *env, long long vocab, int rows);
 /* n bytes to dst on s: from src (device, or pinned host), or `fill` when src is NULL */
 CUresult diff_move(const diff_env *env, CUdeviceptr dst, const void *src, int fill, size_t n,
                    CUstream s);

@@ -9,9 +9,11 @@
  * steps (tokens up to past max_tokens, hostile rows, misaligned and
  * overlapping outputs, KLGEN_DISABLE, a small crossover, a CUDA graph
  * replayed between eager steps of other sizes, step counters started at
- * their wrap). Every call of kl_gather, kl_argmax and kl_topk on every rank
+ * their wrap). Every call of kl_gather, kl_argmax, kl_topk and kl_sample (random
+ * parameters per row, some outside the domain, some arrays NULL) on every rank
  * is compared with a reference computed on the host from the input
- * (diff_ref.c), and its path with the dispatch rule. A failure prints the
+ * (diff_ref.c; diff_sample.c with the noise and expf from the device), and its
+ * path with the dispatch rule. A failure prints the
  * seed and the spec; `gpu_diff --seed S --cases 1` replays case S.
  *
  * Ranks are threads. With one GPU they share it (CUDA_DEVICE_MAX_CONNECTIONS
@@ -288,6 +290,69 @@ void diff_device_tanh(diff_env *env, size_t n) {
   cu->cuCtxPopCurrent(&dummy);
 }
 
+/* The sampler's noise and expf as its kernel computes them: noise.cuh.tmpl
+ * from a rendered spec, and a kernel over rows appended ("%s": the name). */
+static const char noise_spec[] =
+    "return { name = 'diff_noise', vocab_size = 64, tp = 1, dtype = 'fp32', max_tokens = 1, "
+    "topk = 1 }";
+static const char noise_src[] =
+    "\nusing namespace kl_%s;\n"
+    "struct NoiseRow { float m; u64 seed, offset; };\n"
+    "extern \"C\" __global__ void sample_noise(const float *t, const NoiseRow *rows, long long vocab,\n"
+    "                                           long long n, float *e, float *g) {\n"
+    "  for (long long i = blockIdx.x * 256ll + threadIdx.x; i < n; i += gridDim.x * 256ll) {\n"
+    "    const NoiseRow r = rows[i / vocab];\n"
+    "    e[i] = expf(t[i] - r.m);\n"
+    "    g[i] = gumbel(noise_word(r.seed, r.offset, (u64)(i %% vocab)));\n"
+    "  }\n"
+    "}\n";
+
+static void load_noise(diff_env *env, const char *arch) {
+  kl_spec_list list;
+  kl_layout l;
+  kl_err err;
+  char *src = NULL;
+  if (kl_spec_load_string("noise", noise_spec, strlen(noise_spec), NULL, &list, &err) ||
+      kl_layout_derive(&list.v[0], &l, &err) || kl_render(&list.v[0], &l, NULL, &src, &err)) {
+    fprintf(stderr, "gpu_diff: %s\n", err.msg);
+    exit(1);
+  }
+  size_t n = strlen(src) + sizeof noise_src + 32;
+  char *all = malloc(n);
+  if (!all) exit(1);
+  snprintf(all, n, "%s", src);
+  snprintf(all + strlen(src), n - strlen(src), noise_src, list.v[0].name);
+  free(src);
+  kl_spec_list_free(&list);
+  kl_binary bin;
+  if (kl_nvrtc_compile(all, "gpu_diff_noise", arch, &bin, &err)) {
+    fprintf(stderr, "gpu_diff: %s\n", err.msg);
+    exit(1);
+  }
+  free(all);
+  const kl_cu *cu = env->cu;
+  CU_CHECK(cu, cuModuleLoadData(&env->smod, bin.data));
+  CU_CHECK(cu, cuModuleGetFunction(&env->noise_fn, env->smod, "sample_noise"));
+  if (cu->cuFuncLoad) CU_CHECK(cu, cuFuncLoad(env->noise_fn));
+  kl_binary_free(&bin);
+}
+
+void diff_device_noise(diff_env *env, long long vocab, int rows) {
+  const kl_cu *cu = env->cu;
+  long long n = vocab * rows;
+  void *args[] = {&env->targ, &env->srow, &vocab, &n, &env->tout, &env->tg};
+  cu->cuCtxPushCurrent(env->ctx0);
+  CU_CHECK(cu, cuMemcpyHtoDAsync(env->targ, env->h_targ, (size_t)n * 4, env->ts));
+  CU_CHECK(cu, cuMemcpyHtoDAsync(env->srow, env->h_srow, (size_t)rows * sizeof(diff_noise_row),
+                                 env->ts));
+  CU_CHECK(cu, cuLaunchKernel(env->noise_fn, 1024, 1, 1, 256, 1, 1, 0, env->ts, args, NULL));
+  CU_CHECK(cu, cuMemcpyDtoHAsync(env->h_tout, env->tout, (size_t)n * 4, env->ts));
+  CU_CHECK(cu, cuMemcpyDtoHAsync(env->h_tg, env->tg, (size_t)n * 4, env->ts));
+  CU_CHECK(cu, cuStreamSynchronize(env->ts));
+  CUcontext dummy;
+  cu->cuCtxPopCurrent(&dummy);
+}
+
 static void *pinned(const kl_cu *cu, size_t bytes) {
   void *p = NULL;
   CU_CHECK(cu, cuMemAllocHost(&p, bytes));
@@ -298,7 +363,8 @@ static void setup(diff_env *env, const char *arch) {
   const kl_cu *cu = env->cu;
   size_t data = (size_t)DIFF_ELEM_BUDGET * 4 + 4096;
   size_t sel = 5 * ((size_t)DIFF_MAX_ROWS * 64 * 8 + 4096);
-  env->out_area = data, env->sel_area = 2 * data, env->arena_bytes = 2 * data + sel;
+  env->out_area = data, env->sel_area = 2 * data, env->sample_area = 2 * data + sel;
+  env->arena_bytes = env->sample_area + DIFF_SAMPLE_BYTES;
   for (int k = 0; k < DIFF_MAX_RANKS; k++) {
     diff_slot *s = &env->slots[k];
     CUdevice dev;
@@ -316,6 +382,10 @@ static void setup(diff_env *env, const char *arch) {
     s->h_idxk = pinned(cu, 8 * 64 * DIFF_MAX_ROWS);
     s->h_valk = pinned(cu, 4 * 64 * DIFF_MAX_ROWS);
     s->h_lse = pinned(cu, 4 * DIFF_MAX_ROWS);
+    s->h_tok = pinned(cu, 8 * DIFF_MAX_ROWS);
+    s->h_lp = pinned(cu, 4 * DIFF_MAX_ROWS);
+    s->h_tidx = pinned(cu, 8 * 64 * DIFF_MAX_ROWS);
+    s->h_tlp = pinned(cu, 4 * 64 * DIFF_MAX_ROWS);
   }
   env->ctx0 = env->slots[0].cuctx;
   CU_CHECK(cu, cuCtxSetCurrent(env->ctx0));
@@ -324,6 +394,12 @@ static void setup(diff_env *env, const char *arch) {
   CU_CHECK(cu, cuMemAlloc(&env->tout, (size_t)DIFF_ELEM_BUDGET * 4));
   env->h_targ = pinned(cu, (size_t)DIFF_ELEM_BUDGET * 4);
   env->h_tout = pinned(cu, (size_t)DIFF_ELEM_BUDGET * 4);
+  env->h_params = pinned(cu, DIFF_SAMPLE_PARAM_BYTES);
+  CU_CHECK(cu, cuMemAlloc(&env->tg, (size_t)DIFF_ELEM_BUDGET * 4));
+  CU_CHECK(cu, cuMemAlloc(&env->srow, DIFF_MAX_ROWS * sizeof(diff_noise_row)));
+  env->h_tg = pinned(cu, (size_t)DIFF_ELEM_BUDGET * 4);
+  env->h_srow = pinned(cu, DIFF_MAX_ROWS * sizeof(diff_noise_row));
+  load_noise(env, arch);
   kl_binary bin;
   kl_err err;
   if (kl_nvrtc_compile(util_src, "gpu_diff_util", arch, &bin, &err)) {
@@ -343,8 +419,10 @@ static void setup(diff_env *env, const char *arch) {
   r->vals = malloc((size_t)DIFF_ELEM_BUDGET * 4);
   r->gbits = malloc((size_t)DIFF_ELEM_BUDGET * 4);
   r->idxk = malloc(8 * 64 * DIFF_MAX_ROWS);
+  r->tidx = malloc(8 * 64 * DIFF_MAX_ROWS);
+  r->tlp = malloc(4 * 64 * DIFF_MAX_ROWS);
   r->valk = malloc(4 * 64 * DIFF_MAX_ROWS);
-  if (!r->rows || !r->vals || !r->gbits || !r->idxk || !r->valk) exit(1);
+  if (!r->rows || !r->vals || !r->gbits || !r->idxk || !r->valk || !r->tidx || !r->tlp) exit(1);
 }
 
 /* ---- communicators ---- */
@@ -396,10 +474,12 @@ static void summary(const diff_env *env, long run, long failed, double secs, dou
   const diff_coverage *v = &env->cov;
   printf("gpu_diff: seeds %llu..%llu: %ld cases in %.1f s (%.1f cases/min): %ld ran, %ld invalid "
          "specs refused, %ld steps, %ld calls (%ld one-shot, %ld NCCL), %ld graphs (%ld replays), "
-         "%ld at the counters' wrap, %ld with KLGEN_DISABLE, %ld with topk\n",
+         "%ld at the counters' wrap, %ld with KLGEN_DISABLE, %ld with topk, %ld calls of "
+         "kl_sample\n",
          (unsigned long long)o->seed, (unsigned long long)(o->seed + (uint64_t)run - 1), run, secs,
          60.0 * (double)run / (secs > 0 ? secs : 1), v->cases_run, v->invalid, v->steps, v->calls,
-         v->path[0], v->path[1], v->graphs, v->replays, v->wrap, v->disabled, v->topk);
+         v->path[0], v->path[1], v->graphs, v->replays, v->wrap, v->disabled, v->topk,
+         v->sampled);
   printf("gpu_diff: tp");
   for (int t = 1; t <= DIFF_MAX_RANKS; t++)
     if (v->tp[t]) printf(" %d:%ld", t, v->tp[t]);
