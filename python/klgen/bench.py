@@ -27,6 +27,12 @@ ready gathers against the engines' torch ops:
   NCCL pairs     torch.max of the shard, the (value, index) pairs through one
                  all_gather_into_tensor, the final argmax across ranks
   top-k          LogitsGather.topk (--topk, default 8), with the log-sum-exp
+
+--sample measures LogitsGather.sample against the gather and vLLM's torch
+sampler after it (its PyTorch path: temperature, the top-k/top-p sort mask,
+softmax, an exponential race), with T = 0.7, top_k = 50, top_p = 0.9 and with
+plain temperature, and greedy against NCCL pairs; each klgen draw is first
+checked against klgen.reference.sample on the gathered logits.
 """
 
 import argparse
@@ -65,6 +71,8 @@ def _args(argv):
     p.add_argument("--select", action="store_true",
                    help="the fused epilogue, argmax and top-k against torch ops instead")
     p.add_argument("--topk", type=int, default=8, help="k for --select")
+    p.add_argument("--sample", action="store_true",
+                   help="LogitsGather.sample against the gather and vLLM's torch sampler instead")
     a = p.parse_args(argv)
     a.tokens = [int(t) for t in a.tokens.split(",")]
     if not os.path.exists(a.spec):
@@ -127,6 +135,20 @@ def _worst(values):
     return t.tolist()
 
 
+def _timed(fns, a):
+    """µs per step of each fn: captured, replayed in turn, the max over ranks."""
+    graphs = _graphs(fns, a.steps)
+    return _worst(_time(graphs, a.steps, a.replays))
+
+
+def _header(mode, info, tp, a, what):
+    """What was measured, where, and how: the lines above a table."""
+    return (f"klgen.bench {mode}: {info.name} shard ({info.shard} columns, {info.dtype}) at tp {tp} "
+            f"on {torch.cuda.get_device_name()}, torch {torch.__version__}; {what}\n"
+            f"method: each variant captured {a.steps} steps deep in a CUDA graph per rank, "
+            f"replayed in turn, median of {a.replays} replays, max over ranks; us per step\n")
+
+
 SELECT = ("plain", "fused", "plain+ops", "argmax", "gather+argmax", "NCCL pairs", "top-k")
 
 
@@ -166,15 +188,9 @@ def _select_main(rank, tp, a, info, dtype):
         fns = [lambda: g(x), lambda: ge(x), ops, lambda: g.argmax(x),
                lambda: torch.argmax(g(x), dim=1), lambda: _pairs_argmax(x, offset, valid, every),
                lambda: g.topk(x)]
-        graphs = _graphs(fns, a.steps)
-        rows.append((T, *_worst(_time(graphs, a.steps, a.replays))))
-        del graphs
+        rows.append((T, *_timed(fns, a)))
     if rank == 0:
-        print(f"klgen.bench --select: {info.name} shard ({info.shard} columns, {info.dtype}) at "
-              f"tp {tp} on {torch.cuda.get_device_name()}, torch {torch.__version__}; soft-cap 30, "
-              f"fp32 out; top-{a.topk}")
-        print(f"method: each variant captured {a.steps} steps deep in a CUDA graph per rank, "
-              f"replayed in turn, median of {a.replays} replays, max over ranks; us per step\n")
+        print(_header("--select", info, tp, a, f"soft-cap 30, fp32 out; top-{a.topk}"))
         print(f"{'tokens':<8}" + "".join(f"{n:>15}" for n in SELECT) +
               f"{'fused x':>9}{'x g+argmax':>12}{'x pairs':>9}")
         for T, *t in rows:
@@ -184,14 +200,75 @@ def _select_main(rank, tp, a, info, dtype):
     ge.close()
 
 
+SAMPLE = ("sample", "gather+torch", "sample T", "gather+torch T", "sample T=0", "NCCL pairs")
+
+
+def _torch_sampler(logits, t, k, p):
+    """vLLM's sampler on gathered logits, its PyTorch path (no FlashInfer):
+    temperature, the top-k and top-p mask by an ascending sort, softmax, and
+    the exponential race (probs / Exp(1), argmax)."""
+    x = logits.float() / t
+    if k is not None or p is not None:
+        x_sort, x_idx = x.sort(dim=-1, descending=False)
+        if k is not None:
+            cut = x_sort.gather(-1, (x_sort.shape[-1] - k).clamp(min=0)[:, None])
+            x_sort.masked_fill_(x_sort < cut, -float("inf"))
+        if p is not None:
+            cum = x_sort.softmax(dim=-1).cumsum(dim=-1)
+            mask = cum <= 1 - p[:, None]
+            mask[:, -1] = False
+            x_sort.masked_fill_(mask, -float("inf"))
+        x = x_sort.scatter(-1, x_idx, x_sort)
+    probs = x.softmax(dim=-1)
+    q = torch.empty_like(probs).exponential_()
+    return probs.div(q).argmax(dim=-1)
+
+
+def _sample_main(rank, tp, a, info, dtype):
+    from klgen import reference
+    vocab, padded = (info.shard * tp, info.shard * tp) if info.tp != tp else (info.vocab_size,
+                                                                              info.shard * tp)
+    g = klgen.LogitsGather(name="sample", vocab_size=vocab, padded_vocab=padded, dtype=dtype,
+                           max_tokens=max(a.tokens), topk=64)
+    offset, valid = rank * info.shard, min(info.shard, vocab - rank * info.shard)
+    rows = []
+    for T in a.tokens:
+        x = (torch.randn((T, info.shard), device="cuda") * 4).to(dtype)
+        every = torch.empty((tp * T,), dtype=torch.int64, device="cuda")
+        temp = torch.full((T,), 0.7, device="cuda")
+        k = torch.full((T,), 50, dtype=torch.int64, device="cuda")
+        p = torch.full((T,), 0.9, device="cuda")
+        zero = torch.zeros((T,), device="cuda")
+        seed = torch.arange(T, device="cuda") + 1000
+        for kw in (dict(top_k=k, top_p=p), dict()):
+            want = reference.sample(g(x), temp, seed=seed, **kw).tokens
+            if not torch.equal(g.sample(x, temp, seed=seed, **kw).tokens, want):
+                raise SystemExit(f"klgen.bench: rank {rank}: sample differs from the reference "
+                                 f"at {T} tokens ({kw and 'top-k, top-p' or 'temperature'})")
+        fns = [lambda: g.sample(x, temp, k, p, seed=seed),
+               lambda: _torch_sampler(g(x), temp[:, None], k, p),
+               lambda: g.sample(x, temp, seed=seed),
+               lambda: _torch_sampler(g(x), temp[:, None], None, None),
+               lambda: g.sample(x, zero, seed=seed),
+               lambda: _pairs_argmax(x, offset, valid, every)]
+        rows.append((T, *_timed(fns, a)))
+    if rank == 0:
+        print(_header("--sample", info, tp, a, "T 0.7, top_k 50, top_p 0.9; and T 0.7 alone"))
+        print(f"{'tokens':<8}" + "".join(f"{n:>16}" for n in SAMPLE) + f"{'x torch':>9}{'x T':>7}")
+        for T, *t in rows:
+            print(f"{T:<8}" + "".join(f"{v:>16.2f}" for v in t) +
+                  f"{t[1] / t[0]:>8.1f}x{t[3] / t[2]:>6.1f}x")
+    g.close()
+
+
 def _rank_main(rank, world, a):
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world,
                             device_id=torch.device("cuda", rank))
     info = klgen.spec_info(a.spec, a.name)
-    if a.select:
+    if a.select or a.sample:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[info.dtype]
-        _select_main(rank, world, a, info, dtype)
+        (_sample_main if a.sample else _select_main)(rank, world, a, info, dtype)
         dist.barrier()
         dist.destroy_process_group()
         return
