@@ -75,8 +75,8 @@ size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens) {
   return kl_record_bytes(c, tokens) * (size_t)(1 + c->nranks);
 }
 
-/* The NCCL paths need scratch for max_tokens from the start, so that a graph
- * captured at any size up to it needs no allocation. */
+/* The NCCL paths (and kl_sample) need scratch for max_tokens from the start,
+ * so that a graph captured at any size up to it needs no allocation. */
 kl_result kl_buffers_alloc(kl_ctx *c) {
   kl_buffer *all = &c->buf[KL_BUF_SCRATCH], *rec = &c->buf[KL_BUF_RECORDS];
   size_t bytes = (size_t)c->spec.max_tokens * (size_t)c->layout.shard_bytes * (size_t)c->nranks;
@@ -94,6 +94,15 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
     return kl_rt_fail(KLRT_ENOMEM, "NCCL scratch (%zu + %zu bytes): %s", bytes, sel,
                       kl_cu_errstr(r));
   rec->bytes = sel;
+  /* kl_sample's gathered rows, for max_tokens: its first call may be captured */
+  if (c->spec.topk) {
+    kl_buffer *smp = &c->buf[KL_BUF_SAMPLE];
+    size_t rows = (size_t)c->spec.max_tokens * (size_t)c->spec.vocab_size *
+                  (size_t)c->layout.out_elem_bytes;
+    if ((r = c->cu->cuMemAlloc(&smp->p, rows)) != CUDA_SUCCESS)
+      return kl_rt_fail(KLRT_ENOMEM, "sample scratch (%zu bytes): %s", rows, kl_cu_errstr(r));
+    smp->bytes = rows;
+  }
   return KLRT_OK;
 }
 
@@ -257,10 +266,11 @@ kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s) {
   const kl_route *r = k->route;
   k->in_bytes = (size_t)k->tokens * (size_t)c->layout.shard_bytes;
   k->kin = (CUdeviceptr)k->in;
-  r->measure(c, k);
-  kl_result res = check_args(c, k);
-  if (!res && r->check) res = r->check(c, k);
+  /* the route's own arguments first: they may size its outputs */
+  kl_result res = r->check ? r->check(c, k) : KLRT_OK;
   if (res) return res;
+  r->measure(c, k);
+  if ((res = check_args(c, k))) return res;
   if (r->nccl_kernels) { /* both paths read the input through the kernels */
     if ((res = kl_stage_in(c, k, s))) return res;
     c->stats.staged += k->kin != (CUdeviceptr)k->in;

@@ -30,8 +30,9 @@ static int topk_grid(const kl_ctx *c, int tokens, int cap) {
   return kl_layout_select_grid(&c->layout, tokens, cap, 1);
 }
 static int sample_grid(const kl_ctx *c, int tokens, int cap) {
-  (void)c; /* a CTA a row; past cap the CTAs take several */
-  return tokens < 1 ? 1 : tokens < cap ? tokens : cap;
+  (void)c; /* a CTA a row; past cap (0: none) the CTAs take several */
+  if (tokens < 1) return 1;
+  return cap > 0 && tokens > cap ? cap : tokens;
 }
 
 static const struct row {

@@ -193,7 +193,8 @@ typedef struct kl_route {
   const char *nccl_kernels;
   int logged; /* its changes of path go to KLGEN_LOG (the gather's alone) */
   kl_result (*usable)(const kl_ctx *c); /* NULL: always; else called at every call */
-  /* NULL: none; else the route's own arguments (k->extra), after the layer's */
+  /* NULL: none; else the route's own arguments (k->extra), before the
+   * layer's checks (they may size the outputs) */
   kl_result (*check)(kl_ctx *c, const kl_call *k);
   void (*measure)(const kl_ctx *c, kl_call *k); /* out[i].bytes for k->tokens */
   /* The paths, after the layer's checks, choice and counts; the NCCL path

@@ -30,7 +30,9 @@ static kl_result has_topk(const kl_ctx *c) {
 }
 
 /* n_top and its outputs agree; the parameter arrays: temperature required,
- * the others NULL or on this GPU. */
+ * the others NULL, on this GPU and apart from the outputs (the sampler reads
+ * them while it writes those). Before the layer's checks: n_top sizes the
+ * outputs. */
 static kl_result check(kl_ctx *c, const kl_call *k) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
@@ -43,10 +45,19 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
   if (!p) return kl_rt_fail(KLRT_EINVAL, "kl_sample: params is NULL");
   if (!p->temperature) return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->temperature is NULL");
   const void *arrays[] = {p->temperature, p->top_k, p->top_p, p->min_p, p->seed, p->offset};
+  const size_t elem[] = {4, 8, 4, 4, 8, 8};
+  kl_call sized = *k;
+  measure(c, &sized);
   for (int i = 0; i < 6; i++) {
-    kl_result res = arrays[i] ? kl_check_ptr(c, arrays[i], (kl_arg)(KL_ARG_TEMPERATURE + i))
-                              : KLRT_OK;
+    if (!arrays[i]) continue;
+    kl_result res = kl_check_ptr(c, arrays[i], (kl_arg)(KL_ARG_TEMPERATURE + i));
     if (res) return res;
+    for (int o = 0; o < 4; o++)
+      if (sized.out[o].p && kl_overlaps((uintptr_t)arrays[i], elem[i] * (size_t)k->tokens,
+                                        (uintptr_t)sized.out[o].p, sized.out[o].bytes))
+        return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s overlaps %s",
+                          kl_arg_name((kl_arg)(KL_ARG_TEMPERATURE + i)),
+                          kl_arg_name(sized.out[o].arg));
   }
   return KLRT_OK;
 }

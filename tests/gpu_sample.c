@@ -271,31 +271,32 @@ static void api_results(const dev *d, rows *w, const api_bufs *b) {
   CU_CHECK(d->cu, cuMemcpyDtoH(w->top_logprob, b->top_logprob, 4 * top));
 }
 
+static void refused(kl_result rc, const char *what) {
+  const char *msg = kl_last_error(); /* this call's: read before the next */
+  CHECK(rc == KLRT_EINVAL && strstr(msg, what) != NULL, "misuse: %s (%s), want EINVAL with \"%s\"",
+        kl_result_name(rc), msg, what);
+}
+
 /* Calls that must be refused, each with its message, the context unharmed. */
 static void api_misuse(kl_ctx *ctx, const api_bufs *b, int n) {
   kl_sampling p = api_params(b), none = {0};
   float host_t[1] = {1.f};
-  kl_sampling host = p;
+  kl_sampling host = p, over = p;
   host.temperature = host_t;
-  struct {
-    kl_result rc;
-    const char *what;
-  } cases[] = {
-      {api_call(ctx, b, &p, 9, n, NULL), "n_top is 9"},
-      {api_call(ctx, b, &none, 8, n, NULL), "temperature is NULL"},
-      {kl_sample(ctx, (const void *)b->shard, NULL, (int64_t *)b->token, NULL, NULL, NULL, 0, n,
-                 NULL), "params is NULL"},
-      {kl_sample(ctx, (const void *)b->shard, &p, (int64_t *)b->token, NULL, NULL, NULL, 3, n,
-                 NULL), "top_index must be given"},
-      {kl_sample(ctx, (const void *)b->shard, &p, (int64_t *)(b->token + 4), NULL, NULL, NULL, 0,
-                 n, NULL), "8-byte aligned"},
-      {api_call(ctx, b, &host, 8, n, NULL), "temperature"},
-      {api_call(ctx, b, &p, 8, 0, NULL), "tokens is 0"},
-  };
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-    CHECK(cases[i].rc == KLRT_EINVAL && strstr(kl_last_error(), cases[i].what) != NULL,
-          "misuse %zu: %s (%s), want EINVAL with \"%s\"", i, kl_result_name(cases[i].rc),
-          kl_last_error(), cases[i].what);
+  over.top_p = (const float *)b->logprob; /* a parameter array on an output */
+  const void *shard = (const void *)b->shard;
+  refused(api_call(ctx, b, &p, 9, n, NULL), "n_top is 9");
+  refused(api_call(ctx, b, &p, -1, n, NULL), "n_top is -1");
+  refused(api_call(ctx, b, &none, 8, n, NULL), "temperature is NULL");
+  refused(kl_sample(ctx, shard, NULL, (int64_t *)b->token, NULL, NULL, NULL, 0, n, NULL),
+          "params is NULL");
+  refused(kl_sample(ctx, shard, &p, (int64_t *)b->token, NULL, NULL, NULL, 3, n, NULL),
+          "top_index must be given");
+  refused(kl_sample(ctx, shard, &p, (int64_t *)(b->token + 4), NULL, NULL, NULL, 0, n, NULL),
+          "8-byte aligned");
+  refused(api_call(ctx, b, &host, 8, n, NULL), "temperature");
+  refused(api_call(ctx, b, &over, 8, n, NULL), "params->top_p overlaps logprob");
+  refused(api_call(ctx, b, &p, 8, 0, NULL), "tokens is 0");
 }
 
 static void api(dev *d) {
@@ -308,7 +309,7 @@ static void api(dev *d) {
   load(d, &list.v[0]); /* the helper kernel, for the reference */
   kl_layout l;
   kl_layout_derive(&list.v[0], &l, &e);
-  const int n = 16;
+  const int n = 20, steps[] = {16, 20}; /* max_tokens (one-shot), past it (NCCL path) */
   const long long v = list.v[0].vocab_size, padded = l.padded_vocab;
   rows w = {n, 8, KL_BF16, v, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
   alloc_rows(&w);
@@ -328,25 +329,34 @@ static void api(dev *d) {
   if (!ctx) exit(1);
   api_bufs b = api_upload(d, &w, shard, padded);
   kl_sampling p = api_params(&b);
-  CHECK(api_call(ctx, &b, &p, 8, n, NULL) == KLRT_OK, "kl_sample: %s", kl_last_error());
-  api_results(d, &w, &b);
-  for (int i = 0; i < n; i++) check_row(d, &w, i, "kl_sample");
-  api_misuse(ctx, &b, n);
+  for (int k = 0; k < 2; k++) {
+    kl_stats st0 = KL_STATS_INIT, st1 = KL_STATS_INIT;
+    kl_ctx_stats(ctx, &st0);
+    CHECK(api_call(ctx, &b, &p, 8, steps[k], NULL) == KLRT_OK, "kl_sample: %s", kl_last_error());
+    kl_ctx_stats(ctx, &st1);
+    CHECK(k ? st1.nccl == st0.nccl + 1 : st1.oneshot == st0.oneshot + 1,
+          "kl_sample of %d rows took the %s path", steps[k], k ? "one-shot" : "NCCL");
+    w.n = steps[k];
+    api_results(d, &w, &b);
+    for (int i = 0; i < steps[k]; i++) check_row(d, &w, i, k ? "kl_sample (NCCL)" : "kl_sample");
+  }
+  w.n = 16;
+  api_misuse(ctx, &b, 16);
   /* captured: a replay reads the parameters as they are then (new seeds) */
   CUstream s;
   CU_CHECK(d->cu, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   CUgraph g;
   CUgraphExec ge;
   CU_CHECK(d->cu, cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-  kl_result rc = api_call(ctx, &b, &p, 8, n, s);
+  kl_result rc = api_call(ctx, &b, &p, 8, 16, s);
   CU_CHECK(d->cu, cuStreamEndCapture(s, &g));
   CHECK(rc == KLRT_OK, "kl_sample captured: %s", kl_last_error());
   CU_CHECK(d->cu, cuGraphInstantiate(&ge, g, 0));
-  for (int i = 0; i < n; i++) w.seed[i] = rng_next(&r);
-  CU_CHECK(d->cu, cuMemcpyHtoD(b.S, w.seed, 8 * (size_t)n));
+  for (int i = 0; i < 16; i++) w.seed[i] = rng_next(&r);
+  CU_CHECK(d->cu, cuMemcpyHtoDAsync(b.S, w.seed, 8 * 16, s)); /* before the replay, in order */
   CU_CHECK(d->cu, cuGraphLaunch(ge, s));
   api_results(d, &w, &b);
-  for (int i = 0; i < n; i++) check_row(d, &w, i, "kl_sample replayed");
+  for (int i = 0; i < 16; i++) check_row(d, &w, i, "kl_sample replayed");
   CU_CHECK(d->cu, cuGraphExecDestroy(ge));
   CU_CHECK(d->cu, cuGraphDestroy(g));
   CU_CHECK(d->cu, cuStreamDestroy(s));
@@ -356,7 +366,7 @@ static void api(dev *d) {
   for (size_t j = 0; j < sizeof all / sizeof *all; j++) CU_CHECK(d->cu, cuMemFree(all[j]));
   free(row), free(shard), free_rows(&w);
   kl_spec_list_free(&list);
-  printf("kl_sample (tp 1): %d rows, eager and replayed, and its misuse\n", n);
+  printf("kl_sample (tp 1): one-shot, NCCL path, replayed, and its misuse\n");
 }
 
 int main(int argc, char **argv) {

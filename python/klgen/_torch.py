@@ -262,9 +262,10 @@ class LogitsGather:
         device (one per row; what a CUDA graph replays with new values):
         temperature >= 0 (0: greedy), top_k 0..K or >= vocab_size (0 and
         None: off), top_p in (0, 1], min_p in [0, 1], seed and offset 64-bit
-        ints (int64 tensors). Numbers are checked here; a tensor's values are
-        checked on the device, where a row outside the domain gets token -1
-        and NaN logprobs. logprobs: n top logprobs, 0..K."""
+        ints (int64 tensors). Numbers are checked here (but float ones under
+        torch.compile); a tensor's values are checked on the device, where a
+        row outside the domain gets token -1 and NaN logprobs. logprobs: n
+        top logprobs, 0..K."""
         if not self.k:
             raise Error(f"spec '{self.name}' has no topk field (add topk = K to it)")
         self._check(shard, None)
@@ -479,9 +480,11 @@ def _number(name, value, g):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number or a tensor of one per row, not "
                         f"{type(value).__name__}")
-    v = float(value) if abs(value) < 2**1024 else math.copysign(math.inf, value)
-    if not torch.compiler.is_compiling():  # (struct is not traced; the device checks again)
-        v = _f32(v)
+    if torch.compiler.is_compiling():
+        # torch.compile may make a float symbolic: no Python test of its value
+        # traces, so it is checked on the device, as a tensor's is
+        return value
+    v = _f32(float(value)) if abs(value) < 2**1024 else math.copysign(math.inf, value)
     ok = {"temperature": math.isfinite(v) and v >= 0, "top_p": 0 < v <= 1,
           "min_p": 0 <= v <= 1}[name]
     if not ok:

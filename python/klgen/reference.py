@@ -362,6 +362,18 @@ def _keep(t, args):
     return torch.where(special[:, None], one, keep), torch.where(special, math.inf, margin)
 
 
+def _key_order(x):
+    """The columns of each row in the key order: value descending, ties to
+    the lowest column, every NaN above +Inf alike (torch.sort would order
+    NaNs by their bits): a stable sort by value with NaN as +Inf, then a
+    stable one that moves the NaNs first."""
+    nan = torch.isnan(x)
+    order = torch.sort(torch.where(nan, math.inf, x), dim=-1, descending=True, stable=True).indices
+    first = torch.sort(nan.gather(1, order).to(torch.int8), dim=-1, descending=True,
+                       stable=True).indices
+    return order.gather(1, first)
+
+
 class Sample(NamedTuple):
     """sample()'s result, one row per token.
 
@@ -422,5 +434,5 @@ def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, o
     lp = torch.log_softmax(x.to(torch.float64), dim=-1).to(torch.float32)
     chosen = x.gather(1, tokens[:, None])
     rank = (x >= chosen).sum(dim=-1)
-    top = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :args.logprobs]
+    top = _key_order(x)[:, :args.logprobs]
     return Sample(tokens, lp.gather(1, tokens[:, None])[:, 0], rank, lp.gather(1, top), top)

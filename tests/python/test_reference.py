@@ -357,6 +357,18 @@ def test_special_rows():
 
 
 @needs_torch
+def test_top_logprobs_take_every_nan_alike():
+    # NaNs of other bits (a quiet NaN's payload, a negative NaN): all above
+    # +Inf, by column, whatever torch.sort would make of their bits
+    bits = torch.tensor([[0x3F800000, 0x7FFFFFFF, 0x7F800000, 0x7FC00000, 0xFFC00001 - 2**32,
+                          0x40000000]], dtype=torch.int32)
+    x = bits.view(torch.float32)
+    out = reference.sample(x, 1.0, logprobs=6)
+    assert out.top_indices.tolist() == [[1, 3, 4, 2, 5, 0]]
+    assert int(out.tokens[0]) == 1
+
+
+@needs_torch
 def test_greedy_is_argmax_whatever_the_filters():
     rng = random.Random(2)
     logits = torch.tensor([hostile_row(rng, 64) for _ in range(200)]).bfloat16()
