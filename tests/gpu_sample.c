@@ -6,10 +6,15 @@
  * (gpu_diff/diff_sample.c). The reference takes the noise and top-p's expf
  * from the device (helper kernels appended to the spec's source), so
  * tokens must agree bit for bit; logprobs within 2 ulp.
- * Then kl_sample itself on one rank: eager, in a replayed CUDA graph (which
- * reads the parameters of the replay), and the calls it must refuse.
+ * Then kl_sample itself on one rank: eager on both paths, in a replayed CUDA
+ * graph (which reads the parameters of the replay), and the calls it must
+ * refuse. Last, its distribution: 102,400 draws of fixed logits per case of
+ * (temperature, top_k, top_p, min_p), at tp 2 and tp 4 (ranks as threads on
+ * the GPU), against the exact filtered softmax by a chi-squared test; the
+ * same seeds and offsets draw the same tokens again and at either tp.
  *   gpu_sample SPECS [ROWS]   (exit 77 without a GPU) */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -369,11 +374,185 @@ static void api(dev *d) {
   printf("kl_sample (tp 1): one-shot, NCCL path, replayed, and its misuse\n");
 }
 
+/* ---- the distribution: kl_sample at tp 2 and 4, ranks as threads on one GPU ---- */
+
+#define CHI_VOCAB 48
+#define CHI_ROWS 64
+#define CHI_CALLS 1600 /* 102,400 draws a case */
+
+typedef struct chi_rank {
+  int rank, tp;
+  kl_group *group;
+  CUcontext cuctx;
+  const char *spec;
+  sample_args a;
+  const float *logits; /* [CHI_VOCAB], every row */
+  int64_t *tokens;     /* [CHI_CALLS + 1, CHI_ROWS]: the draws, then call 0 again */
+  kl_result rc;
+  char err[300];
+} chi_rank;
+
+static void chi_fail(chi_rank *r, kl_result rc) {
+  r->rc = rc;
+  snprintf(r->err, sizeof r->err, "%s", kl_last_error());
+}
+
+/* One rank: CHI_CALLS calls of CHI_ROWS rows of the same logits, row i with
+ * seed i + 1 and call j with offset j, so every draw has noise of its own. */
+static void *chi_rank_main(void *arg) {
+  chi_rank *r = arg;
+  const kl_cu *cu = kl_cu_get(NULL);
+  cu->cuCtxSetCurrent(r->cuctx);
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.rank = r->rank, cfg.nranks = r->tp, cfg.group = r->group;
+  kl_ctx *ctx = NULL;
+  kl_result rc = kl_ctx_create_string(&ctx, r->spec, NULL, &cfg);
+  if (rc) return chi_fail(r, rc), NULL;
+  kl_info info = KL_INFO_INIT;
+  kl_ctx_info(ctx, &info);
+  const size_t shard = (size_t)info.shard, rows = CHI_ROWS, calls = CHI_CALLS;
+  float *x = xmalloc(4 * rows * shard), *T = xmalloc(4 * rows), *P = xmalloc(4 * rows),
+        *MP = xmalloc(4 * rows);
+  int64_t *K = xmalloc(8 * rows);
+  uint64_t *S = xmalloc(8 * rows), *O = xmalloc(8 * calls * rows);
+  for (size_t i = 0; i < rows; i++) {
+    for (size_t j = 0; j < shard; j++) {
+      const size_t c = (size_t)r->rank * shard + j;
+      x[i * shard + j] = c < CHI_VOCAB ? r->logits[c] : 0.f; /* padding: never read */
+    }
+    T[i] = r->a.temperature, P[i] = r->a.top_p, MP[i] = r->a.min_p, K[i] = r->a.top_k;
+    S[i] = i + 1;
+  }
+  for (size_t j = 0; j < calls * rows; j++) O[j] = j / rows;
+  dev d = {cu, NULL, NULL};
+  CUstream s; /* a stream of its own: the ranks' kernels wait for each other */
+  CU_CHECK(cu, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr dx = up(&d, x, 4 * rows * shard), dT = up(&d, T, 4 * rows), dP = up(&d, P, 4 * rows),
+              dMP = up(&d, MP, 4 * rows), dK = up(&d, K, 8 * rows), dS = up(&d, S, 8 * rows),
+              dO = up(&d, O, 8 * calls * rows), dtok = up(&d, NULL, 8 * (calls + 1) * rows);
+  for (size_t j = 0; j <= calls && !rc; j++) {
+    const size_t call = j < calls ? j : 0; /* the last: call 0's parameters again */
+    kl_sampling p = {(const float *)dT, (const int64_t *)dK, (const float *)dP,
+                     (const float *)dMP, (const uint64_t *)dS,
+                     (const uint64_t *)(dO + 8 * call * rows)};
+    rc = kl_sample(ctx, (const void *)dx, &p, (int64_t *)(dtok + 8 * j * rows), NULL, NULL, NULL,
+                   0, CHI_ROWS, (kl_stream)s);
+  }
+  CU_CHECK(cu, cuStreamSynchronize(s));
+  if (rc) chi_fail(r, rc);
+  else down(&d, r->tokens, dtok, 8 * (calls + 1) * rows);
+  CUdeviceptr all[] = {dx, dT, dP, dMP, dK, dS, dO};
+  for (size_t j = 0; j < sizeof all / sizeof *all; j++) cu->cuMemFree(all[j]);
+  free(x), free(T), free(P), free(MP), free(K), free(S), free(O);
+  CU_CHECK(cu, cuStreamDestroy(s));
+  rc = kl_ctx_destroy(ctx);
+  if (rc && !r->rc) chi_fail(r, rc);
+  return NULL;
+}
+
+/* Rank 0's draws of every rank's group at tp (tokens [CHI_CALLS + 1, CHI_ROWS]). */
+static int chi_draws(CUcontext cuctx, int tp, const float *logits, sample_args a, int64_t *tokens) {
+  char spec[200];
+  snprintf(spec, sizeof spec, "return { name = 'chi_tp%d', vocab_size = %d, tp = %d, "
+           "dtype = 'fp32', max_tokens = %d, topk = 8 }", tp, CHI_VOCAB, tp, CHI_ROWS);
+  kl_group *group;
+  kl_group_create(&group, tp);
+  chi_rank r[4];
+  pthread_t th[4];
+  const size_t n = (size_t)(CHI_CALLS + 1) * CHI_ROWS;
+  for (int i = 0; i < tp; i++) {
+    r[i] = (chi_rank){i, tp, group, cuctx, spec, a, logits, i ? xmalloc(8 * n) : tokens, KLRT_OK,
+                      ""};
+    pthread_create(&th[i], NULL, chi_rank_main, &r[i]);
+  }
+  int ok = 1;
+  for (int i = 0; i < tp; i++) {
+    pthread_join(th[i], NULL);
+    CHECK(r[i].rc == KLRT_OK, "chi tp %d rank %d: %s: %s", tp, i, kl_result_name(r[i].rc), r[i].err);
+    ok &= r[i].rc == KLRT_OK;
+  }
+  for (int i = 1; i < tp; i++) {
+    CHECK(!ok || memcmp(r[i].tokens, tokens, 8 * n) == 0, "tp %d: rank %d drew other tokens than "
+          "rank 0", tp, i);
+    free(r[i].tokens);
+  }
+  kl_group_destroy(group);
+  return ok;
+}
+
+/* The upper tail of chi-squared with df degrees of freedom (Wilson-Hilferty). */
+static double chi2_sf(double x, int df) {
+  const double k = df, z = (cbrt(x / k) - (1 - 2 / (9 * k))) / sqrt(2 / (9 * k));
+  return 0.5 * erfc(z / sqrt(2.0));
+}
+
+/* The draws against the exact filtered softmax: none outside the kept set,
+ * a chi-squared test over the kept columns (expected counts under 5 pooled). */
+static void chi_check(const float *logits, sample_args a, const int64_t *tokens, int tp) {
+  float t[CHI_VOCAB], e[CHI_VOCAB];
+  unsigned char keep[CHI_VOCAB];
+  const float m = sample_tempered(logits, CHI_VOCAB, a.temperature, t);
+  for (int c = 0; c < CHI_VOCAB; c++) e[c] = expf(t[c] - m);
+  sample_keep(t, m, CHI_VOCAB, &a, e, keep);
+  double prob[CHI_VOCAB], sum = 0;
+  long long seen[CHI_VOCAB] = {0}, outside = 0;
+  const long long n = (long long)CHI_CALLS * CHI_ROWS;
+  for (int c = 0; c < CHI_VOCAB; c++) sum += prob[c] = keep[c] ? exp((double)t[c] - m) : 0;
+  for (long long i = 0; i < n; i++) {
+    const int64_t c = tokens[i];
+    if (c < 0 || c >= CHI_VOCAB || !keep[c]) outside++;
+    else seen[c]++;
+  }
+  double chi = 0, pool_e = 0, pool_o = 0;
+  int bins = 0;
+  for (int c = 0; c < CHI_VOCAB; c++) {
+    if (!keep[c]) continue;
+    const double want = (double)n * prob[c] / sum;
+    if (want < 5) {
+      pool_e += want, pool_o += (double)seen[c];
+      continue;
+    }
+    chi += ((double)seen[c] - want) * ((double)seen[c] - want) / want, bins++;
+  }
+  if (pool_e > 0) chi += (pool_o - pool_e) * (pool_o - pool_e) / pool_e, bins++;
+  const double p = bins > 1 ? chi2_sf(chi, bins - 1) : 1.0;
+  CHECK(outside == 0 && p > 1e-6, "tp %d (T %g, k %lld, p %g, min_p %g): %lld draws outside the "
+        "kept set, chi2 %.1f over %d bins, p-value %.2g", tp, (double)a.temperature,
+        (long long)a.top_k, (double)a.top_p, (double)a.min_p, outside, chi, bins, p);
+  CHECK(memcmp(tokens, tokens + n, 8 * CHI_ROWS) == 0,
+        "tp %d: the same seeds and offsets drew other tokens", tp);
+  printf("chi-squared, tp %d, T %g k %lld p %g min_p %g: %lld draws, %d bins, chi2 %.1f, "
+         "p-value %.3g\n", tp, (double)a.temperature, (long long)a.top_k, (double)a.top_p,
+         (double)a.min_p, n, bins, chi, p);
+}
+
+static void distribution(const dev *d) {
+  CUcontext cuctx;
+  CU_CHECK(d->cu, cuCtxGetCurrent(&cuctx));
+  float logits[CHI_VOCAB];
+  rng r = rng_for(4242, 3);
+  for (int c = 0; c < CHI_VOCAB; c++) logits[c] = (float)(3.0 * rng_unit(&r) - 1.5 * (c % 7 == 0));
+  const sample_args cases[] = {{1.f, 0, 1.f, 0.f},    {0.7f, 5, 1.f, 0.f}, {1.3f, 0, 0.8f, 0.f},
+                               {1.f, 0, 1.f, 0.1f},  {0.9f, 8, 0.9f, 0.02f}};
+  const size_t n = (size_t)(CHI_CALLS + 1) * CHI_ROWS;
+  int64_t *t2 = xmalloc(8 * n), *t4 = xmalloc(8 * n);
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+    if (!chi_draws(cuctx, 2, logits, cases[k], t2) || !chi_draws(cuctx, 4, logits, cases[k], t4))
+      continue;
+    chi_check(logits, cases[k], t2, 2);
+    chi_check(logits, cases[k], t4, 4);
+    /* the noise is keyed by the column: any split draws the same */
+    CHECK(memcmp(t2, t4, 8 * n) == 0, "case %zu: tp 2 and tp 4 drew differently", k);
+  }
+  free(t2), free(t4);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: gpu_sample SPECS [ROWS]\n");
     return 2;
   }
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1); /* ranks share the GPU (distribution) */
   dev d = {gpu_require(1), NULL, NULL};
   kl_spec_list list;
   gpu_one_device(d.cu, argv[1], &list);
@@ -386,5 +565,6 @@ int main(int argc, char **argv) {
   }
   kl_spec_list_free(&list);
   api(&d);
+  distribution(&d);
   return check_done();
 }

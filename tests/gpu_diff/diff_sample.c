@@ -75,12 +75,9 @@ static int64_t top_p_cut(const entry *s, int64_t n, const float *e, float p) {
   return i;
 }
 
-int64_t sample_token(const float *t, float m, int64_t vocab, const sample_args *a,
-                     const float *e, const float *g, int64_t *kept) {
-  if (kept) *kept = 1;
-  if (a->temperature == 0.f || !sample_regular(m)) return argmax(t, vocab);
-  entry *s = sorted(t, vocab);
-  if (!s) return -1;
+/* How many of the sorted columns s the filters keep (a prefix). */
+static int64_t kept_prefix(const entry *s, float m, int64_t vocab, const sample_args *a,
+                           const float *e) {
   int64_t n = vocab;
   if (a->min_p > 0.f) {
     /* log(min_p) rounded to float, then the float sum: a value threshold */
@@ -90,6 +87,26 @@ int64_t sample_token(const float *t, float m, int64_t vocab, const sample_args *
   }
   if (a->top_k > 0 && a->top_k < n) n = a->top_k;
   if (a->top_p < 1.f) n = top_p_cut(s, n, e, a->top_p);
+  return n;
+}
+
+int64_t sample_keep(const float *t, float m, int64_t vocab, const sample_args *a, const float *e,
+                    unsigned char *keep) {
+  entry *s = sorted(t, vocab);
+  if (!s) return -1;
+  const int64_t n = kept_prefix(s, m, vocab, a, e);
+  for (int64_t i = 0; i < vocab; i++) keep[s[i].c] = i < n;
+  free(s);
+  return n;
+}
+
+int64_t sample_token(const float *t, float m, int64_t vocab, const sample_args *a,
+                     const float *e, const float *g, int64_t *kept) {
+  if (kept) *kept = 1;
+  if (a->temperature == 0.f || !sample_regular(m)) return argmax(t, vocab);
+  entry *s = sorted(t, vocab);
+  if (!s) return -1;
+  const int64_t n = kept_prefix(s, m, vocab, a, e);
   int64_t best = s[0].c;
   float score = t[best] + g[best];
   for (int64_t i = 1; i < n; i++) {

@@ -34,6 +34,11 @@ int sample_regular(float m);
 int64_t sample_token(const float *t, float m, int64_t vocab, const sample_args *a,
                      const float *e, const float *g, int64_t *kept);
 
+/* Which columns the filters keep of a regular row with T > 0 (keep[c] 1 or
+ * 0; e as for sample_token); returns how many, or -1 when out of memory. */
+int64_t sample_keep(const float *t, float m, int64_t vocab, const sample_args *a, const float *e,
+                    unsigned char *keep);
+
 /* log_softmax of the raw logits x at column c, in double, rounded to float
  * (NaN when x's largest is not finite); *rank, if not NULL, the number of
  * columns whose x >= x[c]. */
