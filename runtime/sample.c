@@ -81,7 +81,8 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
       (const void *)c->buf[KL_BUF_SAMPLE].p, p->temperature, (const long long *)p->top_k,
       p->top_p, p->min_p, (const unsigned long long *)p->seed,
       (const unsigned long long *)p->offset, (long long *)k->out[0].p, k->out[1].p,
-      (long long *)k->out[2].p, k->out[3].p, k->tokens, x->n_top};
+      (long long *)k->out[2].p, k->out[3].p, c->recv ? kl_fault_word(c) : NULL, k->tokens,
+      x->n_top};
   CUresult r = kl_launch(c, KL_K_SAMPLE, kl_grid(c, KL_K_SAMPLE, k->tokens, 1), 0, s);
   if (r == CUDA_SUCCESS) return KLRT_OK;
   return kl_rt_fail(KLRT_ECUDA, "launching the row sampler: %s", kl_cu_errstr(r));

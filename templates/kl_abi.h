@@ -104,6 +104,10 @@ typedef struct kl_sample_args {
   float *logprob;                 /* [tokens], or NULL */
   long long *top_index;           /* [tokens, n_top], or NULL */
   float *top_logprob;             /* [tokens, n_top], or NULL */
+  /* this rank's copy of the group's fault word, or NULL (no one-shot state):
+   * set when the sampler starts, the gather before it ran dead, and every
+   * row gets token -1 and NaN logprobs */
+  const unsigned long long *fault;
   int tokens, n_top;              /* n_top <= TOPK and <= VOCAB */
 } kl_sample_args;
 
@@ -112,6 +116,6 @@ KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit 
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
 KL_ABI_ASSERT(sizeof(kl_select_args) == 80, "peers[] follow kl_select_args at byte 80");
-KL_ABI_ASSERT(sizeof(kl_sample_args) == 96, "kl_sample_args layout");
+KL_ABI_ASSERT(sizeof(kl_sample_args) == 104, "kl_sample_args layout");
 
 #endif

@@ -1,10 +1,11 @@
 /* GPU test: a fault never looks like success. Two ranks as threads on one GPU
  * (CUDA_DEVICE_MAX_CONNECTIONS=32), a spec with timeout_ms = 200 (or argv[1]), and rank 1
- * skipping one call, for each of kl_gather, kl_argmax and kl_topk:
+ * skipping one call, for each of kl_gather, kl_argmax, kl_topk and kl_sample:
  *
  *   - rank 0's call times out; it and the call rank 0 makes right after it
  *     (before the host can know) return KLRT_OK, and both write poison (NaN
- *     logits, index -1, NaN values and lse), not stale outputs;
+ *     logits, index -1, NaN values and lse; kl_sample's token -1 and NaN
+ *     logprob), not stale outputs;
  *   - rank 0's next call returns KLRT_EDEVICE naming the ranks and the step,
  *     as does kl_ctx_status, without waiting for the device;
  *   - rank 1, whose kernels learn of it from the fault word rank 0 wrote into
@@ -26,8 +27,8 @@
 #define K 8
 #define SHARD (VOCAB / 2)
 
-enum { GATHER, ARGMAX, TOPK };
-static const char *const names[] = {"kl_gather", "kl_argmax", "kl_topk"};
+enum { GATHER, ARGMAX, TOPK, SAMPLE };
+static const char *const names[] = {"kl_gather", "kl_argmax", "kl_topk", "kl_sample"};
 
 typedef struct shared {
   const kl_cu *cu;
@@ -63,6 +64,7 @@ typedef struct outs {
 } outs;
 typedef struct bufs {
   CUdeviceptr shard;
+  CUdeviceptr temperature; /* kl_sample's: 0.7 for every row */
   outs o[2];
   CUstream s;
 } bufs;
@@ -73,6 +75,11 @@ static kl_result call(shared *sh, kl_ctx *c, const bufs *b, int set) {
   case GATHER: return kl_gather(c, (void *)b->shard, (void *)o->out, TOKENS, b->s);
   case ARGMAX:
     return kl_argmax(c, (void *)b->shard, (int64_t *)o->index, (float *)o->value, TOKENS, b->s);
+  case SAMPLE: { /* the token in index, its logprob in value */
+    kl_sampling p = {(const float *)b->temperature, NULL, NULL, NULL, NULL, NULL};
+    return kl_sample(c, (void *)b->shard, &p, (int64_t *)o->index, (float *)o->value, NULL, NULL,
+                     0, TOKENS, b->s);
+  }
   default:
     return kl_topk(c, (void *)b->shard, (int64_t *)o->index, (float *)o->value, (float *)o->lse,
                    TOKENS, b->s);
@@ -103,7 +110,14 @@ static int outputs_are(shared *sh, const bufs *b, int set, int poison) {
   CU_CHECK(cu, cuMemcpyDtoH(value, o->value, sizeof value));
   CU_CHECK(cu, cuMemcpyDtoH(lse, o->lse, sizeof lse));
   int k = sh->op == TOPK ? K : 1, ok = 1;
-  if (sh->op == GATHER)
+  if (sh->op == SAMPLE) /* all equal: any column, log(1 / VOCAB) */
+    for (int t = 0; t < TOKENS; t++) {
+      float lp;
+      memcpy(&lp, &value[t], 4);
+      ok &= poison ? index[t] == -1 && (value[t] & 0x7fffffffu) > 0x7f800000u
+                   : index[t] >= 0 && index[t] < VOCAB && lp > -8.32f && lp < -8.31f;
+    }
+  else if (sh->op == GATHER)
     for (int i = 0; i < TOKENS * VOCAB; i++)
       ok &= poison ? (out[i] & 0x7fffu) > 0x7f80u : out[i] == 0x3f80u;
   else /* all equal: the lowest columns, in order */
@@ -134,6 +148,9 @@ static void *rank_main(void *arg) {
   CU_CHECK(cu, cuStreamCreate(&b.s, CU_STREAM_NON_BLOCKING));
   CU_CHECK(cu, cuMemAlloc(&b.shard, TOKENS * SHARD * 2));
   CU_CHECK(cu, cuMemsetD32(b.shard, 0x3f803f80u, TOKENS * SHARD / 2)); /* 1.0 everywhere */
+  CU_CHECK(cu, cuMemAlloc(&b.temperature, TOKENS * 4));
+  CU_CHECK(cu, cuMemsetD32(b.temperature, 0x3f333333u, TOKENS)); /* 0.7f */
+  CU_CHECK(cu, cuCtxSynchronize()); /* the legacy stream's memsets, before any kernel reads */
   for (int i = 0; i < 2; i++) {
     CU_CHECK(cu, cuMemAlloc(&b.o[i].out, TOKENS * VOCAB * 2));
     CU_CHECK(cu, cuMemAlloc(&b.o[i].index, TOKENS * K * 8));
@@ -196,6 +213,7 @@ static void *rank_main(void *arg) {
   pthread_barrier_wait(&sh->bar);
   expect_rc(sh, rank, kl_ctx_destroy(c), KLRT_OK, "destroy");
   cu->cuMemFree(b.shard);
+  cu->cuMemFree(b.temperature);
   for (int i = 0; i < 2; i++) {
     cu->cuMemFree(b.o[i].out), cu->cuMemFree(b.o[i].index);
     cu->cuMemFree(b.o[i].value), cu->cuMemFree(b.o[i].lse);
@@ -213,7 +231,7 @@ int main(int argc, char **argv) {
   CU_CHECK(sh.cu, cuDeviceGet(&dev, 0));
   CU_CHECK(sh.cu, cuDevicePrimaryCtxRetain(&sh.cuctx, dev));
   pthread_mutex_init(&sh.m, NULL);
-  for (sh.op = GATHER; sh.op <= TOPK; sh.op++) {
+  for (sh.op = GATHER; sh.op <= SAMPLE; sh.op++) {
     if (kl_group_create(&sh.group, 2) != KLRT_OK) return 1;
     pthread_barrier_init(&sh.bar, NULL, 2);
     pthread_t th[2];
