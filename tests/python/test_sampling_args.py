@@ -82,3 +82,31 @@ def test_tensors_are_taken_per_row_in_the_kernels_dtypes():
     assert t.tolist() == [0.0, 0.5, 1.0, 2.0] and k.tolist() == [0, 1, 2, 3]
     # values are the device's to check (a row outside the domain draws -1)
     assert args(torch.full((ROWS,), -1.0))[0].tolist() == [-1.0] * ROWS
+
+
+def test_torch_backend_samples_as_the_definition(tmp_path):
+    """TorchGather.sample (the torch backend engines' glue is tested on) is
+    klgen.reference.sample of its gathered values, top_k held to its k."""
+    import torch.distributed as dist
+    from klgen import reference
+    from klgen.integrations import _gathers
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0,
+                           world_size=1)
+    try:
+        g = _gathers.TorchGather(vocab_size=100, padded_vocab=128, dtype=torch.float32,
+                                 max_tokens=4, name="torch_sample", topk=8)
+        x = torch.randn(3, 128, generator=torch.Generator().manual_seed(1)) * 3
+        seed = torch.tensor([1, 2, 3])
+        got = g.sample(x, 0.7, top_k=5, top_p=0.9, seed=seed, offset=4, logprobs=2)
+        want = reference.sample(x[:, :100], 0.7, top_k=5, top_p=0.9, seed=seed, offset=4,
+                                logprobs=2)
+        assert torch.equal(got.tokens, want.tokens)
+        assert torch.equal(got.top_logprobs.indices, want.top_indices)
+        assert g.sample(x, 1.0).top_logprobs is None
+        with pytest.raises(ValueError, match="top_k must be at most 8"):
+            g.sample(x, 1.0, top_k=9)
+        with pytest.raises(ValueError, match="logprobs must be in"):
+            g.sample(x, 1.0, logprobs=9)
+    finally:
+        dist.destroy_process_group()

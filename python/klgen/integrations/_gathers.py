@@ -127,7 +127,10 @@ class TorchGather:
     - g.argmax(shard): over those values, NaN largest, ties to the lowest
       column; values in fp32;
     - g.topk(shard): the k largest, ties to the lowest column, NaN largest and
-      canonical, values in fp32, and the log-sum-exp of the whole row.
+      canonical, values in fp32, and the log-sum-exp of the whole row;
+    - g.sample(shard, temperature, ...): klgen.reference.sample of those
+      values, top_k at most k; a parameter outside the domain raises
+      ValueError here (LogitsGather's device gives such a row token -1).
 
     max_tokens has no effect (there is no one-shot path); stats() counts calls.
     """
@@ -177,6 +180,23 @@ class TorchGather:
         order = torch.sort(x, dim=1, descending=True, stable=True)
         return TopK(order.values[:, :self.k], order.indices[:, :self.k],
                     torch.logsumexp(x, dim=1))
+
+    def sample(self, shard, temperature, top_k=None, top_p=None, min_p=None, *, seed=0,
+               offset=0, logprobs=0):
+        if not self.k:
+            raise ValueError(f"spec '{self.name}' has no topk field")
+        if not 0 <= logprobs <= min(self.k, self.vocab_size):
+            raise ValueError(f"logprobs must be in [0, {min(self.k, self.vocab_size)}] (the "
+                             f"spec's topk), not {logprobs}")
+        from .. import reference
+        from .._torch import Sample, TopLogprobs
+        x = self(shard)
+        reference.check_sampling_args(x.shape[0], self.vocab_size, x.device, temperature, top_k,
+                                      top_p, min_p, seed, offset, logprobs, max_top_k=self.k)
+        out = reference.sample(x, temperature, top_k, top_p, min_p, seed=seed, offset=offset,
+                               logprobs=logprobs)
+        top = TopLogprobs(out.top_logprobs, out.top_indices) if logprobs else None
+        return Sample(out.tokens, out.logprob, top)
 
     def _gathered(self, shard):
         if shard.dim() != 2 or shard.shape[1] != self.shard or shard.dtype != self.dtype:
