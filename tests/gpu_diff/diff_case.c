@@ -561,37 +561,44 @@ static int row_params(const case_run *run, int t, sample_args *a, uint64_t *seed
          a->min_p >= 0.f && a->min_p <= 1.f && a->top_k >= 0 && a->top_k <= run->c->spec.topk;
 }
 
-/* kl_sample's reference (diff_sample.c) on the values the gather delivers,
- * with the noise and top-p's expf from the device. */
-static void reference_samples(case_run *run, ref_step *ref, int tokens) {
+/* kl_sample's reference inputs, before the ranks start (the main thread
+ * makes no CUDA call while they run: an error of theirs must reach compare,
+ * not end the run here): each row's parameters, its tempered values t (in
+ * h_targ) and the device's noise and expf for them (h_tg, h_tout). */
+static void sample_inputs(case_run *run, ref_step *ref, int tokens) {
   diff_env *env = run->env;
   const int64_t vocab = run->c->spec.vocab_size;
-  const int n = run->plan.n_top;
   diff_noise_row *rows = env->h_srow;
-  float *t = env->h_targ;
-  float m[DIFF_MAX_ROWS];
-  sample_args a[DIFF_MAX_ROWS];
-  int ok[DIFF_MAX_ROWS];
   for (int r = 0; r < tokens; r++) {
-    ok[r] = row_params(run, r, &a[r], &rows[r].seed, &rows[r].offset);
-    m[r] = sample_tempered(ref->vals + (size_t)r * (size_t)vocab, vocab, a[r].temperature,
-                           t + (size_t)r * (size_t)vocab);
-    rows[r].m = isfinite(m[r]) ? m[r] : 0.f;
+    ref->sok[r] = row_params(run, r, &ref->sargs[r], &rows[r].seed, &rows[r].offset);
+    ref->sm[r] = sample_tempered(ref->vals + (size_t)r * (size_t)vocab, vocab,
+                                 ref->sargs[r].temperature, env->h_targ + (size_t)r * (size_t)vocab);
+    rows[r].m = isfinite(ref->sm[r]) ? ref->sm[r] : 0.f;
   }
   diff_device_noise(env, vocab, tokens);
+}
+
+/* kl_sample's reference (diff_sample.c) on the values the gather delivers. */
+static void reference_samples(case_run *run, ref_step *ref, int tokens) {
+  const diff_env *env = run->env;
+  const int64_t vocab = run->c->spec.vocab_size;
+  const int n = run->plan.n_top;
   int64_t top[64];
   for (int r = 0; r < tokens; r++) {
     const float *x = ref->vals + (size_t)r * (size_t)vocab;
     const size_t o = (size_t)r * (size_t)vocab;
-    ref->tok[r] = ok[r] ? sample_token(t + o, m[r], vocab, &a[r], env->h_tout + o, env->h_tg + o,
-                                       NULL)
-                        : -1;
-    ref->lp[r] = ok[r] ? sample_logprob(x, vocab, ref->tok[r], NULL) : NAN;
+    const int ok = ref->sok[r];
+    double mx;
+    const double ls = sample_log_sum(x, vocab, &mx);
+    ref->tok[r] = ok ? sample_token(env->h_targ + o, ref->sm[r], vocab, &ref->sargs[r],
+                                    env->h_tout + o, env->h_tg + o, NULL)
+                     : -1;
+    ref->lp[r] = ok ? sample_logprob_at(x[ref->tok[r]], mx, ls) : NAN;
     if (n) sample_top(x, vocab, n, top);
     for (int j = 0; j < n; j++) {
-      ref->tidx[(size_t)r * (size_t)n + (size_t)j] = ok[r] ? top[j] : -1;
-      ref->tlp[(size_t)r * (size_t)n + (size_t)j] = ok[r] ? sample_logprob(x, vocab, top[j], NULL)
-                                                          : NAN;
+      const size_t i = (size_t)r * (size_t)n + (size_t)j;
+      ref->tidx[i] = ok ? top[j] : -1;
+      ref->tlp[i] = ok ? sample_logprob_at(x[top[j]], mx, ls) : NAN;
     }
   }
 }
@@ -702,14 +709,22 @@ static long long check_sample(case_run *run, const ref_step *ref, int rank, int 
   const int k = p->n_top;
   long long bad = 0;
   for (int t = 0; t < tokens; t++) {
-    int ok = s->h_tok[t] == ref->tok[t] && (!p->want_lp || lp_close(s->h_lp[t], ref->lp[t]));
-    for (int j = 0; j < k; j++) {
+    const int ok = s->h_tok[t] == ref->tok[t] && (!p->want_lp || lp_close(s->h_lp[t], ref->lp[t]));
+    int top_bad = -1;
+    for (int j = 0; j < k && top_bad < 0; j++) {
       const size_t i = (size_t)t * (size_t)k + (size_t)j;
-      ok &= s->h_tidx[i] == ref->tidx[i] && lp_close(s->h_tlp[i], ref->tlp[i]);
+      if (s->h_tidx[i] != ref->tidx[i] || !lp_close(s->h_tlp[i], ref->tlp[i])) top_bad = j;
     }
-    if (!ok && bad++ == 0)
+    if ((ok && top_bad < 0) || bad++) continue;
+    if (!ok)
       snprintf(first, n, "row %d: token %lld logprob %a, want %lld %a", t, (long long)s->h_tok[t],
                p->want_lp ? (double)s->h_lp[t] : 0.0, (long long)ref->tok[t], (double)ref->lp[t]);
+    else {
+      const size_t i = (size_t)t * (size_t)k + (size_t)top_bad;
+      snprintf(first, n, "row %d top %d: column %lld logprob %a, want %lld %a", t, top_bad,
+               (long long)s->h_tidx[i], (double)s->h_tlp[i], (long long)ref->tidx[i],
+               (double)ref->tlp[i]);
+    }
   }
   return bad;
 }
@@ -812,7 +827,10 @@ static void step(case_run *run, rng *r, ref_step *ref, long long crossover, cons
   if (!run->plan.capture) {
     make_inputs(run, r, ref, run->plan.tokens);
     reference_values(run, ref, run->plan.tokens);
-    if (has_op(&run->plan, OP_SAMPLE)) draw_sample_params(run, r, run->plan.tokens);
+    if (has_op(&run->plan, OP_SAMPLE)) {
+      draw_sample_params(run, r, run->plan.tokens);
+      sample_inputs(run, ref, run->plan.tokens);
+    }
   }
   diff_watchdog_note(label);
   pthread_barrier_wait(&run->all); /* go */

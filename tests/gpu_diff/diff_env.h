@@ -8,6 +8,7 @@
 
 #include "cu.h"
 #include "diff.h"
+#include "diff_sample.h"
 #include "../gpu_util.h" /* CU_CHECK */
 #include "klrt/klrt.h"
 
@@ -34,7 +35,7 @@ typedef struct diff_slot {
   uint32_t *h_val1, *h_valk, *h_lse;
   int64_t *h_tok, *h_tidx; /* kl_sample's token and top indices, read back */
   float *h_lp, *h_tlp;      /* its logprobs */
-  /* timing events of an eager step: begun, uploaded, each op done (3) */
+  /* timing events of an eager step: begun, uploaded, each op done (up to 4) */
   CUevent ev[DIFF_STEP_EVENTS];
 } diff_slot;
 
@@ -58,6 +59,10 @@ typedef struct diff_ref_bufs {
   float lp[DIFF_MAX_ROWS];
   int64_t *tidx;
   float *tlp;
+  /* its inputs, made before the ranks start (the device's noise and expf) */
+  sample_args sargs[DIFF_MAX_ROWS];
+  float sm[DIFF_MAX_ROWS];
+  int sok[DIFF_MAX_ROWS];
 } diff_ref_bufs;
 
 typedef struct diff_env {

@@ -119,20 +119,31 @@ int64_t sample_token(const float *t, float m, int64_t vocab, const sample_args *
   return best;
 }
 
-float sample_logprob(const float *x, int64_t vocab, int64_t c, int64_t *rank) {
+double sample_log_sum(const float *x, int64_t vocab, double *mx) {
   double m = -INFINITY, sum = 0;
   int nan = 0;
   for (int64_t i = 0; i < vocab; i++) {
     nan |= isnan(x[i]);
     if (x[i] > m) m = x[i];
   }
+  *mx = m;
+  if (nan || !isfinite(m)) return NAN;
+  for (int64_t i = 0; i < vocab; i++) sum += exp((double)x[i] - m);
+  return log(sum);
+}
+
+float sample_logprob_at(float xc, double mx, double log_sum) {
+  return (float)(((double)xc - mx) - log_sum);
+}
+
+float sample_logprob(const float *x, int64_t vocab, int64_t c, int64_t *rank) {
   if (rank) {
     *rank = 0;
     for (int64_t i = 0; i < vocab; i++) *rank += x[i] >= x[c];
   }
-  if (nan || !isfinite(m)) return NAN;
-  for (int64_t i = 0; i < vocab; i++) sum += exp((double)x[i] - m);
-  return (float)(((double)x[c] - m) - log(sum));
+  double mx;
+  const double ls = sample_log_sum(x, vocab, &mx);
+  return sample_logprob_at(x[c], mx, ls);
 }
 
 int sample_top(const float *x, int64_t vocab, int n, int64_t *top) {

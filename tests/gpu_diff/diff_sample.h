@@ -44,6 +44,12 @@ int64_t sample_keep(const float *t, float m, int64_t vocab, const sample_args *a
  * columns whose x >= x[c]. */
 float sample_logprob(const float *x, int64_t vocab, int64_t c, int64_t *rank);
 
+/* The row's log_softmax pieces, once: *mx its largest x, the return value
+ * the log of sum(exp(x - mx)) in double (NaN where mx is not finite or x
+ * holds a NaN); column c's logprob is then sample_logprob_at. */
+double sample_log_sum(const float *x, int64_t vocab, double *mx);
+float sample_logprob_at(float xc, double mx, double log_sum);
+
 /* The n columns of the largest x, largest first, NaN above all, ties to the
  * lowest column, into top[n]. 0, or -1 when out of memory. */
 int sample_top(const float *x, int64_t vocab, int n, int64_t *top);
