@@ -27,19 +27,6 @@ typedef struct gpu {
   CUfunction fn[NOISE_KERNELS];
 } gpu;
 
-static CUdeviceptr to_device(const gpu *g, const void *p, size_t bytes) {
-  CUdeviceptr d;
-  CU_CHECK(g->cu, cuMemAlloc(&d, bytes));
-  if (p) CU_CHECK(g->cu, cuMemcpyHtoD(d, p, bytes));
-  return d;
-}
-
-static void from_device(const gpu *g, void *p, CUdeviceptr d, size_t bytes) {
-  CU_CHECK(g->cu, cuCtxSynchronize());
-  CU_CHECK(g->cu, cuMemcpyDtoH(p, d, bytes));
-  CU_CHECK(g->cu, cuMemFree(d));
-}
-
 static void launch(const gpu *g, int k, int n, void **args) {
   const unsigned block = 256, grid = ((unsigned)n + block - 1) / block;
   CU_CHECK(g->cu, cuLaunchKernel(g->fn[k], grid, 1, 1, block, 1, 1, 0, NULL, args, NULL));
@@ -74,12 +61,13 @@ static void known_answers(const gpu *g) {
     memcpy(ctr + 4 * i, noise_kats[i].ctr, sizeof noise_kats[i].ctr);
     memcpy(key + 2 * i, noise_kats[i].key, sizeof noise_kats[i].key);
   }
-  CUdeviceptr dc = to_device(g, ctr, 16 * (size_t)n), dk = to_device(g, key, 8 * (size_t)n),
-              dout = to_device(g, NULL, 16 * (size_t)n);
+  CUdeviceptr dc = gpu_to_device(g->cu, ctr, 16 * (size_t)n),
+              dk = gpu_to_device(g->cu, key, 8 * (size_t)n),
+              dout = gpu_to_device(g->cu, NULL, 16 * (size_t)n);
   int nn = n;
   void *args[] = {&dc, &dk, &dout, &nn};
   launch(g, 0, n, args);
-  from_device(g, out, dout, 16 * (size_t)n);
+  gpu_from_device(g->cu, out, dout, 16 * (size_t)n);
   g->cu->cuMemFree(dc);
   g->cu->cuMemFree(dk);
   for (int i = 0; i < n; i++)
@@ -130,13 +118,14 @@ static void column_words(const gpu *g) {
   uint32_t *word = malloc(b32), *group = malloc(b32);
   if (!s || !o || !c || !word || !group) exit(1);
   make_cases(s, o, c, n);
-  CUdeviceptr ds = to_device(g, s, b64), dof = to_device(g, o, b64), dc = to_device(g, c, b64),
-              dw = to_device(g, NULL, b32), dg = to_device(g, NULL, b32);
+  CUdeviceptr ds = gpu_to_device(g->cu, s, b64), dof = gpu_to_device(g->cu, o, b64),
+              dc = gpu_to_device(g->cu, c, b64),
+              dw = gpu_to_device(g->cu, NULL, b32), dg = gpu_to_device(g->cu, NULL, b32);
   int nn = n;
   void *args[] = {&ds, &dof, &dc, &nn, &dw, &dg};
   launch(g, 1, n, args);
-  from_device(g, word, dw, b32);
-  from_device(g, group, dg, b32);
+  gpu_from_device(g->cu, word, dw, b32);
+  gpu_from_device(g->cu, group, dg, b32);
   g->cu->cuMemFree(ds);
   g->cu->cuMemFree(dof);
   g->cu->cuMemFree(dc);
@@ -175,14 +164,14 @@ static void values(const gpu *g) {
   float *u = malloc(bytes), *inner = malloc(bytes), *gv = malloc(bytes);
   if (!x || !u || !inner || !gv) exit(1);
   for (uint32_t i = 0; i < VALUES; i++) x[i] = value_word(i);
-  CUdeviceptr dx = to_device(g, x, bytes), du = to_device(g, NULL, bytes),
-              di = to_device(g, NULL, bytes), dg = to_device(g, NULL, bytes);
+  CUdeviceptr dx = gpu_to_device(g->cu, x, bytes), du = gpu_to_device(g->cu, NULL, bytes),
+              di = gpu_to_device(g->cu, NULL, bytes), dg = gpu_to_device(g->cu, NULL, bytes);
   int n = (int)VALUES;
   void *args[] = {&dx, &n, &du, &di, &dg};
   launch(g, 2, n, args);
-  from_device(g, u, du, bytes);
-  from_device(g, inner, di, bytes);
-  from_device(g, gv, dg, bytes);
+  gpu_from_device(g->cu, u, du, bytes);
+  gpu_from_device(g->cu, inner, di, bytes);
+  gpu_from_device(g->cu, gv, dg, bytes);
   g->cu->cuMemFree(dx);
   uint32_t worst[2] = {0, 0}, bad = 0;
   for (uint32_t i = 0; i < VALUES; i++) {

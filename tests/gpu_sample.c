@@ -87,16 +87,11 @@ static int valid(const rows *w, int i) {
 }
 
 static CUdeviceptr up(const dev *d, const void *p, size_t bytes) {
-  CUdeviceptr x;
-  CU_CHECK(d->cu, cuMemAlloc(&x, bytes ? bytes : 8));
-  if (p && bytes) CU_CHECK(d->cu, cuMemcpyHtoD(x, p, bytes));
-  return x;
+  return gpu_to_device(d->cu, p, bytes);
 }
 
 static void down(const dev *d, void *p, CUdeviceptr x, size_t bytes) {
-  CU_CHECK(d->cu, cuCtxSynchronize());
-  CU_CHECK(d->cu, cuMemcpyDtoH(p, x, bytes));
-  CU_CHECK(d->cu, cuMemFree(x));
+  gpu_from_device(d->cu, p, x, bytes);
 }
 
 /* The sampler over all rows, as kl_sample launches it (fewer CTAs than rows:
@@ -471,7 +466,8 @@ static int chi_draws(CUcontext cuctx, int tp, const float *logits, sample_args a
   int ok = 1;
   for (int i = 0; i < tp; i++) {
     pthread_join(th[i], NULL);
-    CHECK(r[i].rc == KLRT_OK, "chi tp %d rank %d: %s: %s", tp, i, kl_result_name(r[i].rc), r[i].err);
+    CHECK(r[i].rc == KLRT_OK, "chi tp %d rank %d: %s: %s", tp, i, kl_result_name(r[i].rc),
+          r[i].err);
     ok &= r[i].rc == KLRT_OK;
   }
   for (int i = 1; i < tp; i++) {

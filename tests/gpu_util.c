@@ -152,6 +152,19 @@ int gpu_load_source(const kl_cu *cu, const char *src, const char *name, CUmodule
   return rc ? -1 : 0;
 }
 
+CUdeviceptr gpu_to_device(const kl_cu *cu, const void *p, size_t bytes) {
+  CUdeviceptr d;
+  CU_CHECK(cu, cuMemAlloc(&d, bytes ? bytes : 8));
+  if (p && bytes) CU_CHECK(cu, cuMemcpyHtoD(d, p, bytes));
+  return d;
+}
+
+void gpu_from_device(const kl_cu *cu, void *p, CUdeviceptr d, size_t bytes) {
+  CU_CHECK(cu, cuCtxSynchronize());
+  CU_CHECK(cu, cuMemcpyDtoH(p, d, bytes));
+  CU_CHECK(cu, cuMemFree(d));
+}
+
 int testkern_load(const kl_cu *cu, int elem, testkern *k) {
   char *src = malloc(strlen(kernels_src) + 32);
   if (!src) return -1;

@@ -33,6 +33,10 @@ int testkern_load(const kl_cu *cu, int elem_bytes, testkern *k);
 /* src compiled by NVRTC (as the runtime's JIT) for the current context's GPU
  * and loaded: 0, or -1 with the compiler's message on stderr under `name`. */
 int gpu_load_source(const kl_cu *cu, const char *src, const char *name, CUmodule *mod);
+/* bytes (at least 8) of device memory, holding p's when p is not NULL; and
+ * back: the context synchronized, d's bytes to p, d freed. */
+CUdeviceptr gpu_to_device(const kl_cu *cu, const void *p, size_t bytes);
+void gpu_from_device(const kl_cu *cu, void *p, CUdeviceptr d, size_t bytes);
 int launch_fill(const kl_cu *cu, const testkern *k, CUdeviceptr shard, int tokens,
                 long long shard_cols, unsigned rank, CUdeviceptr step, CUstream s);
 int launch_verify(const kl_cu *cu, const testkern *k, CUdeviceptr out, int tokens, long long vocab,

@@ -41,7 +41,8 @@ float sample_tempered(const float *x, int64_t vocab, float temperature, float *t
   return nan ? NAN : m;
 }
 
-int sample_regular(float m) { return isfinite(m); }
+/* The row is regular: its largest t is finite (else the token is argmax t). */
+static int sample_regular(float m) { return isfinite(m); }
 
 /* The first NaN, else the first largest (column 0 when all are -Inf). */
 static int64_t argmax(const float *t, int64_t vocab) {

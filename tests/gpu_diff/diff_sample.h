@@ -21,9 +21,6 @@ typedef struct sample_args {
  * value, NaN when t holds a NaN. */
 float sample_tempered(const float *x, int64_t vocab, float temperature, float *t);
 
-/* The row is regular: its largest t is finite (else the token is argmax t). */
-int sample_regular(float m);
-
 /* The token of one row from its tempered values t (sample_tempered) and
  * largest value m: argmax t where T is 0 or the row is not regular (the first
  * NaN, else the first largest), else the first largest t + g among the
