@@ -375,6 +375,10 @@ static void setup(diff_env *env, const char *arch) {
     CU_CHECK(cu, cuStreamCreate(&s->s, CU_STREAM_NON_BLOCKING));
     for (int e = 0; e < DIFF_STEP_EVENTS; e++) CU_CHECK(cu, cuEventCreate(&s->ev[e], CU_EVENT_DEFAULT));
     CU_CHECK(cu, cuMemAlloc(&s->arena, env->arena_bytes));
+    /* A stream's first work waits for the GPU's earlier work, a peer's
+     * spinning grid too: each works once here, before any case runs. */
+    CU_CHECK(cu, cuMemsetD8Async(s->arena, 0, 1, s->s));
+    CU_CHECK(cu, cuStreamSynchronize(s->s));
     s->h_in = pinned(cu, data);
     s->h_out = pinned(cu, data);
     s->h_idx1 = pinned(cu, 8 * DIFF_MAX_ROWS);
