@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # compute-sanitizer's four tools (memcheck, racecheck, synccheck, initcheck)
 # over the GPU tests with few steps (gpu_diff, gpu_fault, gpu_sample's rows),
-# on a machine with a GPU, from a build/ made elsewhere: every kernel klgen generates, the tests' own and the NCCL
-# stand-in's must report 0 errors.
+# on a machine with a GPU, from a build/ made elsewhere: every kernel klgen
+# generates, the tests' own and the NCCL stand-in's must report 0 errors.
 #   bash .ci/gpu-sanitize.sh [cases] [tools]   (random specs of gpu_diff per tool,
 #   default 6; tools default "memcheck racecheck synccheck initcheck")
 # Ranks share the GPU and wait on each other, so the poll limits are raised:
