@@ -162,6 +162,108 @@ def test_get_top_k_tokens():
     data.spawn(_setup, _top_k_tokens)
 
 
+def _v2_sampler(vocab, params):
+    """vLLM's v2 Sampler with a request per SamplingParams in `params`, in
+    slots 0, 1, ... Its per-request state lives in pinned (UVA) buffers that
+    need a GPU: here CPU tensors (vLLM's own NonUvaBuffer). Each rank seeds
+    numpy alike, as vLLM's workers do, so unseeded requests draw one seed."""
+    import numpy as np
+    import vllm.utils.torch_utils as torch_utils
+    import vllm.v1.worker.gpu.buffer_utils as buffers
+    from vllm.config import get_current_vllm_config
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+    from vllm.v1.worker.gpu.states import RequestState
+
+    current_platform.device_type = "cpu"
+    buffers.is_uva_available = lambda: False
+    buffers.UvaBuffer = buffers.NonUvaBuffer
+    torch_utils.PIN_MEMORY = False
+    np.random.seed(11)
+    cpu = torch.device("cpu")
+    sampler = Sampler(get_current_vllm_config(), 16, vocab, cpu,
+                      RequestState(16, 64, 64, 0, vocab, cpu))
+    for slot, p in enumerate(params):
+        sampler.add_request(slot, p)
+    sampler.sampling_states.apply_staged_writes()  # (the processors' need Triton)
+    return sampler
+
+
+def _batch(rows, first_position=100, draft=0):
+    """The InputBatch fields the glue reads: row i is request slot i."""
+    import types
+
+    import numpy as np
+
+    return types.SimpleNamespace(
+        idx_mapping_np=np.arange(rows), expanded_idx_mapping=torch.arange(rows),
+        positions=torch.arange(first_position, first_position + rows),
+        logits_indices=torch.arange(rows), num_draft_tokens=draft)
+
+
+def _bad_words(token_ids):
+    """SamplingParams with bad words as vLLM's frontend leaves them: tokenized."""
+    from vllm.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=1.0)
+    params._bad_words_token_ids = token_ids
+    return params
+
+
+def _sample(rank):
+    import torch.distributed as dist
+    from vllm.sampling_params import SamplingParams
+
+    from klgen import reference
+    from klgen.integrations.vllm import sampling_args
+
+    kinds = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=5,
+             top_p=0.9, seed=3), SamplingParams(temperature=1.0, min_p=0.1),
+             SamplingParams(temperature=1.3, top_p=0.5), SamplingParams(temperature=1.0),
+             SamplingParams(temperature=0.5, top_k=64, seed=-7)]
+    rows = 12
+    heads, (stock, ours) = _heads(rows=rows), _processors()
+    for (head, hidden), off, on, spec in zip(heads, stock, ours, HEADS):
+        sampler = _v2_sampler(spec[0], [kinds[i % len(kinds)] for i in range(rows)])
+        for n, position in ((1, 5), (rows, 100), (rows, 101)):
+            batch = _batch(n, position)
+            got = on.sample(head, hidden[:n], sampler, batch)
+            args = sampling_args(sampler, batch, 64)
+            # vLLM's "off" top_k is its vocabulary (kl_sample's off too); positions are offsets
+            assert args["top_k"][0] == spec[0] and torch.equal(args["offset"], batch.positions)
+            assert n == 1 or (args["top_k"][1] == 5 and args["seed"][1] == 3), args
+            asked = [kinds[i % len(kinds)] for i in range(n)]
+            for name in ("temperature", "top_p", "min_p"):
+                assert args[name].tolist() == pytest.approx([getattr(p, name) for p in asked])
+            want = reference.sample(off(head, hidden[:n]), **args).tokens
+            assert torch.equal(got, want), (spec, n, got, want)
+            ranks = [torch.empty_like(got) for _ in range(TP)]
+            dist.all_gather(ranks, got)
+            assert all(torch.equal(r, got) for r in ranks), (spec, ranks)
+        assert _served(on, "sample") == 3
+    # what kl_sample does not do stays with vLLM's sampler, and says why
+    head, hidden = heads[0]
+    on, vocab = ours[0], HEADS[0][0]
+    declined = [(SamplingParams(temperature=1.0, repetition_penalty=1.2), "PenaltiesState"),
+                (SamplingParams(temperature=1.0, logit_bias={3: 1.0}), "LogitBiasState"),
+                (_bad_words([[42], [7, 8]]), "BadWordsState"),
+                (SamplingParams(temperature=1.0, logprobs=2), "logprobs"),
+                (SamplingParams(temperature=1.0, top_k=65), "top_k 65 above")]
+    for params, why in declined:
+        sampler = _v2_sampler(vocab, [kinds[1], params])
+        reason = sampling_args(sampler, _batch(2), 64)
+        assert isinstance(reason, str) and why in reason, (why, reason)
+        assert on.sample(head, hidden[:2], sampler, _batch(2)) is None
+        assert sampling_args(sampler, _batch(1), 64)["temperature"].tolist() == [pytest.approx(0.7)]
+    sampler = _v2_sampler(vocab, kinds)
+    assert on.sample(head, hidden[:2], sampler, _batch(2, draft=1)) is None
+    assert on.klgen.stats()["declined"] == {"sample": len(declined) + 1}
+
+
+def test_sample_from_vllm_sampling_states():
+    data.spawn(_setup, _sample)
+
+
 def _lora(rank):
     """LogitsProcessorWithLoRA over each: it re-indexes the unsliced gather
     (get_sharded_to_full_mapping), adds the adapter's logits, then slices."""

@@ -26,6 +26,15 @@ the GPU, and for the selections a vocabulary with added (LoRA) tokens,
 k > 64, a scale <= 0 (vLLM's error). stats() and vLLM's debug log
 (VLLM_LOGGING_LEVEL=DEBUG, logger "vllm.klgen") say which calls klgen served.
 
+Sampling without the gather is for the engine's model runner to call (vLLM
+0.33's runners always gather first): KlgenLogitsProcessor.sample(lm_head,
+hidden_states, sampler, input_batch) draws each logits row's token with
+kl_sample, from the parameters vLLM's v2 Sampler keeps per request
+(sampling_args), or returns None where the step needs vLLM's own sampler:
+
+    tokens = processor.sample(lm_head, hidden_states, sampler, input_batch)
+    if tokens is None:  # vLLM's path: compute_logits, then sampler(...)
+
 KLGEN_VLLM=torch (or enable("torch")) runs the same glue on TorchGather, the
 torch implementation of klgen's contract: for CPUs and tests.
 """
@@ -62,6 +71,60 @@ def stats():
     vocabulary, the calls klgen served and those left to vLLM, by use, and
     each of its gathers' stats()."""
     return _gathers.stats("vllm")
+
+
+# The v2 Sampler's own per-request processors, with the flags that say a
+# request uses one; any other processor makes every step vLLM's.
+_PROCESSOR_FLAGS = {"LogitBiasState": "use_logit_bias", "PenaltiesState": "use_penalty",
+                    "BadWordsState": "num_bad_words"}
+
+
+def sampling_args(sampler, input_batch, max_top_k):
+    """LogitsGather.sample's parameters for the logits rows of `input_batch`
+    (vLLM's InputBatch) from `sampler` (vLLM's v2 Sampler,
+    vllm.v1.worker.gpu.sample.sampler): per-row temperature, top_k, top_p,
+    min_p, the request's seed (vLLM draws one for a request without) and the
+    row's position as the offset, so a request's draws differ step by step
+    and repeat with its seed. A str instead says why the step needs vLLM's
+    own sampler; max_top_k is the spec's topk."""
+    reason = _sampler_declines(sampler, input_batch, max_top_k)
+    if reason is not None:
+        return reason
+    rows, states = input_batch.expanded_idx_mapping, sampler.sampling_states
+    return dict(temperature=states.temperature.gpu[rows],
+                top_k=states.top_k.gpu[rows].long(),  # vocab_size: off, as kl_sample takes it
+                top_p=states.top_p.gpu[rows], min_p=states.min_p.gpu[rows],
+                seed=states.seeds.gpu[rows],
+                offset=input_batch.positions[input_batch.logits_indices].long())
+
+
+def _sampler_declines(sampler, input_batch, max_top_k):
+    """Why vLLM must sample this step itself, or None."""
+    requests = input_batch.idx_mapping_np
+    if input_batch.num_draft_tokens:
+        return "draft tokens: rejection sampling"
+    if getattr(sampler, "trace_replay_state", None) is not None:
+        return "trace replay"
+    if getattr(sampler, "return_sampling_mask", False):
+        return "the sampling mask is asked for"
+    if sampler.get_logprobs_dims(requests) is not None:
+        return "logprobs: vLLM's carry the sampled token's rank over the whole vocabulary"
+    for processor in sampler.logits_processors:
+        flag = _PROCESSOR_FLAGS.get(type(processor).__name__)
+        if flag is None or not hasattr(processor, flag):
+            return f"logits processor {type(processor).__name__}"
+        used = getattr(processor, flag)
+        if getattr(used, "np", used)[requests].any():
+            return f"a request uses {type(processor).__name__}"
+    budget = sampler.thinking_budget_state
+    if getattr(budget, "enabled", False) and budget.use_thinking_budget[requests].any():
+        return "a thinking budget"
+    states = sampler.sampling_states
+    k = states.top_k.np[requests]
+    if ((k > max_top_k) & (k < states.vocab_size)).any():
+        return f"top_k {int(k[(k > max_top_k) & (k < states.vocab_size)][0])} above " \
+               f"the candidates' {max_top_k}"
+    return None
 
 
 def _gathered(g, logits):
@@ -152,6 +215,26 @@ class KlgenLogitsProcessor(LogitsProcessor):
             return super().get_top_tokens(lm_head, hidden_states, embedding_bias)
         logits = self._apply_head(lm_head, hidden_states, embedding_bias)
         return self._gathers().get("argmax", logits, **self._spec()).argmax(logits)
+
+    def sample(self, lm_head, hidden_states, sampler, input_batch, embedding_bias=None):
+        """The token of each logits row of `input_batch`, drawn by kl_sample
+        from the shards with the parameters `sampler` (vLLM's v2 Sampler)
+        keeps (sampling_args), as int64 [rows]; None where the step needs
+        vLLM's sampler (counted as a declined "sample", the reason logged).
+        hidden_states are the rows' ([rows, hidden]: the runner's
+        hidden_states[input_batch.logits_indices]); the logits are those
+        forward returns (soft-capped, scaled)."""
+        gathers = self._gathers()
+        reason = self._select_declines(hidden_states, lm_head)
+        if reason is None:
+            args = sampling_args(sampler, input_batch, MAX_TOPK)
+            reason = args if isinstance(args, str) else None
+        if reason is not None:
+            gathers.decline("sample", reason)
+            return None
+        logits = self._apply_head(lm_head, hidden_states, embedding_bias)
+        g = gathers.get("sample", logits, **self._spec(topk=MAX_TOPK))
+        return g.sample(logits, **args).tokens
 
     def get_top_k_tokens(self, lm_head, hidden_states, k, embedding_bias=None, *,
                          return_log_probs=False):
