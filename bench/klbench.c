@@ -2,6 +2,7 @@
  *
  *   klbench SPEC [NAME] [--tokens LIST] [--steps N] [--replays R] [--csv FILE]
  *           [--plot FILE.svg] [--tune FILE] [--no-gemm] [--templates DIR] [--select [--topk K]]
+ *           [--sample]
  *
  * One thread per GPU. Per token count, every path is captured `steps` deep in a
  * CUDA graph per rank; the ranks replay together (a barrier before each
@@ -21,6 +22,9 @@
  * the LM-head GEMM (cuBLAS, hidden 7168) followed by the gather.
  * --select measures the fused epilogue, kl_argmax and kl_topk (k: --topk,
  * default 8) against the engines' separate kernels instead (bench/select.c).
+ * --sample measures kl_sample (T 0.7 with and without top-k 50 and top-p
+ * 0.9, and greedy) against kl_gather, kl_argmax and NCCL pairs instead
+ * (bench/sample.c).
  * --templates DIR renders the kernels from DIR instead of the built-in
  * templates (as klgen --templates does): a template change is measured
  * against the same NCCL figures without rebuilding anything. */
@@ -311,8 +315,9 @@ static void *rank_main(void *arg) {
     b->symm_ok = 1;
     for (int r = 0; r < b->n; r++) b->symm_ok &= b->symm_rank[r];
   }
-  if (b->select) {
-    select_rank(R);
+  if (b->select || b->sample) {
+    if (b->select) select_rank(R);
+    else sample_rank(R);
     for (int k = 0; k < 4; k++) kl_ctx_destroy(R->ctx[k]);
     if (b->symm_rank[R->r]) ncclCommWindowDeregister(b->comms[R->r], R->win);
     return NULL;
@@ -446,17 +451,19 @@ static int parse_args(bench *b, int argc, char **argv) {
     else if (!strcmp(a, "--tune") && more) b->tune = argv[++i];
     else if (!strcmp(a, "--no-gemm")) b->gemm = 0;
     else if (!strcmp(a, "--select")) b->select = 1, b->gemm = 0;
+    else if (!strcmp(a, "--sample")) b->sample = 1, b->gemm = 0;
     else if (!strcmp(a, "--topk") && more) b->topk = atoi(argv[++i]);
     else if (!strcmp(a, "--templates") && more) b->templates = argv[++i];
     else if (a[0] == '-' || (b->spec_path && b->name)) {
       fprintf(stderr, "usage: klbench SPEC [NAME] [--tokens LIST] [--steps N] [--replays R] "
-                      "[--csv FILE] [--plot FILE.svg] [--tune FILE] [--no-gemm] [--templates DIR] [--select [--topk K]]\n");
+                      "[--csv FILE] [--plot FILE.svg] [--tune FILE] [--no-gemm] [--templates DIR] [--select [--topk K]] [--sample]\n");
       return 2;
     } else if (!b->spec_path) b->spec_path = a;
     else b->name = a;
   }
+  if (b->sample && !b->ntok) parse_tokens(b, "1,8,64"); /* the sizes engines decode at */
   if (!b->spec_path || b->steps < 1 || b->replays < 1 || b->replays > 64 || b->topk < 1 ||
-      b->topk > KL_TOPK_MAX)
+      b->topk > KL_TOPK_MAX || (b->select && b->sample))
     return fprintf(stderr, "usage: klbench SPEC [NAME] [options] (--help in README)\n"), 2;
   return -1;
 }
@@ -472,6 +479,7 @@ int main(int argc, char **argv) {
   if (gpus > MAX_RANKS) gpus = MAX_RANKS;
   derive_spec(b, gpus);
   if (b->select) select_setup(b);
+  if (b->sample) sample_setup(b);
   if (b->templates) {
     kl_err e;
     if (kl_render(&b->spec, &b->l, b->templates, &b->source, &e)) die("--templates", e.msg);
@@ -505,10 +513,11 @@ int main(int argc, char **argv) {
   FILE *csv = b->csv ? fopen(b->csv, "w") : NULL;
   if (b->csv && !csv) die(b->csv, "cannot write");
   if (b->select) select_report(b, csv);
+  else if (b->sample) sample_report(b, csv);
   else report(b, csv);
   if (csv) fclose(csv);
-  if (b->tune && !b->select) write_tune(b);
-  if (b->plot && !b->select) {
+  if (b->tune && !b->select && !b->sample) write_tune(b);
+  if (b->plot && !b->select && !b->sample) {
     double *series = calloc((size_t)NPATHS * (size_t)b->ntok, sizeof *series);
     for (int p = 0; p < NPATHS; p++)
       for (int i = 0; i < b->ntok; i++) series[p * b->ntok + i] = worst(b->t[p][i], b->n);
@@ -526,6 +535,7 @@ int main(int argc, char **argv) {
   if (b->failed) fprintf(stderr, "klbench: outputs of the paths differ\n");
   free(b->source);
   free(b->sel);
+  free(b->smp);
   free(b);
   return rc;
 }

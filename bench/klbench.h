@@ -1,7 +1,8 @@
 /* What klbench's modules share: the bench and rank state; the measuring
- * (measure.c), which both tables use; the sampling table (select.c), which
- * klbench.c runs for --select. Calls go one way: klbench.c -> select.c ->
- * measure.c. */
+ * (measure.c), which every table uses; the sampling-ready table (select.c),
+ * which klbench.c runs for --select; kl_sample's (sample.c), for --sample,
+ * with select.c's engine kernels. Calls go one way: klbench.c -> sample.c,
+ * select.c -> measure.c, and sample.c -> select.c. */
 #ifndef KL_KLBENCH_H
 #define KL_KLBENCH_H
 
@@ -42,6 +43,8 @@ typedef struct bench {
   int failed;
   int select, topk; /* --select: the sampling table instead (select.c), top-k's k */
   struct select_bench *sel;
+  int sample; /* --sample: kl_sample's table instead (sample.c) */
+  struct sample_bench *smp;
 } bench;
 
 typedef struct rank {
@@ -55,7 +58,8 @@ typedef struct rank {
   size_t in_bytes, out_bytes, all_bytes;
   ncclWindow_t win;
   cudaEvent_t e0, e1;
-  struct select_rank *sel; /* --select */
+  struct select_rank *sel; /* --select, --sample */
+  struct sample_rank *smp;  /* --sample */
 } rank;
 
 
@@ -81,9 +85,20 @@ void time_graphs(rank *R, step_fn fn, const int *which, int n, int T, int replay
 double worst(const double *v, int n);
 void progress(const bench *b, int i, const char *what);
 
-/* ---- select.c: --select ---- */
+/* ---- select.c: --select, and the engines' kernels --sample measures too ---- */
 void select_setup(bench *b);
 void select_rank(rank *R);   /* a rank thread's part: contexts, checks, timing */
 void select_report(bench *b, FILE *csv);
+kl_config select_config(const rank *R); /* this rank's, one-shot up to any size */
+kl_ctx *select_ctx(const bench *b, const char *extra, const kl_config *cfg);
+void select_engine_ops(rank *R);        /* R->sel: the engines' kernels, the shard input */
+void *select_shard(const rank *R);      /* [max tokens, shard], finite logits */
+int64_t *select_pairs(rank *R, int T);  /* greedy by NCCL pairs: the indices (device) */
+void select_release(rank *R);
+
+/* ---- sample.c: --sample ---- */
+void sample_setup(bench *b);
+void sample_rank(rank *R);
+void sample_report(bench *b, FILE *csv);
 
 #endif

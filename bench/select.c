@@ -152,7 +152,9 @@ static void engine_epilogue(rank *R, int T) {
   launch(R, S->upcast, ew_grid(b, n), 256, a4);
 }
 
-static void nccl_pairs(rank *R, int T) {
+/* Greedy as engines run it sharded: each rank's (value, index) per token,
+ * ncclAllGather of the pairs, the final reduction. The indices, on the device. */
+int64_t *select_pairs(rank *R, int T) {
   bench *b = R->b;
   struct select_rank *S = R->sel;
   long long cols = b->l.shard, off = (long long)R->r * b->l.shard;
@@ -165,6 +167,7 @@ static void nccl_pairs(rank *R, int T) {
   int tp = b->n, rows = T;
   void *a2[] = {&S->all_pairs, &tp, &rows, &S->idx[2], &S->val[2]};
   launch(R, S->pair_merge, (unsigned)((T + 127) / 128), 128, a2);
+  return S->idx[2];
 }
 
 static void sel_step(rank *R, int v, int T) {
@@ -184,7 +187,7 @@ static void sel_step(rank *R, int v, int T) {
       KL(kl_gather(R->ctx[0], S->in, R->out[0], T, R->s));
       launch(R, S->row_argmax, (unsigned)T, 1024, am);
       break;
-    case V_PAIRS: nccl_pairs(R, T); break;
+    case V_PAIRS: select_pairs(R, T); break;
     case V_TOPK:
       KL(kl_topk(S->sel, S->in, S->topk_idx, S->topk_val, S->lse, T, R->s));
       break;
@@ -199,7 +202,7 @@ static void spec_with(const bench *b, const char *extra, char *buf, size_t n) {
 
 /* A context for the bench's spec with `extra` fields; with --templates, its
  * kernels are rendered from those templates, as the gather table's are. */
-static kl_ctx *select_ctx(const bench *b, const char *extra, const kl_config *cfg) {
+kl_ctx *select_ctx(const bench *b, const char *extra, const kl_config *cfg) {
   char src[1200];
   kl_ctx *ctx = NULL;
   spec_with(b, extra, src, sizeof src);
@@ -295,19 +298,31 @@ void select_setup(bench *b) {
   if (!b->sel) die("klbench", "out of memory");
 }
 
-void select_rank(rank *R) {
-  bench *b = R->b;
-  struct select_rank S;
-  memset(&S, 0, sizeof S);
-  R->sel = &S;
+kl_config select_config(const rank *R) {
+  const bench *b = R->b;
   kl_config cfg = {.size = sizeof(kl_config), .rank = R->r, .nranks = b->n, .device = R->r,
                    .nccl = b->comms[R->r], .group = b->group, .crossover_bytes = 1LL << 40};
-  char topk[32];
-  snprintf(topk, sizeof topk, "topk = %d", b->topk);
-  S.sel = select_ctx(b, topk, &cfg);
-  S.epi = select_ctx(b, "out_dtype = 'fp32', softcap = 30.0", &cfg);
+  return cfg;
+}
+
+void select_engine_ops(rank *R) {
+  R->sel = calloc(1, sizeof *R->sel);
+  if (!R->sel) die("klbench", "out of memory");
   load_ops(R);
   alloc_select(R);
+}
+
+void *select_shard(const rank *R) { return R->sel->in; }
+
+void select_rank(rank *R) {
+  bench *b = R->b;
+  kl_config cfg = select_config(R);
+  select_engine_ops(R);
+  struct select_rank *S = R->sel;
+  char topk[32];
+  snprintf(topk, sizeof topk, "topk = %d", b->topk);
+  S->sel = select_ctx(b, topk, &cfg);
+  S->epi = select_ctx(b, "out_dtype = 'fp32', softcap = 30.0", &cfg);
   for (int k = 0; k < 2000; k++) sel_step(R, k % NV, b->tokens[0]); /* clocks up */
   CUDA(cudaStreamSynchronize(R->s));
   for (int i = 0; i < b->ntok; i++) {
@@ -322,13 +337,18 @@ void select_rank(rank *R) {
   }
   CUDA(cudaStreamSynchronize(R->s));
   kl_stats st = KL_STATS_INIT;
-  kl_ctx_stats(S.sel, &st);
+  kl_ctx_stats(S->sel, &st);
   if (st.nccl) die("--select", "kl_argmax/kl_topk left the one-shot path");
-  if (kl_ctx_status(S.sel) != KLRT_OK || kl_ctx_status(S.epi) != KLRT_OK)
+  if (kl_ctx_status(S->sel) != KLRT_OK || kl_ctx_status(S->epi) != KLRT_OK)
     die("device status", kl_last_error());
-  kl_ctx_destroy(S.sel);
-  kl_ctx_destroy(S.epi);
-  kl_cu_get(NULL)->cuModuleUnload(S.mod);
+  kl_ctx_destroy(S->sel);
+  kl_ctx_destroy(S->epi);
+  select_release(R);
+}
+
+void select_release(rank *R) {
+  kl_cu_get(NULL)->cuModuleUnload(R->sel->mod);
+  free(R->sel);
   R->sel = NULL;
 }
 

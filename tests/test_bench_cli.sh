@@ -12,6 +12,7 @@ expect 2 "$klbench" "$spec" --steps 0;        has "$tmp/err" "usage: klbench SPE
 expect 2 "$klbench" "$spec" --replays 65;     has "$tmp/err" "usage: klbench SPEC"
 expect 2 "$klbench" "$spec" name extra;       has "$tmp/err" "usage: klbench SPEC"
 expect 1 "$klbench" "$spec" --tokens 1,x;     has "$tmp/err" "expected a list like 1,2,4,8"
+expect 2 "$klbench" "$spec" --select --sample; has "$tmp/err" "usage: klbench SPEC"
 
 expect 0 "$tp_decode" --help;                has "$tmp/out" "usage: tp_decode SPEC_FILE"
 expect 2 "$tp_decode" --frobnicate;           has "$tmp/err" "usage: tp_decode SPEC_FILE"
