@@ -257,7 +257,8 @@ def _sample(rank):
         assert sampling_args(sampler, _batch(1), 64)["temperature"].tolist() == [pytest.approx(0.7)]
     sampler = _v2_sampler(vocab, kinds)
     assert on.sample(head, hidden[:2], sampler, _batch(2, draft=1)) is None
-    assert on.klgen.stats()["declined"] == {"sample": len(declined) + 1}
+    assert on.sample(head, hidden[:2], sampler, _batch(2), grammar_output=object()) is None
+    assert on.klgen.stats()["declined"] == {"sample": len(declined) + 2}
 
 
 def test_sample_from_vllm_sampling_states():

@@ -32,7 +32,7 @@ hidden_states, sampler, input_batch) draws each logits row's token with
 kl_sample, from the parameters vLLM's v2 Sampler keeps per request
 (sampling_args), or returns None where the step needs vLLM's own sampler:
 
-    tokens = processor.sample(lm_head, hidden_states, sampler, input_batch)
+    tokens = processor.sample(lm_head, hidden, sampler, input_batch, grammar_output)
     if tokens is None:  # vLLM's path: compute_logits, then sampler(...)
 
 KLGEN_VLLM=torch (or enable("torch")) runs the same glue on TorchGather, the
@@ -216,16 +216,20 @@ class KlgenLogitsProcessor(LogitsProcessor):
         logits = self._apply_head(lm_head, hidden_states, embedding_bias)
         return self._gathers().get("argmax", logits, **self._spec()).argmax(logits)
 
-    def sample(self, lm_head, hidden_states, sampler, input_batch, embedding_bias=None):
+    def sample(self, lm_head, hidden_states, sampler, input_batch, grammar_output=None,
+               embedding_bias=None):
         """The token of each logits row of `input_batch`, drawn by kl_sample
         from the shards with the parameters `sampler` (vLLM's v2 Sampler)
         keeps (sampling_args), as int64 [rows]; None where the step needs
         vLLM's sampler (counted as a declined "sample", the reason logged).
         hidden_states are the rows' ([rows, hidden]: the runner's
         hidden_states[input_batch.logits_indices]); the logits are those
-        forward returns (soft-capped, scaled)."""
+        forward returns (soft-capped, scaled). grammar_output: the runner's
+        (a bitmask applies to gathered logits: such a step is vLLM's)."""
         gathers = self._gathers()
         reason = self._select_declines(hidden_states, lm_head)
+        if reason is None and grammar_output is not None:
+            reason = "structured output: its bitmask applies to the gathered logits"
         if reason is None:
             args = sampling_args(sampler, input_batch, MAX_TOPK)
             reason = args if isinstance(args, str) else None
