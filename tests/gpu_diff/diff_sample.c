@@ -154,3 +154,126 @@ int sample_top(const float *x, int64_t vocab, int n, int64_t *top) {
   free(s);
   return 0;
 }
+
+/* ---- the shards' candidates ---- */
+
+/* a before b in the key order of t + g: the larger, ties to the lower column. */
+static int draw_before(float va, int64_t ca, float vb, int64_t cb) {
+  return va > vb || (va == vb && ca < cb);
+}
+
+void sample_shard_reduce(const float *t, const float *g, int64_t first, int64_t cols, int K,
+                         sample_shard *out) {
+  entry *s = sorted(t + first, cols);
+  out->n = cols < K ? (int)cols : K;
+  for (int i = 0; i < out->n; i++) out->t[i] = s[i].v, out->c[i] = first + s[i].c;
+  free(s);
+  out->best_c = -1;
+  out->best = out->best_t = -INFINITY;
+  for (int64_t c = first; c < first + cols; c++) {
+    const float v = t[c] + g[c];
+    if (out->best_c < 0 || draw_before(v, c, out->best, out->best_c))
+      out->best = v, out->best_t = t[c], out->best_c = c;
+  }
+}
+
+/* The first K of every shard's candidates in the key order: the row's first
+ * min(K, vocab), since each shard gave its own first ones. Their count. */
+static int merged(const sample_shard *shards, int nshards, int64_t vocab, int K, entry *cand) {
+  int all = 0;
+  for (int r = 0; r < nshards; r++)
+    for (int i = 0; i < shards[r].n; i++) cand[all++] = (entry){shards[r].t[i], shards[r].c[i]};
+  qsort(cand, (size_t)all, sizeof *cand, key_order);
+  return vocab < K ? (int)vocab : K;
+}
+
+static int64_t weight_of(const float *e, int64_t c) { return (int64_t)(e[c] * 0x1p38f); }
+
+/* The first column of the largest t + g among the first n candidates. */
+static int64_t draw_among(const entry *cand, int n, const float *g) {
+  int64_t best = cand[0].c;
+  float score = cand[0].v + g[best];
+  for (int i = 1; i < n; i++) {
+    const float v = cand[i].v + g[cand[i].c];
+    if (draw_before(v, cand[i].c, score, best)) best = cand[i].c, score = v;
+  }
+  return best;
+}
+
+static int64_t undecided(const char **why, const char *rule) {
+  if (why) *why = rule;
+  return -1;
+}
+
+/* A regular row (T > 0, its largest t finite) from its n merged candidates,
+ * all the row when full. keep: the kept prefix within the candidates, or
+ * beyond (what is kept runs past them, its length unknown). */
+static int64_t regular_from(const entry *cand, int n, int full, const sample_shard *shards,
+                            int nshards, const sample_args *a, const float *e, const float *g,
+                            int64_t outside, const char **why) {
+  const float m = cand[0].v;
+  int keep = n, beyond = !full;
+  float threshold = -INFINITY;
+  if (a->min_p > 0.f) { /* a value threshold: past the candidates if the last one is in */
+    threshold = m + (float)log((double)a->min_p);
+    int n1 = 0;
+    while (n1 < n && cand[n1].v >= threshold) n1++;
+    keep = n1, beyond = !full && n1 == n;
+  }
+  if (a->top_k > 0 && (beyond || a->top_k < keep)) /* k <= K <= n when beyond */
+    keep = (int)a->top_k, beyond = 0;
+  if (a->top_p < 1.f) {
+    if (beyond && outside < 0) return undecided(why, "top-p weighs columns past the candidates");
+    int64_t total = beyond ? outside : 0;
+    for (int i = 0; i < keep; i++) total += weight_of(e, cand[i].c);
+    const int64_t bound = ceil_product(a->top_p, total);
+    int64_t before = 0;
+    int i = 0;
+    for (; i < keep && before < bound; i++) before += weight_of(e, cand[i].c);
+    if (before < bound) return undecided(why, "top-p's nucleus runs past the candidates");
+    keep = i, beyond = 0;
+  }
+  if (!beyond) {
+    if (why) *why = "the candidates";
+    return draw_among(cand, keep, g);
+  }
+  /* nothing bounds the kept set: the largest t + g over the row, the shards' best */
+  int b = -1;
+  for (int r = 0; r < nshards; r++)
+    if (shards[r].best_c >= 0 &&
+        (b < 0 || draw_before(shards[r].best, shards[r].best_c, shards[b].best, shards[b].best_c)))
+      b = r;
+  if (shards[b].best_t < threshold)
+    return undecided(why, "min-p: the row's best draw is below its threshold");
+  if (why) *why = "the shards' best draws";
+  return shards[b].best_c;
+}
+
+int64_t sample_outside_weight(const float *t, float m, int64_t vocab, const sample_args *a, int K,
+                              const float *e) {
+  entry *s = sorted(t, vocab);
+  if (!s) return -1;
+  const float threshold = a->min_p > 0.f ? m + (float)log((double)a->min_p) : -INFINITY;
+  int64_t sum = 0;
+  for (int64_t i = K; i < vocab && s[i].v >= threshold; i++) sum += weight_of(e, s[i].c);
+  free(s);
+  return sum;
+}
+
+int64_t sample_from_shards(const sample_shard *shards, int nshards, int64_t vocab,
+                           const sample_args *a, int K, const float *e, const float *g,
+                           int64_t outside, const char **why) {
+  entry *cand = malloc((size_t)nshards * SAMPLE_CAND_MAX * sizeof *cand);
+  if (!cand) return undecided(why, "out of memory");
+  const int n = merged(shards, nshards, vocab, K, cand);
+  int64_t token;
+  /* greedy, or a NaN, +Inf or all -Inf row: argmax t, the first candidate */
+  if (a->temperature == 0.f || !isfinite(cand[0].v)) {
+    if (why) *why = "argmax";
+    token = cand[0].c;
+  } else {
+    token = regular_from(cand, n, n == vocab, shards, nshards, a, e, g, outside, why);
+  }
+  free(cand);
+  return token;
+}

@@ -51,4 +51,40 @@ float sample_logprob_at(float xc, double mx, double log_sum);
  * lowest column, into top[n]. 0, or -1 when out of memory. */
 int sample_top(const float *x, int64_t vocab, int n, int64_t *top);
 
+/* ---- the shards' candidates (docs/DESIGN.md "Next: the shards' candidates"):
+ * what each rank would give the merge, and the rows that decides. The
+ * kernels are to follow this; test_diff_ref holds it to sample_token. ---- */
+#define SAMPLE_CAND_MAX 64
+
+/* One shard's reduction of a row. */
+typedef struct sample_shard {
+  int n;                      /* candidates: min(K, the shard's columns) */
+  float t[SAMPLE_CAND_MAX];   /* its n largest t in the key order */
+  int64_t c[SAMPLE_CAND_MAX]; /* their columns (of the whole row) */
+  float best, best_t;         /* its largest t + g in the key order, and that column's t */
+  int64_t best_c;             /* the column (-1 for a shard of no column) */
+} sample_shard;
+
+/* Shard [first, first + cols) of a row's t and noise g (both indexed by the
+ * row's columns), reduced to K (1..SAMPLE_CAND_MAX) candidates. */
+void sample_shard_reduce(const float *t, const float *g, int64_t first, int64_t cols, int K,
+                         sample_shard *out);
+
+/* The token sample_token gives the whole row of `vocab` columns, from its
+ * shards' reductions alone, or -1 where they cannot decide it (the wide
+ * path's rows). a->top_k at most K; e and g as for sample_token (read at
+ * candidates' columns only). outside: the sum of the integer top-p weights
+ * floor(e * 2^38) of the columns top-p weighs that are not among the merged
+ * candidates (those min-p keeps, or all), as a second exchange round would
+ * give it; -1 when not known. *why, if not NULL, names the rule. */
+/* What a second exchange round would give sample_from_shards as outside
+ * for a regular row with T > 0: the integer top-p weights of the columns
+ * past the row's first K in the key order that min-p keeps (or all). */
+int64_t sample_outside_weight(const float *t, float m, int64_t vocab, const sample_args *a, int K,
+                              const float *e);
+
+int64_t sample_from_shards(const sample_shard *shards, int nshards, int64_t vocab,
+                           const sample_args *a, int K, const float *e, const float *g,
+                           int64_t outside, const char **why);
+
 #endif

@@ -210,11 +210,80 @@ static void sampler(void) {
   CHECK(sample_top(nan_row, 3, 3, top) == 0 && top[0] == 1 && top[1] == 2 && top[2] == 0, "top");
 }
 
+/* The shards' candidates against the whole row: what they decide is
+ * sample_token's token, for random rows of every kind gpu_diff draws, random
+ * splits into shards, capacities and parameters; greedy and non-finite rows,
+ * rows without a filter and rows with top-k are always decided. */
+enum { C_ARGMAX, C_PLAIN, C_TOPK, C_MINP, C_TOPP, C_KINDS };
+static const char *const cand_kinds[C_KINDS] = {"argmax", "no filter", "top-k", "min-p alone",
+                                                "top-p, no top-k"};
+
+static int cand_kind(const sample_args *a, float m) {
+  if (a->temperature == 0.f || !isfinite(m)) return C_ARGMAX;
+  if (a->top_k > 0) return C_TOPK;
+  if (a->top_p < 1.f) return C_TOPP;
+  return a->min_p > 0.f ? C_MINP : C_PLAIN;
+}
+
+static void candidates(int trials) {
+  rng r = rng_for(2026, 12);
+  long long seen[C_KINDS] = {0}, decided[C_KINDS] = {0};
+  const int Ks[] = {1, 2, 8, 64};
+  const float temps[] = {0.f, 1e-3f, 0.37f, 0.7f, 1.f, 1.7f};
+  const float top_ps[] = {1.f, 1.f, 1e-7f, 0.05f, 0.5f, 0.9f, 0.99999f};
+  const float min_ps[] = {0.f, 0.f, 1e-6f, 0.05f, 0.3f, 0.999f, 1.f};
+  enum { V_MAX = 3000 };
+  static uint32_t bits[V_MAX];
+  static float x[V_MAX], t[V_MAX], e[V_MAX], g[V_MAX];
+  static sample_shard shards[8];
+  for (int it = 0; it < trials; it++) {
+    const int64_t vocab = 1 + (int64_t)rng_below(&r, rng_chance(&r, 0.3) ? 80 : V_MAX);
+    diff_fill_row(&r, KL_FP32, (int)rng_below(&r, (uint64_t)diff_row_kinds()), bits, vocab, vocab);
+    for (int64_t c = 0; c < vocab; c++) {
+      x[c] = f32_of(bits[c]);
+      const uint32_t w = (uint32_t)rng_next(&r); /* the noise's form, host logf */
+      g[c] = -logf(-logf((float)(2u * (w >> 9) + 1u) * 0x1p-24f));
+    }
+    const int K = Ks[rng_below(&r, 4)], tp = 1 + (int)rng_below(&r, 8);
+    const int64_t ks[] = {0, 0, 0, 1, 2, 3, K};
+    sample_args a = {temps[rng_below(&r, 6)], ks[rng_below(&r, 7)], top_ps[rng_below(&r, 7)],
+                     min_ps[rng_below(&r, 7)]};
+    if (a.top_k > K) a.top_k = K;     /* the domain: at most the capacity */
+    if (a.top_k >= vocab) a.top_k = 0; /* as the caller maps it */
+    const float m = sample_tempered(x, vocab, a.temperature, t);
+    for (int64_t c = 0; c < vocab; c++) e[c] = isfinite(m) ? expf(t[c] - m) : 0.f;
+    const int64_t want = sample_token(t, m, vocab, &a, e, g, NULL);
+    const int64_t width = (vocab + tp - 1) / tp; /* the TP split; the last shards may be short */
+    for (int s = 0; s < tp; s++) {
+      const int64_t first = s * width < vocab ? s * width : vocab;
+      const int64_t cols = first + width < vocab ? width : vocab - first;
+      sample_shard_reduce(t, g, first, cols, K, &shards[s]);
+    }
+    const int known = rng_chance(&r, 0.5) && a.temperature > 0.f && isfinite(m);
+    const int64_t outside = known ? sample_outside_weight(t, m, vocab, &a, K, e) : -1;
+    const char *why = "";
+    const int64_t got = sample_from_shards(shards, tp, vocab, &a, K, e, g, outside, &why);
+    const int kind = cand_kind(&a, m);
+    seen[kind]++, decided[kind] += got >= 0;
+    CHECK(got < 0 || got == want, "trial %d: vocab %lld tp %d K %d (T %g k %lld p %g min_p %g): "
+          "%s gave %lld, the row %lld", it, (long long)vocab, tp, K, (double)a.temperature,
+          (long long)a.top_k, (double)a.top_p, (double)a.min_p, why, (long long)got,
+          (long long)want);
+    CHECK(got >= 0 || kind > C_TOPK, "trial %d: a %s row undecided: %s", it, cand_kinds[kind],
+          why);
+  }
+  printf("candidates:");
+  for (int k = 0; k < C_KINDS; k++)
+    printf(" %s %lld/%lld%s", cand_kinds[k], decided[k], seen[k], k + 1 < C_KINDS ? "," : "");
+  printf(" decided\n");
+}
+
 int main(int argc, char **argv) {
   fp16_all();
   conversions();
   selections();
   sampler();
+  candidates(20000);
   draws(argc > 1 ? atoi(argv[1]) : 12);
   printf("test_diff_ref: %s\n", failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
