@@ -552,7 +552,8 @@ static void distribution(const dev *d) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2 || (argc > 3 && strcmp(argv[3], "--no-distribution"))) {
+  if (argc < 2 || argc > 4 || (argc > 2 && atoi(argv[2]) < 1) ||
+      (argc > 3 && strcmp(argv[3], "--no-distribution"))) {
     fprintf(stderr, "usage: gpu_sample SPECS [ROWS [--no-distribution]]\n");
     return 2;
   }

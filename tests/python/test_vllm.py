@@ -189,16 +189,21 @@ def _v2_sampler(vocab, params):
     return sampler
 
 
-def _batch(rows, first_position=100, draft=0):
-    """The InputBatch fields the glue reads: row i is request slot i."""
+def _batch(slots, draft=0, seed=0):
+    """The InputBatch fields the glue reads, for logits rows of the request
+    slots `slots` (row i is slots[i]), each the last token of a prefill of
+    its own length at a position of its own, as vLLM lays a batch out."""
     import types
 
     import numpy as np
 
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 4, (len(slots),), generator=gen)
+    ends = lengths.cumsum(0)
     return types.SimpleNamespace(
-        idx_mapping_np=np.arange(rows), expanded_idx_mapping=torch.arange(rows),
-        positions=torch.arange(first_position, first_position + rows),
-        logits_indices=torch.arange(rows), num_draft_tokens=draft)
+        idx_mapping_np=np.array(slots), expanded_idx_mapping=torch.tensor(slots),
+        positions=torch.randint(0, 2**20, (int(ends[-1]),), generator=gen),
+        logits_indices=ends - 1, num_draft_tokens=draft)
 
 
 def _bad_words(token_ids):
@@ -225,18 +230,22 @@ def _sample(rank):
     heads, (stock, ours) = _heads(rows=rows), _processors()
     for (head, hidden), off, on, spec in zip(heads, stock, ours, HEADS):
         sampler = _v2_sampler(spec[0], [kinds[i % len(kinds)] for i in range(rows)])
-        for n, position in ((1, 5), (rows, 100), (rows, 101)):
-            batch = _batch(n, position)
-            got = on.sample(head, hidden[:n], sampler, batch)
+        # the batch's rows in another order than the slots, rows of a prefix of the slots
+        for slots in ([4], list(range(rows))[::-1], [7, 0, 9, 2, 5, 11, 1]):
+            n, batch = len(slots), _batch(slots, seed=len(slots))
+            got = on.sample(head, hidden[:n], sampler, batch, None)
             args = sampling_args(sampler, batch, 64)
-            # vLLM's "off" top_k is its vocabulary (kl_sample's off too); positions are offsets
-            assert args["top_k"][0] == spec[0] and torch.equal(args["offset"], batch.positions)
-            assert n == 1 or (args["top_k"][1] == 5 and args["seed"][1] == 3), args
-            asked = [kinds[i % len(kinds)] for i in range(n)]
+            states, asked = sampler.sampling_states, [kinds[i % len(kinds)] for i in slots]
             for name in ("temperature", "top_p", "min_p"):
                 assert args[name].tolist() == pytest.approx([getattr(p, name) for p in asked])
+            # vLLM's "off" top_k (its vocabulary) is 0; a row's seed is its request's
+            assert args["top_k"].tolist() == [max(p.top_k, 0) for p in asked], args["top_k"]
+            assert args["seed"].tolist() == states.seeds.np[slots].tolist()
+            assert [s for s, p in zip(args["seed"].tolist(), asked) if p.seed is not None] == \
+                [p.seed for p in asked if p.seed is not None]
+            assert torch.equal(args["offset"], batch.positions[batch.logits_indices])
             want = reference.sample(off(head, hidden[:n]), **args).tokens
-            assert torch.equal(got, want), (spec, n, got, want)
+            assert torch.equal(got, want), (spec, slots, got, want)
             ranks = [torch.empty_like(got) for _ in range(TP)]
             dist.all_gather(ranks, got)
             assert all(torch.equal(r, got) for r in ranks), (spec, ranks)
@@ -248,16 +257,21 @@ def _sample(rank):
                 (SamplingParams(temperature=1.0, logit_bias={3: 1.0}), "LogitBiasState"),
                 (_bad_words([[42], [7, 8]]), "BadWordsState"),
                 (SamplingParams(temperature=1.0, logprobs=2), "logprobs"),
-                (SamplingParams(temperature=1.0, top_k=65), "top_k 65 above")]
+                (SamplingParams(temperature=1.0, top_k=65), "top_k 65:")]
     for params, why in declined:
         sampler = _v2_sampler(vocab, [kinds[1], params])
-        reason = sampling_args(sampler, _batch(2), 64)
+        reason = sampling_args(sampler, _batch([0, 1]), 64)
         assert isinstance(reason, str) and why in reason, (why, reason)
-        assert on.sample(head, hidden[:2], sampler, _batch(2)) is None
-        assert sampling_args(sampler, _batch(1), 64)["temperature"].tolist() == [pytest.approx(0.7)]
+        assert on.sample(head, hidden[:2], sampler, _batch([0, 1]), None) is None
+        # a step without that request is klgen's
+        assert sampling_args(sampler, _batch([0]), 64)["temperature"].tolist() == \
+            [pytest.approx(0.7)]
     sampler = _v2_sampler(vocab, kinds)
-    assert on.sample(head, hidden[:2], sampler, _batch(2, draft=1)) is None
-    assert on.sample(head, hidden[:2], sampler, _batch(2), grammar_output=object()) is None
+    assert on.sample(head, hidden[:2], sampler, _batch([0, 1], draft=1), None) is None
+    assert on.sample(head, hidden[:2], sampler, _batch([0, 1]), object()) is None  # grammar
+    watermarked = type("GPUWatermarkSampler", (type(sampler),), {})
+    sampler.__class__ = watermarked  # a subclass samples its own way: vLLM's
+    assert "GPUWatermarkSampler" in sampling_args(sampler, _batch([0, 1]), 64)
     assert on.klgen.stats()["declined"] == {"sample": len(declined) + 2}
 
 

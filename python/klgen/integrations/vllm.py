@@ -91,21 +91,36 @@ def sampling_args(sampler, input_batch, max_top_k):
     if reason is not None:
         return reason
     rows, states = input_batch.expanded_idx_mapping, sampler.sampling_states
+    top_k = states.top_k.gpu[rows].long()
     return dict(temperature=states.temperature.gpu[rows],
-                top_k=states.top_k.gpu[rows].long(),  # vocab_size: off, as kl_sample takes it
+                top_k=top_k.masked_fill(top_k >= states.vocab_size, 0),  # vLLM's off: 0
                 top_p=states.top_p.gpu[rows], min_p=states.min_p.gpu[rows],
                 seed=states.seeds.gpu[rows],
                 offset=input_batch.positions[input_batch.logits_indices].long())
 
 
+# What the glue reads of vLLM's v2 Sampler. A vLLM without one of them is
+# another vLLM: its steps stay with its sampler (a missing part never reads
+# as a feature turned off).
+_SAMPLER_PARTS = ("sampling_states", "logits_processors", "thinking_budget_state",
+                  "trace_replay_state", "return_sampling_mask", "get_logprobs_dims")
+
+
 def _sampler_declines(sampler, input_batch, max_top_k):
     """Why vLLM must sample this step itself, or None."""
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+
+    if type(sampler) is not Sampler:  # a subclass samples its own way (watermarks)
+        return f"sampler {type(sampler).__name__}, not vLLM's v2 Sampler"
+    missing = [part for part in _SAMPLER_PARTS if not hasattr(sampler, part)]
+    if missing:
+        return f"vLLM's Sampler has no {missing[0]} (another vLLM)"
     requests = input_batch.idx_mapping_np
     if input_batch.num_draft_tokens:
         return "draft tokens: rejection sampling"
-    if getattr(sampler, "trace_replay_state", None) is not None:
+    if sampler.trace_replay_state is not None:
         return "trace replay"
-    if getattr(sampler, "return_sampling_mask", False):
+    if sampler.return_sampling_mask:
         return "the sampling mask is asked for"
     if sampler.get_logprobs_dims(requests) is not None:
         return "logprobs: vLLM's carry the sampled token's rank over the whole vocabulary"
@@ -117,13 +132,26 @@ def _sampler_declines(sampler, input_batch, max_top_k):
         if getattr(used, "np", used)[requests].any():
             return f"a request uses {type(processor).__name__}"
     budget = sampler.thinking_budget_state
-    if getattr(budget, "enabled", False) and budget.use_thinking_budget[requests].any():
+    if not hasattr(budget, "enabled") or (
+            budget.enabled and (not hasattr(budget, "use_thinking_budget") or
+                                budget.use_thinking_budget[requests].any())):
         return "a thinking budget"
-    states = sampler.sampling_states
+    return _params_declines(sampler.sampling_states, requests, max_top_k)
+
+
+def _params_declines(states, requests, max_top_k):
+    """Why a request's parameters are outside kl_sample's domain (its row
+    would get token -1), or None; vLLM's own checks make that rare."""
+    t, p, mp = (states.temperature.np[requests], states.top_p.np[requests],
+                states.min_p.np[requests])
     k = states.top_k.np[requests]
-    if ((k > max_top_k) & (k < states.vocab_size)).any():
-        return f"top_k {int(k[(k > max_top_k) & (k < states.vocab_size)][0])} above " \
-               f"the candidates' {max_top_k}"
+    if not ((t >= 0) & (t < float("inf"))).all():
+        return "a temperature outside [0, inf)"
+    if not ((p > 0) & (p <= 1) & (mp >= 0) & (mp <= 1)).all():
+        return "a top_p outside (0, 1] or a min_p outside [0, 1]"
+    bad = (k < 0) | ((k > max_top_k) & (k < states.vocab_size))
+    if bad.any():
+        return f"top_k {int(k[bad][0])}: kl_sample takes 0 ... {max_top_k}, or off"
     return None
 
 
@@ -216,7 +244,7 @@ class KlgenLogitsProcessor(LogitsProcessor):
         logits = self._apply_head(lm_head, hidden_states, embedding_bias)
         return self._gathers().get("argmax", logits, **self._spec()).argmax(logits)
 
-    def sample(self, lm_head, hidden_states, sampler, input_batch, grammar_output=None,
+    def sample(self, lm_head, hidden_states, sampler, input_batch, grammar_output,
                embedding_bias=None):
         """The token of each logits row of `input_batch`, drawn by kl_sample
         from the shards with the parameters `sampler` (vLLM's v2 Sampler)
@@ -224,8 +252,9 @@ class KlgenLogitsProcessor(LogitsProcessor):
         vLLM's sampler (counted as a declined "sample", the reason logged).
         hidden_states are the rows' ([rows, hidden]: the runner's
         hidden_states[input_batch.logits_indices]); the logits are those
-        forward returns (soft-capped, scaled). grammar_output: the runner's
-        (a bitmask applies to gathered logits: such a step is vLLM's)."""
+        forward returns (soft-capped, scaled). grammar_output: the runner's,
+        None or not (its bitmask applies to gathered logits: a step with one
+        is vLLM's)."""
         gathers = self._gathers()
         reason = self._select_declines(hidden_states, lm_head)
         if reason is None and grammar_output is not None:
