@@ -189,28 +189,59 @@ static int merged(const sample_shard *shards, int nshards, int64_t vocab, int K,
 
 static int64_t weight_of(const float *e, int64_t c) { return (int64_t)(e[c] * 0x1p38f); }
 
-/* The first column of the largest t + g among the first n candidates. */
-static int64_t draw_among(const entry *cand, int n, const float *g) {
-  int64_t best = cand[0].c;
-  float score = cand[0].v + g[best];
-  for (int i = 1; i < n; i++) {
-    const float v = cand[i].v + g[cand[i].c];
-    if (draw_before(v, cand[i].c, score, best)) best = cand[i].c, score = v;
-  }
-  return best;
-}
-
 static int64_t undecided(const char **why, const char *rule) {
   if (why) *why = rule;
   return -1;
 }
 
-/* A regular row (T > 0, its largest t finite) from its n merged candidates,
- * all the row when full. keep: the kept prefix within the candidates, or
+/* Which of the first n candidates has the largest t + g (the first column
+ * of equals). */
+static int draw_among(const entry *cand, int n, const float *g) {
+  int best = 0;
+  float score = cand[0].v + g[cand[0].c];
+  for (int i = 1; i < n; i++) {
+    const float v = cand[i].v + g[cand[i].c];
+    if (draw_before(v, cand[i].c, score, cand[best].c)) best = i, score = v;
+  }
+  return best;
+}
+
+/* How many of the first n candidates top-p keeps when the weights before a
+ * column must reach bound, or -1 when the first n do not reach it. */
+static int top_p_keeps(const entry *cand, int n, const float *e, int64_t bound) {
+  int64_t before = 0;
+  int i = 0;
+  for (; i < n && before < bound; i++) before += weight_of(e, cand[i].c);
+  return before < bound ? -1 : i;
+}
+
+/* Top-p over all n candidates and columns past them whose weight is not
+ * known: it lies in [0, (vocab - n) * most], as no column past the
+ * candidates has a larger t than the last (expf taken as monotone, with a
+ * margin of 2^-20 for a last-bit slip). The cut only moves later as the
+ * total grows, so when the best draw up to the latest cut comes before the
+ * earliest, it is the token whatever the weight past the candidates. */
+static int64_t top_p_bounded(const entry *cand, int n, int64_t vocab, float p, const float *e,
+                             const float *g, const char **why) {
+  int64_t sum = 0;
+  for (int i = 0; i < n; i++) sum += weight_of(e, cand[i].c);
+  const int64_t last = weight_of(e, cand[n - 1].c), most = last + (last >> 20) + (last > 0);
+  const int first = top_p_keeps(cand, n, e, ceil_product(p, sum));
+  const int latest = top_p_keeps(cand, n, e, ceil_product(p, sum + (vocab - n) * most));
+  if (latest < 0) return undecided(why, "top-p's nucleus may run past the candidates");
+  const int best = draw_among(cand, latest, g);
+  if (best >= first) return undecided(why, "top-p: the draw depends on the weight past the candidates");
+  if (why) *why = "top-p within bounds";
+  return cand[best].c;
+}
+
+/* A regular row (T > 0, its largest t finite) of `vocab` columns from its n
+ * merged candidates (all the row when n == vocab). keep: the kept prefix within the candidates, or
  * beyond (what is kept runs past them, its length unknown). */
-static int64_t regular_from(const entry *cand, int n, int full, const sample_shard *shards,
+static int64_t regular_from(const entry *cand, int n, int64_t vocab, const sample_shard *shards,
                             int nshards, const sample_args *a, const float *e, const float *g,
                             int64_t outside, const char **why) {
+  const int full = n == vocab;
   const float m = cand[0].v;
   int keep = n, beyond = !full;
   float threshold = -INFINITY;
@@ -223,19 +254,16 @@ static int64_t regular_from(const entry *cand, int n, int full, const sample_sha
   if (a->top_k > 0 && (beyond || a->top_k < keep)) /* k <= K <= n when beyond */
     keep = (int)a->top_k, beyond = 0;
   if (a->top_p < 1.f) {
-    if (beyond && outside < 0) return undecided(why, "top-p weighs columns past the candidates");
+    if (beyond && outside < 0) return top_p_bounded(cand, keep, vocab, a->top_p, e, g, why);
     int64_t total = beyond ? outside : 0;
     for (int i = 0; i < keep; i++) total += weight_of(e, cand[i].c);
-    const int64_t bound = ceil_product(a->top_p, total);
-    int64_t before = 0;
-    int i = 0;
-    for (; i < keep && before < bound; i++) before += weight_of(e, cand[i].c);
-    if (before < bound) return undecided(why, "top-p's nucleus runs past the candidates");
-    keep = i, beyond = 0;
+    keep = top_p_keeps(cand, keep, e, ceil_product(a->top_p, total));
+    if (keep < 0) return undecided(why, "top-p's nucleus runs past the candidates");
+    beyond = 0;
   }
   if (!beyond) {
     if (why) *why = "the candidates";
-    return draw_among(cand, keep, g);
+    return cand[draw_among(cand, keep, g)].c;
   }
   /* nothing bounds the kept set: the largest t + g over the row, the shards' best */
   int b = -1;
@@ -267,12 +295,16 @@ int64_t sample_from_shards(const sample_shard *shards, int nshards, int64_t voca
   if (!cand) return undecided(why, "out of memory");
   const int n = merged(shards, nshards, vocab, K, cand);
   int64_t token;
+  if (a->top_k > K) { /* outside the domain: the candidates cannot hold its cut */
+    free(cand);
+    return undecided(why, "top_k above the capacity");
+  }
   /* greedy, or a NaN, +Inf or all -Inf row: argmax t, the first candidate */
   if (a->temperature == 0.f || !isfinite(cand[0].v)) {
     if (why) *why = "argmax";
     token = cand[0].c;
   } else {
-    token = regular_from(cand, n, n == vocab, shards, nshards, a, e, g, outside, why);
+    token = regular_from(cand, n, vocab, shards, nshards, a, e, g, outside, why);
   }
   free(cand);
   return token;
