@@ -36,8 +36,10 @@ whole row, fp32)."""
 Sample = collections.namedtuple("Sample", "tokens logprobs top_logprobs")
 Sample.__doc__ = """kl_sample's result: tokens [tokens] int64 (the same on every rank; -1
 for a row whose per-row parameters are outside the domain), logprobs [tokens]
-fp32 (the token's log-probability under the raw logits), top_logprobs None
-(logprobs=0) or a TopLogprobs of the n largest raw logits."""
+fp32 (the token's log-probability under the logits after the epilogue, before
+temperature and filters), top_logprobs None (logprobs=0) or a TopLogprobs of
+the n largest of those logits. klgen.reference.Sample holds the same per row
+as tokens, logprob, top_logprobs and top_indices, and the token's rank."""
 TopLogprobs = collections.namedtuple("TopLogprobs", "values indices")
 TopLogprobs.__doc__ = """The n largest raw logits' log-probabilities [tokens, n] fp32 and
 columns [tokens, n] int64, largest first, ties to the lowest column."""

@@ -28,8 +28,8 @@ k > 64, a scale <= 0 (vLLM's error). stats() and vLLM's debug log
 
 Sampling without the gather is for the engine's model runner to call (vLLM
 0.33's runners always gather first): KlgenLogitsProcessor.sample(lm_head,
-hidden_states, sampler, input_batch) draws each logits row's token with
-kl_sample, from the parameters vLLM's v2 Sampler keeps per request
+hidden_states, sampler, input_batch, grammar_output) draws each logits row's
+token with kl_sample, from the parameters vLLM's v2 Sampler keeps per request
 (sampling_args), or returns None where the step needs vLLM's own sampler:
 
     tokens = processor.sample(lm_head, hidden, sampler, input_batch, grammar_output)

@@ -196,10 +196,10 @@ typedef struct kl_sampling {
  * docs/DESIGN.md "Sampling" defines it (vLLM's order: temperature, min-p,
  * top-k, top-p, a Gumbel-max draw with counter-based noise of (seed, offset,
  * column); temperature 0: kl_argmax's token). logprob[t] (NULL: not
- * written) is the token's log-probability under the raw logits; top_index
- * and top_logprob [tokens, n_top] (n_top 0..K; both NULL when 0,
- * top_logprob may be NULL) the n_top largest raw logits' columns (kl_topk's
- * order) and log-probabilities. A row whose parameters are outside the
+ * written) is the token's log-probability under those logits (before
+ * temperature and filters); top_index and top_logprob [tokens, n_top]
+ * (n_top 0..K; both NULL when 0, top_logprob may be NULL) the n_top largest
+ * of those logits' columns (kl_topk's order) and log-probabilities. A row whose parameters are outside the
  * domain gets token -1 and NaN logprobs (checked on the device, where the
  * values are). Outputs aligned for their type, apart from each other and
  * from the parameters. Collective, enqueued, capturable and ordered as
