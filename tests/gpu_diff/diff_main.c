@@ -375,10 +375,6 @@ static void setup(diff_env *env, const char *arch) {
     CU_CHECK(cu, cuStreamCreate(&s->s, CU_STREAM_NON_BLOCKING));
     for (int e = 0; e < DIFF_STEP_EVENTS; e++) CU_CHECK(cu, cuEventCreate(&s->ev[e], CU_EVENT_DEFAULT));
     CU_CHECK(cu, cuMemAlloc(&s->arena, env->arena_bytes));
-    /* A stream's first work waits for the GPU's earlier work, a peer's
-     * spinning grid too: each works once here, before any case runs. */
-    CU_CHECK(cu, cuMemsetD8Async(s->arena, 0, 1, s->s));
-    CU_CHECK(cu, cuStreamSynchronize(s->s));
     s->h_in = pinned(cu, data);
     s->h_out = pinned(cu, data);
     s->h_idx1 = pinned(cu, 8 * DIFF_MAX_ROWS);
@@ -418,6 +414,20 @@ static void setup(diff_env *env, const char *arch) {
     CU_CHECK(cu, cuFuncLoad(env->move_fn));
   }
   kl_binary_free(&bin);
+  /* A stream's first work waited on the device behind the GPU's earlier
+   * work, a peer's spinning grid too: each rank's stream does the steps'
+   * kind of work once here, before any case runs. */
+  for (int k = 0; k < DIFF_MAX_RANKS; k++) {
+    const diff_slot *s = &env->slots[k];
+    CU_CHECK(cu, cuCtxSetCurrent(s->cuctx));
+    const CUresult r = diff_move(env, s->arena, NULL, 0, 1, s->s);
+    if (r != CUDA_SUCCESS) {
+      fprintf(stderr, "gpu_diff: a first move on rank %d's stream: %s\n", k, kl_cu_errstr(r));
+      exit(1);
+    }
+    CU_CHECK(cu, cuStreamSynchronize(s->s));
+  }
+  CU_CHECK(cu, cuCtxSetCurrent(env->ctx0));
   diff_ref_bufs *r = &env->ref;
   r->rows = malloc((size_t)DIFF_ELEM_BUDGET * 4);
   r->vals = malloc((size_t)DIFF_ELEM_BUDGET * 4);
