@@ -65,15 +65,44 @@ static int64_t ceil_product(float p, int64_t total) {
   return (int64_t)(prod >> s) + ((prod & ((one << s) - 1)) != 0);
 }
 
+/* A column's top-p weight, floor(e * 2^38), e = expf(t - m). */
+static int64_t weight_of(const float *e, int64_t c) { return (int64_t)(e[c] * 0x1p38f); }
+
+/* Min-p's value threshold: log(min_p) rounded to float, then the float sum. */
+static float min_p_threshold(float m, float min_p) { return m + (float)log((double)min_p); }
+
+/* a before b in the key order of t + g: the larger, ties to the lower column. */
+static int draw_before(float va, int64_t ca, float vb, int64_t cb) {
+  return va > vb || (va == vb && ca < cb);
+}
+
+/* Which of the first n columns has the largest t + g (the first column
+ * of equals). */
+static int draw_among(const entry *s, int n, const float *g) {
+  int best = 0;
+  float score = s[0].v + g[s[0].c];
+  for (int i = 1; i < n; i++) {
+    const float v = s[i].v + g[s[i].c];
+    if (draw_before(v, s[i].c, score, s[best].c)) best = i, score = v;
+  }
+  return best;
+}
+
+/* How many of the first n columns top-p keeps when the weights before a
+ * column must reach bound, or -1 when the first n do not reach it. */
+static int top_p_keeps(const entry *s, int n, const float *e, int64_t bound) {
+  int64_t before = 0;
+  int i = 0;
+  for (; i < n && before < bound; i++) before += weight_of(e, s[i].c);
+  return before < bound ? -1 : i;
+}
+
 /* How many of the sorted columns top-p keeps of the first n: while the
  * integer weights before a column sum to less than ceil(p * total). */
 static int64_t top_p_cut(const entry *s, int64_t n, const float *e, float p) {
   int64_t total = 0;
-  for (int64_t i = 0; i < n; i++) total += (int64_t)(e[s[i].c] * 0x1p38f);
-  const int64_t bound = ceil_product(p, total);
-  int64_t before = 0, i = 0;
-  for (; i < n && before < bound; i++) before += (int64_t)(e[s[i].c] * 0x1p38f);
-  return i;
+  for (int64_t i = 0; i < n; i++) total += weight_of(e, s[i].c);
+  return top_p_keeps(s, (int)n, e, ceil_product(p, total));
 }
 
 /* How many of the sorted columns s the filters keep (a prefix). */
@@ -81,8 +110,7 @@ static int64_t kept_prefix(const entry *s, float m, int64_t vocab, const sample_
                            const float *e) {
   int64_t n = vocab;
   if (a->min_p > 0.f) {
-    /* log(min_p) rounded to float, then the float sum: a value threshold */
-    const float threshold = m + (float)log((double)a->min_p);
+    const float threshold = min_p_threshold(m, a->min_p);
     n = 0;
     while (n < vocab && s[n].v >= threshold) n++;
   }
@@ -108,13 +136,7 @@ int64_t sample_token(const float *t, float m, int64_t vocab, const sample_args *
   entry *s = sorted(t, vocab);
   if (!s) return -1;
   const int64_t n = kept_prefix(s, m, vocab, a, e);
-  int64_t best = s[0].c;
-  float score = t[best] + g[best];
-  for (int64_t i = 1; i < n; i++) {
-    const int64_t c = s[i].c;
-    const float v = t[c] + g[c];
-    if (v > score || (v == score && c < best)) best = c, score = v;
-  }
+  const int64_t best = s[draw_among(s, (int)n, g)].c;
   free(s);
   if (kept) *kept = n;
   return best;
@@ -157,11 +179,6 @@ int sample_top(const float *x, int64_t vocab, int n, int64_t *top) {
 
 /* ---- the shards' candidates ---- */
 
-/* a before b in the key order of t + g: the larger, ties to the lower column. */
-static int draw_before(float va, int64_t ca, float vb, int64_t cb) {
-  return va > vb || (va == vb && ca < cb);
-}
-
 void sample_shard_reduce(const float *t, const float *g, int64_t first, int64_t cols, int K,
                          sample_shard *out) {
   entry *s = sorted(t + first, cols);
@@ -187,32 +204,9 @@ static int merged(const sample_shard *shards, int nshards, int64_t vocab, int K,
   return vocab < K ? (int)vocab : K;
 }
 
-static int64_t weight_of(const float *e, int64_t c) { return (int64_t)(e[c] * 0x1p38f); }
-
 static int64_t undecided(const char **why, const char *rule) {
   if (why) *why = rule;
   return -1;
-}
-
-/* Which of the first n candidates has the largest t + g (the first column
- * of equals). */
-static int draw_among(const entry *cand, int n, const float *g) {
-  int best = 0;
-  float score = cand[0].v + g[cand[0].c];
-  for (int i = 1; i < n; i++) {
-    const float v = cand[i].v + g[cand[i].c];
-    if (draw_before(v, cand[i].c, score, cand[best].c)) best = i, score = v;
-  }
-  return best;
-}
-
-/* How many of the first n candidates top-p keeps when the weights before a
- * column must reach bound, or -1 when the first n do not reach it. */
-static int top_p_keeps(const entry *cand, int n, const float *e, int64_t bound) {
-  int64_t before = 0;
-  int i = 0;
-  for (; i < n && before < bound; i++) before += weight_of(e, cand[i].c);
-  return before < bound ? -1 : i;
 }
 
 /* Top-p over all n candidates and columns past them whose weight is not
@@ -246,7 +240,7 @@ static int64_t regular_from(const entry *cand, int n, int64_t vocab, const sampl
   int keep = n, beyond = !full;
   float threshold = -INFINITY;
   if (a->min_p > 0.f) { /* a value threshold: past the candidates if the last one is in */
-    threshold = m + (float)log((double)a->min_p);
+    threshold = min_p_threshold(m, a->min_p);
     int n1 = 0;
     while (n1 < n && cand[n1].v >= threshold) n1++;
     keep = n1, beyond = !full && n1 == n;
@@ -281,7 +275,7 @@ int64_t sample_outside_weight(const float *t, float m, int64_t vocab, const samp
                               const float *e) {
   entry *s = sorted(t, vocab);
   if (!s) return -1;
-  const float threshold = a->min_p > 0.f ? m + (float)log((double)a->min_p) : -INFINITY;
+  const float threshold = a->min_p > 0.f ? min_p_threshold(m, a->min_p) : -INFINITY;
   int64_t sum = 0;
   for (int64_t i = K; i < vocab && s[i].v >= threshold; i++) sum += weight_of(e, s[i].c);
   free(s);
