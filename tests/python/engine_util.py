@@ -32,6 +32,17 @@ def _rank(rank, port, setup, fn):
         fn(rank)
 
 
+def leave_together(*teardown):
+    """After a rank's test passed: wait for every rank, then run the engine's
+    teardown. A rank that exits with its gloo groups alive closes sockets
+    that a slower peer's gloo threads still use, and that peer can abort at
+    exit ("terminate called without an active exception") although its test
+    passed. A rank that failed skips this (its peers fail on their own)."""
+    torch.distributed.barrier()
+    for step in teardown:
+        step()
+
+
 def debug_lines(logger):
     """A list that collects what `logger` logs from now on, debug included."""
     lines = []

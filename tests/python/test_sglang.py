@@ -44,6 +44,8 @@ def _setup(rank, port):
     parallel_state.initialize_model_parallel()
     logits_processor._is_cpu = True
     yield
+    data.leave_together(parallel_state.destroy_model_parallel,
+                        parallel_state.destroy_distributed_environment)
 
 
 def _head(vocab, rows, dtype, logits):

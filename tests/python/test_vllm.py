@@ -21,6 +21,8 @@ def _setup(rank, port):
     """Rank `rank` of TP over gloo, as the engine sets it up."""
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import (destroy_distributed_environment,
+                                                 destroy_model_parallel)
 
     # no GPU: vLLM cannot infer the device, so it is told
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
@@ -28,6 +30,7 @@ def _setup(rank, port):
                                      distributed_init_method=f"tcp://127.0.0.1:{port}")
         initialize_model_parallel(tensor_model_parallel_size=TP)
         yield
+        data.leave_together(destroy_model_parallel, destroy_distributed_environment)
 
 
 def _head(vocab, rows, dtype, logits):
