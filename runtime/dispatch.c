@@ -266,11 +266,11 @@ kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s) {
   const kl_route *r = k->route;
   k->in_bytes = (size_t)k->tokens * (size_t)c->layout.shard_bytes;
   k->kin = (CUdeviceptr)k->in;
-  /* the route's own arguments first: they may size its outputs */
-  kl_result res = r->check ? r->check(c, k) : KLRT_OK;
-  if (res) return res;
   r->measure(c, k);
-  if ((res = check_args(c, k))) return res;
+  /* the route's own arguments before the layer's: a wrong one (n_top) makes
+   * the outputs' sizes meaningless, and its message says which */
+  kl_result res = r->check ? r->check(c, k) : KLRT_OK;
+  if (res || (res = check_args(c, k))) return res;
   if (r->nccl_kernels) { /* both paths read the input through the kernels */
     if ((res = kl_stage_in(c, k, s))) return res;
     c->stats.staged += k->kin != (CUdeviceptr)k->in;

@@ -193,10 +193,12 @@ typedef struct kl_route {
   const char *nccl_kernels;
   int logged; /* its changes of path go to KLGEN_LOG (the gather's alone) */
   kl_result (*usable)(const kl_ctx *c); /* NULL: always; else called at every call */
-  /* NULL: none; else the route's own arguments (k->extra), before the
-   * layer's checks (they may size the outputs) */
+  /* out[i].bytes for k->tokens, first: whatever the arguments (check
+   * refuses them after) */
+  void (*measure)(const kl_ctx *c, kl_call *k);
+  /* NULL: none; else the route's own arguments (k->extra), after measure
+   * and before the layer's checks */
   kl_result (*check)(kl_ctx *c, const kl_call *k);
-  void (*measure)(const kl_ctx *c, kl_call *k); /* out[i].bytes for k->tokens */
   /* The paths, after the layer's checks, choice and counts; the NCCL path
    * also after the checks that every rank makes alike. */
   kl_result (*oneshot)(kl_ctx *c, kl_call *k, CUstream s);

@@ -13,10 +13,12 @@ static size_t row_bytes(const kl_ctx *c) {
 }
 
 /* token [tokens] int64, logprob [tokens] fp32, top_index and top_logprob
- * [tokens, n_top] int64 and fp32. */
+ * [tokens, n_top] int64 and fp32. Before check: an n_top it refuses sizes
+ * nothing here. */
 static void measure(const kl_ctx *c, kl_call *k) {
   (void)c;
-  const size_t n = (size_t)k->tokens, top = n * (size_t)((const kl_sample_call *)k->extra)->n_top;
+  const int n_top = ((const kl_sample_call *)k->extra)->n_top;
+  const size_t n = (size_t)k->tokens, top = n * (size_t)(n_top > 0 ? n_top : 0);
   k->out[0].bytes = n * 8;
   k->out[1].bytes = n * 4;
   k->out[2].bytes = top * 8;
@@ -30,9 +32,8 @@ static kl_result has_topk(const kl_ctx *c) {
 }
 
 /* n_top and its outputs agree; the parameter arrays: temperature required,
- * the others NULL, on this GPU and apart from the outputs (the sampler reads
- * them while it writes those). Before the layer's checks: n_top sizes the
- * outputs. */
+ * the others NULL, on this GPU and apart from the outputs as measured (the
+ * sampler reads them while it writes those). */
 static kl_result check(kl_ctx *c, const kl_call *k) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
@@ -46,18 +47,16 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
   if (!p->temperature) return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->temperature is NULL");
   const void *arrays[] = {p->temperature, p->top_k, p->top_p, p->min_p, p->seed, p->offset};
   const size_t elem[] = {4, 8, 4, 4, 8, 8};
-  kl_call sized = *k;
-  measure(c, &sized);
   for (int i = 0; i < 6; i++) {
     if (!arrays[i]) continue;
     kl_result res = kl_check_ptr(c, arrays[i], (kl_arg)(KL_ARG_TEMPERATURE + i));
     if (res) return res;
     for (int o = 0; o < 4; o++)
-      if (sized.out[o].p && kl_overlaps((uintptr_t)arrays[i], elem[i] * (size_t)k->tokens,
-                                        (uintptr_t)sized.out[o].p, sized.out[o].bytes))
+      if (k->out[o].p && kl_overlaps((uintptr_t)arrays[i], elem[i] * (size_t)k->tokens,
+                                     (uintptr_t)k->out[o].p, k->out[o].bytes))
         return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s overlaps %s",
                           kl_arg_name((kl_arg)(KL_ARG_TEMPERATURE + i)),
-                          kl_arg_name(sized.out[o].arg));
+                          kl_arg_name(k->out[o].arg));
   }
   return KLRT_OK;
 }

@@ -20,6 +20,7 @@ import math
 import os
 import struct
 import threading
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -281,15 +282,15 @@ class LogitsGather:
         return Sample(token, lp, TopLogprobs(values, indices) if logprobs else None)
 
     def _sample(self, shard, temperature, top_k, top_p, min_p, seed, offset, n):
-        self._check(shard, None)
         shard = shard.contiguous()
         tokens = shard.shape[0]
         token = torch.empty((tokens,), dtype=torch.int64, device=self.device)
         lp = torch.empty((tokens,), dtype=torch.float32, device=self.device)
         values = torch.empty((tokens, n), dtype=torch.float32, device=self.device)
         indices = torch.empty((tokens, n), dtype=torch.int64, device=self.device)
-        p = _capi.Sampling(*(t.data_ptr() for t in (temperature, top_k, top_p, min_p, seed,
-                                                    offset)))
+        # None (off) is NULL, which kl_sample reads as off without a tensor
+        p = _capi.Sampling(*(None if t is None else t.data_ptr()
+                             for t in (temperature, top_k, top_p, min_p, seed, offset)))
         _capi.check(_capi.lib.kl_sample(
             self._ctx, shard.data_ptr(), ctypes.byref(p), token.data_ptr(), lp.data_ptr(),
             indices.data_ptr() if n else None, values.data_ptr() if n else None, n, tokens,
@@ -497,9 +498,11 @@ def _number(name, value, g):
 
 
 def _sampling_args(g, tokens, *values):
-    """The six per-row parameter tensors of g.sample's arguments (the last of
-    values is logprobs): numbers checked here, tensors for dtype, shape and
-    device (their values on the device)."""
+    """The six per-row parameters of g.sample's arguments (the last of values
+    is logprobs): numbers checked here, tensors for dtype, shape and device
+    (their values on the device). A parameter that is off (None, or a number
+    whose value is the off one) is None, which kl_sample takes as NULL: a
+    call with temperature alone fills one tensor, not six."""
     *params, logprobs = values
     if isinstance(logprobs, bool) or not isinstance(logprobs, int):
         raise TypeError(f"logprobs must be an int, not {type(logprobs).__name__}")
@@ -511,12 +514,14 @@ def _sampling_args(g, tokens, *values):
         if value is None:
             if _OFF[name] is None:
                 raise TypeError(f"{name} is required")
-            value = _OFF[name]
-        if isinstance(value, torch.Tensor):
+            out.append(None)
+        elif isinstance(value, torch.Tensor):
             out.append(_row_tensor(value, name, dtype, tokens, g.device))
         else:
-            out.append(torch.full((tokens,), _number(name, value, g), dtype=dtype,
-                                  device=g.device))
+            v = _number(name, value, g)
+            # a symbolic float (torch.compile) is not compared: it is filled
+            off = type(v) in (int, float) and v == _OFF[name]
+            out.append(None if off else torch.full((tokens,), v, dtype=dtype, device=g.device))
     return out
 
 
@@ -534,12 +539,13 @@ def _row_tensor(t, name, dtype, tokens, device):
 
 
 @torch.library.custom_op("klgen::sample", mutates_args=())
-def _sample_op(shard: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-               top_p: torch.Tensor, min_p: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
-               logprobs: int, handle: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                    torch.Tensor]:
-    return _gather(handle)._sample(shard, temperature, top_k, top_p, min_p, seed, offset,
-                                   logprobs)
+def _sample_op(shard: torch.Tensor, temperature: torch.Tensor, top_k: Optional[torch.Tensor],
+               top_p: Optional[torch.Tensor], min_p: Optional[torch.Tensor],
+               seed: Optional[torch.Tensor], offset: Optional[torch.Tensor], logprobs: int,
+               handle: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = _gather(handle)
+    g._check(shard, None)
+    return g._sample(shard, temperature, top_k, top_p, min_p, seed, offset, logprobs)
 
 
 @_sample_op.register_fake

@@ -26,10 +26,13 @@ def test_numbers_become_rows_of_the_kernels_dtypes():
     assert all(x.shape == (ROWS,) for x in (t, k, p, mp, s, o))
     assert t[0].item() == pytest.approx(0.7) and k.tolist() == [5] * ROWS
     assert s.tolist() == [-1] * ROWS and o.tolist() == [7] * ROWS  # 2^64 - 1 is int64 -1
-    # None is off; top_k at or past the vocabulary is off too
-    _, k, p, mp, _, _ = args(1.0, None, None, None)
-    assert k.tolist() == [0] * ROWS and p.tolist() == [1.0] * ROWS and mp.tolist() == [0.0] * ROWS
-    assert args(1.0, 1000)[1].tolist() == [0] * ROWS and args(1.0, 5000)[1].tolist() == [0] * ROWS
+    # None and the off numbers are None (NULL to kl_sample: no tensor to fill);
+    # top_k at or past the vocabulary is off too
+    assert args(1.0, None, None, None)[1:] == [None] * 5
+    assert args(1.0, 0, 1.0, 0.0, seed=0, offset=0)[1:] == [None] * 5
+    assert args(1.0, 1000)[1] is None and args(1.0, 5000)[1] is None
+    # temperature is never off: 0 is greedy, 1 is a row to draw
+    assert args(0.0)[0].tolist() == [0.0] * ROWS and args(1.0)[0].tolist() == [1.0] * ROWS
 
 
 @pytest.mark.parametrize("kw, error, words", [
