@@ -21,6 +21,7 @@
 
 #include "check.h"
 #include "gpu_diff/diff.h"
+#include "spec_source.h"
 #include "gpu_diff/diff_sample.h"
 #include "gpu_util.h"
 #include "kl_abi.h"
@@ -211,19 +212,12 @@ static void spec_rows(const dev *d, const kl_spec *s, int n, uint64_t seed) {
 
 /* The spec's rendered source with the helper kernel, loaded. */
 static void load(dev *d, const kl_spec *s) {
-  kl_layout l;
   kl_err e;
-  char *src = NULL;
-  if (kl_layout_derive(s, &l, &e) || kl_render(s, &l, NULL, &src, &e)) {
+  char *all = spec_source_with(s, aux, &e);
+  if (!all) {
     fprintf(stderr, "gpu_sample: %s\n", e.msg);
     exit(1);
   }
-  const size_t n = strlen(src) + sizeof aux + strlen(s->name);
-  char *all = xmalloc(n);
-  const size_t head = strlen(src);
-  memcpy(all, src, head);
-  snprintf(all + head, n - head, aux, s->name);
-  free(src);
   CUmodule mod;
   if (gpu_load_source(d->cu, all, "gpu_sample", &mod)) exit(1);
   free(all);

@@ -1,5 +1,6 @@
 /* The sampler's noise on the host, and the test kernels' source (noise_ref.h). */
 #include "noise_ref.h"
+#include "spec_source.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,22 +93,7 @@ static const char kernels[] =
 char *noise_test_source(const char *spec_file, kl_err *err) {
   kl_spec_list list;
   if (kl_spec_load_file(spec_file, NULL, &list, err)) return NULL;
-  kl_layout l;
-  char *src = NULL, name[KL_NAME_MAX + 1];
-  snprintf(name, sizeof name, "%s", list.v[0].name);
-  int rc = kl_layout_derive(&list.v[0], &l, err) || kl_render(&list.v[0], &l, NULL, &src, err);
+  char *all = spec_source_with(&list.v[0], kernels, err);
   kl_spec_list_free(&list);
-  if (rc) return NULL;
-  const size_t n = strlen(src) + sizeof kernels + strlen(name);
-  char *all = malloc(n);
-  if (!all) {
-    free(src);
-    kl_fail(err, KL_ENOMEM, "out of memory");
-    return NULL;
-  }
-  const size_t head = strlen(src);
-  memcpy(all, src, head);
-  snprintf(all + head, n - head, kernels, name);
-  free(src);
   return all;
 }

@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../spec_source.h"
 #include "diff_env.h"
 #include "rt.h"
 
@@ -309,23 +310,14 @@ static const char noise_src[] =
 
 static void load_noise(diff_env *env, const char *arch) {
   kl_spec_list list;
-  kl_layout l;
   kl_err err;
-  char *src = NULL;
-  if (kl_spec_load_string("noise", noise_spec, strlen(noise_spec), NULL, &list, &err) ||
-      kl_layout_derive(&list.v[0], &l, &err) || kl_render(&list.v[0], &l, NULL, &src, &err)) {
-    fprintf(stderr, "gpu_diff: %s\n", err.msg);
-    exit(1);
+  char *all = NULL;
+  if (kl_spec_load_string("noise", noise_spec, strlen(noise_spec), NULL, &list, &err) == 0) {
+    all = spec_source_with(&list.v[0], noise_src, &err);
+    kl_spec_list_free(&list);
   }
-  size_t n = strlen(src) + sizeof noise_src + 32;
-  char *all = malloc(n);
-  if (!all) exit(1);
-  snprintf(all, n, "%s", src);
-  snprintf(all + strlen(src), n - strlen(src), noise_src, list.v[0].name);
-  free(src);
-  kl_spec_list_free(&list);
   kl_binary bin;
-  if (kl_nvrtc_compile(all, "gpu_diff_noise", arch, &bin, &err)) {
+  if (!all || kl_nvrtc_compile(all, "gpu_diff_noise", arch, &bin, &err)) {
     fprintf(stderr, "gpu_diff: %s\n", err.msg);
     exit(1);
   }
