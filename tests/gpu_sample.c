@@ -5,7 +5,10 @@
  * edges, and rows outside the domain), against the sampler's C reference
  * (gpu_diff/diff_sample.c). The reference takes the noise and top-p's expf
  * from the device (helper kernels appended to the spec's source), so
- * tokens must agree bit for bit; logprobs within 2 ulp.
+ * tokens must agree bit for bit; logprobs within 2 ulp. Each such row is
+ * also split into random shards, reduced and merged on the host, and
+ * candidates.cuh.tmpl's decide_row must decide from that alone what
+ * sample_from_shards decides (the same token, or the wide path).
  * Then kl_sample itself on one rank: eager on both paths, in a replayed CUDA
  * graph (which reads the parameters of the replay), and the calls it must
  * refuse. Last, its distribution: 102,400 draws of fixed logits per case of
@@ -21,28 +24,17 @@
 
 #include "check.h"
 #include "gpu_diff/diff.h"
+#include "sample_kernels.h"
 #include "spec_source.h"
 #include "gpu_diff/diff_sample.h"
 #include "gpu_util.h"
 #include "kl_abi.h"
 #include "klrt/klrt.h"
 
-/* Appended to the spec's source ("%s": its name): one row's noise and
- * expf(t - m), as the sampler computes them. */
-static const char aux[] =
-    "\nusing namespace kl_%s;\n"
-    "#line 1 \"gpu_sample_kernels\"\n"
-    "extern \"C\" __global__ void row_aux(const float *t, float m, u64 seed, u64 offset,\n"
-    "                                     long long n, float *e, float *g) {\n"
-    "  for (long long c = blockIdx.x * 256ll + threadIdx.x; c < n; c += gridDim.x * 256ll) {\n"
-    "    e[c] = expf(t[c] - m);\n"
-    "    g[c] = gumbel(noise_word(seed, offset, (u64)c));\n"
-    "  }\n"
-    "}\n";
-
 typedef struct dev {
   const kl_cu *cu;
-  CUfunction sample, aux;
+  CUfunction sample, aux, decide;
+  long long decided, undecided; /* rows of the candidates' check */
 } dev;
 
 typedef struct rows {
@@ -134,8 +126,72 @@ static int close_to(float got, float want) {
   return fabsf(got - want) <= 2 * (nextafterf(fabsf(want), INFINITY) - fabsf(want)) + 1e-12f;
 }
 
+static int key_desc(const void *a, const void *b) {
+  const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x < y) - (x > y);
+}
+
+/* 1..8 shards of [0, vocab) at random cuts (some empty, as a rank whose part
+ * is all padding): cut[s] .. cut[s + 1]. Returns how many. */
+static int random_shards(rng *r, long long vocab, int64_t cut[9]) {
+  const int ns = 1 + (int)rng_below(r, 8);
+  cut[0] = 0, cut[ns] = vocab;
+  for (int s = 1; s < ns; s++) cut[s] = (int64_t)rng_below(r, (uint64_t)vocab + 1);
+  for (int s = 2; s < ns; s++) /* insertion sort of the inner cuts */
+    for (int q = s; q > 1 && cut[q - 1] > cut[q]; q--) {
+      const int64_t x = cut[q];
+      cut[q] = cut[q - 1], cut[q - 1] = x;
+    }
+  return ns;
+}
+
+/* The shards' candidates (candidates.cuh.tmpl's decide_row) against
+ * sample_from_shards: row i split into random shards, each reduced to its
+ * first K of t in the key order and its best draw, merged here; the device
+ * decides from the merge alone. Every lane answers alike, as the reference
+ * does (-1: the wide path's row), and a decided row's token is the whole
+ * row's, want. */
+static void check_candidates(dev *d, const rows *w, int i, const float *t, const float *e,
+                             const float *g, const sample_args *a, int64_t want, const char *name) {
+  const long long v = w->vocab;
+  const int K = w->n_top, n = K < v ? K : (int)v;
+  rng r = rng_for(w->seed[i], 3);
+  int64_t cut[9];
+  const int ns = random_shards(&r, v, cut);
+  sample_shard sh[8];
+  uint64_t cand[8 * SAMPLE_CAND_MAX], best = 0;
+  float best_t = 0.f;
+  int all = 0;
+  for (int s = 0; s < ns; s++) {
+    sample_shard_reduce(t, g, cut[s], cut[s + 1] - cut[s], K, &sh[s]);
+    for (int j = 0; j < sh[s].n; j++) cand[all++] = sample_key(sh[s].t[j], sh[s].c[j]);
+    const uint64_t b = sh[s].best_c >= 0 ? sample_key(sh[s].best, sh[s].best_c) : 0;
+    if (b > best) best = b, best_t = sh[s].best_t;
+  }
+  qsort(cand, (size_t)all, sizeof *cand, key_desc);
+  const char *why = "";
+  const int64_t from = sample_from_shards(sh, ns, v, a, K, e, g, -1, &why);
+  sample_row_args ra = {a->temperature, a->top_p, a->min_p, a->top_k, w->seed[i], w->offset[i]};
+  CUdeviceptr dc = up(d, cand, 8 * (size_t)n), dt = up(d, NULL, 8 * 32);
+  void *args[] = {&dc, &best, &best_t, &ra, &dt};
+  CU_CHECK(d->cu, cuLaunchKernel(d->decide, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL));
+  long long got[32];
+  down(d, got, dt, sizeof got);
+  CU_CHECK(d->cu, cuMemFree(dc));
+  int same = 1;
+  for (int l = 1; l < 32; l++) same &= got[l] == got[0];
+  CHECK(same && got[0] == from, "%s row %d, %d shards (T %g, k %lld, p %g, min_p %g): the "
+        "candidates decide %lld (lanes %s), the reference %lld (%s)", name, i, ns,
+        (double)a->temperature, (long long)a->top_k, (double)a->top_p, (double)a->min_p, got[0],
+        same ? "agree" : "differ", (long long)from, why);
+  CHECK(from < 0 || from == want, "%s row %d: the shards' candidates give %lld, the row %lld (%s)",
+        name, i, (long long)from, (long long)want, why);
+  if (from >= 0) d->decided++;
+  else d->undecided++;
+}
+
 /* Row i against the reference, with the device's noise and expf. */
-static void check_row(const dev *d, const rows *w, int i, const char *name) {
+static void check_row(dev *d, const rows *w, int i, const char *name) {
   const long long v = w->vocab;
   float *x = malloc(sizeof(float) * (size_t)v), *t = malloc(sizeof(float) * (size_t)v);
   float *e = malloc(sizeof(float) * (size_t)v), *g = malloc(sizeof(float) * (size_t)v);
@@ -153,6 +209,7 @@ static void check_row(const dev *d, const rows *w, int i, const char *name) {
   sample_args a = {w->temperature[i], w->top_k[i] >= v ? 0 : w->top_k[i], w->top_p[i], w->min_p[i]};
   const int ok = valid(w, i);
   const int64_t want = ok ? sample_token(t, m, v, &a, e, g, NULL) : -1;
+  if (ok) check_candidates(d, w, i, t, e, g, &a, want, name);
   CHECK(w->token[i] == want, "%s row %d (T %g, k %lld, p %g, min_p %g): token %lld, want %lld",
         name, i, (double)a.temperature, (long long)w->top_k[i], (double)a.top_p, (double)a.min_p,
         w->token[i], (long long)want);
@@ -195,7 +252,7 @@ static void free_rows(rows *w) {
   for (size_t j = 0; j < sizeof all / sizeof *all; j++) free(all[j]);
 }
 
-static void spec_rows(const dev *d, const kl_spec *s, int n, uint64_t seed) {
+static void spec_rows(dev *d, const kl_spec *s, int n, uint64_t seed) {
   rows w = {n, s->topk, s->out_dtype, s->vocab_size, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
             NULL, NULL, NULL, NULL};
   rng r = rng_for(seed, 1);
@@ -206,14 +263,17 @@ static void spec_rows(const dev *d, const kl_spec *s, int n, uint64_t seed) {
     draw_params(&r, &w, i);
   }
   run_kernel(d, &w);
+  d->decided = d->undecided = 0;
   for (int i = 0; i < n; i++) check_row(d, &w, i, s->name);
+  printf("%s: the shards' candidates decided %lld of %lld rows in the domain\n", s->name,
+         d->decided, d->decided + d->undecided);
   free_rows(&w);
 }
 
 /* The spec's rendered source with the helper kernel, loaded. */
 static void load(dev *d, const kl_spec *s) {
   kl_err e;
-  char *all = spec_source_with(s, aux, &e);
+  char *all = spec_source_with(s, sample_test_kernels, &e);
   if (!all) {
     fprintf(stderr, "gpu_sample: %s\n", e.msg);
     exit(1);
@@ -225,6 +285,7 @@ static void load(dev *d, const kl_spec *s) {
   kl_entry_name(s, "sample", entry, sizeof entry);
   CU_CHECK(d->cu, cuModuleGetFunction(&d->sample, mod, entry));
   CU_CHECK(d->cu, cuModuleGetFunction(&d->aux, mod, "row_aux"));
+  CU_CHECK(d->cu, cuModuleGetFunction(&d->decide, mod, "row_decide"));
 }
 
 /* ---- kl_sample end to end, one rank (tp 1: the gather is a copy) ---- */
@@ -412,7 +473,7 @@ static void *chi_rank_main(void *arg) {
     S[i] = i + 1;
   }
   for (size_t j = 0; j < calls * rows; j++) O[j] = j / rows;
-  dev d = {cu, NULL, NULL};
+  dev d = {cu, NULL, NULL, NULL, 0, 0};
   CUstream s; /* a stream of its own: the ranks' kernels wait for each other */
   CU_CHECK(cu, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   CUdeviceptr dx = up(&d, x, 4 * rows * shard), dT = up(&d, T, 4 * rows), dP = up(&d, P, 4 * rows),
@@ -553,7 +614,7 @@ int main(int argc, char **argv) {
   }
   setvbuf(stdout, NULL, _IOLBF, 0); /* a line per part as it ends: progress */
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1); /* ranks share the GPU (distribution) */
-  dev d = {gpu_require(1), NULL, NULL};
+  dev d = {gpu_require(1), NULL, NULL, NULL, 0, 0};
   kl_spec_list list;
   gpu_one_device(d.cu, argv[1], &list);
   const int n = argc > 2 ? atoi(argv[2]) : 96;

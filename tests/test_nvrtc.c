@@ -1,11 +1,14 @@
 /* NVRTC compiles every shipped spec for sm_90 and sm_100 into a non-empty
  * cubin with its entry points (topk only for a spec with topk), with no
- * warnings.  test_nvrtc SPEC... */
+ * warnings; a spec with topk with gpu_sample's kernels too (they call the
+ * sampler's pieces no kernel of the spec calls yet).  test_nvrtc SPEC... */
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "klgen.h"
+#include "sample_kernels.h"
+#include "spec_source.h"
 
 static int has(const kl_binary *b, const char *s) {
   size_t n = strlen(s);
@@ -47,6 +50,24 @@ static void compile_spec(const kl_spec *s) {
   free(src);
 }
 
+static void compile_sample_kernels(const kl_spec *s) {
+  kl_err e;
+  char *src = spec_source_with(s, sample_test_kernels, &e);
+  CHECK(src != NULL, "%s: %s", s->name, e.msg);
+  if (!src) return;
+  kl_binary b;
+  const int rc = kl_nvrtc_compile(src, s->name, "sm_90", &b, &e);
+  free(src);
+  CHECK(rc == 0, "%s with gpu_sample's kernels: %s", s->name, e.msg);
+  if (rc) return;
+  CHECK(has(&b, ".text.row_decide") && has(&b, ".text.row_aux"), "%s: gpu_sample's kernels "
+        "are not in the cubin", s->name);
+  CHECK(b.log == NULL || b.log[0] == 0, "%s with gpu_sample's kernels: NVRTC warnings:\n%s",
+        s->name, b.log);
+  printf("%s sm_90 with gpu_sample's kernels: %zu-byte cubin\n", s->name, b.size);
+  kl_binary_free(&b);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* a line per cubin as it is made: progress, ~50 s in all */
   for (int i = 1; i < argc; i++) {
@@ -54,7 +75,10 @@ int main(int argc, char **argv) {
     kl_err e;
     int rc = kl_spec_load_file(argv[i], NULL, &l, &e);
     CHECK(rc == 0, "%s", e.msg);
-    for (int k = 0; rc == 0 && k < l.n; k++) compile_spec(&l.v[k]);
+    for (int k = 0; rc == 0 && k < l.n; k++) {
+      compile_spec(&l.v[k]);
+      if (l.v[k].topk) compile_sample_kernels(&l.v[k]);
+    }
     kl_spec_list_free(&l);
   }
   kl_err e;
