@@ -23,8 +23,8 @@ static const char *const source_parts[] = {
     "oneshot.cu.tmpl",                                       /* the gather */
     "keys.cuh.tmpl", "scan.cuh.tmpl", "noise.cuh.tmpl",      /* select parts: a CTA's scan, */
     "exchange.cuh.tmpl", "merge.cuh.tmpl",                   /* the records between ranks */
-    "argmax.cu.tmpl", "topk.cu.tmpl", "sample.cu.tmpl",      /* the select kernels, */
-    "candidates.cuh.tmpl",                                   /* the sampler's candidates, */
+    "argmax.cu.tmpl", "topk.cu.tmpl",                        /* the select kernels, */
+    "candidates.cuh.tmpl", "sample.cu.tmpl",                 /* the sampler, */
     "relayout.cu.tmpl", NULL};
 static const char *const header_part = "header.h.tmpl";
 
