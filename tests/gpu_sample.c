@@ -258,8 +258,13 @@ static void spec_rows(dev *d, const kl_spec *s, int n, uint64_t seed) {
   rng r = rng_for(seed, 1);
   alloc_rows(&w);
   for (int i = 0; i < n; i++) {
-    diff_fill_row(&r, w.out_dtype, (int)rng_below(&r, (uint64_t)diff_row_kinds()),
-                  w.bits + (size_t)i * (size_t)w.vocab, w.vocab, w.vocab);
+    uint32_t *row = w.bits + (size_t)i * (size_t)w.vocab;
+    if (i % 8 == 7) /* a value each 256 columns repeat: more keys reach the candidates' */
+      for (long long c = 0; c < w.vocab; c++)  /* threshold than they hold (their fallback) */
+        row[c] = f_to_elem(w.out_dtype, -(float)(c % 256));
+    else
+      diff_fill_row(&r, w.out_dtype, (int)rng_below(&r, (uint64_t)diff_row_kinds()), row, w.vocab,
+                    w.vocab);
     draw_params(&r, &w, i);
   }
   run_kernel(d, &w);

@@ -212,14 +212,15 @@ static int64_t undecided(const char **why, const char *rule) {
 /* Top-p over all n candidates and columns past them whose weight is not
  * known: it lies in [0, (vocab - n) * most], as no column past the
  * candidates has a larger t than the last (expf taken as monotone, with a
- * margin of 2^-20 for a last-bit slip). The cut only moves later as the
- * total grows, so when the best draw up to the latest cut comes before the
- * earliest, it is the token whatever the weight past the candidates. */
+ * margin of 2^-20 and 1 for a last-bit slip, past a weight of 0 too). The
+ * cut only moves later as the total grows, so when the best draw up to the
+ * latest cut comes before the earliest, it is the token whatever the
+ * weight past the candidates. */
 static int64_t top_p_bounded(const entry *cand, int n, int64_t vocab, float p, const float *e,
                              const float *g, const char **why) {
   int64_t sum = 0;
   for (int i = 0; i < n; i++) sum += weight_of(e, cand[i].c);
-  const int64_t last = weight_of(e, cand[n - 1].c), most = last + (last >> 20) + (last > 0);
+  const int64_t last = weight_of(e, cand[n - 1].c), most = last + (last >> 20) + 1;
   const int first = top_p_keeps(cand, n, e, ceil_product(p, sum));
   const int latest = top_p_keeps(cand, n, e, ceil_product(p, sum + (vocab - n) * most));
   if (latest < 0) return undecided(why, "top-p's nucleus may run past the candidates");
