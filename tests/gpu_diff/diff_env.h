@@ -77,7 +77,7 @@ typedef struct diff_env {
   diff_ref_bufs ref;
   /* tanhf on the device, for the reference's epilogue */
   CUcontext ctx0;
-  CUstream ts;
+  CUstream ts; /* rank 0's stream: used only between steps */
   CUmodule tmod;
   CUfunction tanh_fn, move_fn;
   int ce_copies; /* --copies ce: the steps' data by copy engine (diff_move) */

@@ -381,7 +381,11 @@ static void setup(diff_env *env, const char *arch) {
   }
   env->ctx0 = env->slots[0].cuctx;
   CU_CHECK(cu, cuCtxSetCurrent(env->ctx0));
-  CU_CHECK(cu, cuStreamCreate(&env->ts, CU_STREAM_NON_BLOCKING));
+  /* The reference's kernels run between steps, while rank 0's stream is
+   * idle: on a stream of their own they would make 16 ranks' streams and
+   * their contexts' 33, more than the 32 hardware queues, and a queue two
+   * streams share can hold a rank's work behind a peer's spinning grid. */
+  env->ts = env->slots[0].s;
   CU_CHECK(cu, cuMemAlloc(&env->targ, (size_t)DIFF_ELEM_BUDGET * 4));
   CU_CHECK(cu, cuMemAlloc(&env->tout, (size_t)DIFF_ELEM_BUDGET * 4));
   env->h_targ = pinned(cu, (size_t)DIFF_ELEM_BUDGET * 4);
