@@ -22,7 +22,7 @@ run() { # tool, then the command (the tool's own options in $flags)
   # shellcheck disable=SC2086
   out=$("$san" --tool "$tool" --error-exitcode 86 --print-limit 20 ${flags:-} "$@" 2>&1)
   local rc=$?
-  printf '%s\n' "$out" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_diff: [0-9]+ passed|gpu_fault:|^[0-9]+ passed|FAIL" | sed "s|^|$tool $(basename "$1"): |"
+  printf '%s\n' "$out" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_diff: [0-9]+ passed|gpu_fault:|^[0-9]+ passed|FAIL|STALL" | sed "s|^|$tool $(basename "$1"): |"
   if [ $rc -ne 0 ]; then
     failed=$((failed + 1))
     printf '%s\n' "$out" | grep -B2 -A12 "========= [A-Z]" | head -60

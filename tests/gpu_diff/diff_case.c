@@ -50,7 +50,8 @@ typedef struct rank_report {
   long long staged[OP_COUNT]; /* copies it made first (kl_stats.staged) */
   int cuda_failed;
   char cuda_err[200];
-  char status[240]; /* kl_ctx_status's error after the step, if any */
+  kl_result status_rc; /* kl_ctx_status after the step */
+  char status[240];     /* its message, if not KLRT_OK */
   double step_ms;   /* the step's wall time, enqueue to done: a time-out under the
                        poll limit would mean the device's clock, not a peer, was late */
   float dev_ms[DIFF_STEP_EVENTS]; /* device time from the step's start to its upload
@@ -73,6 +74,8 @@ typedef struct case_run {
   kl_result destroy_rc[DIFF_MAX_RANKS];
   rank_report rep[DIFF_MAX_RANKS];
   long long crossover; /* the limit the ranks agreed on (rank 0's stats) */
+  int dead;            /* a step's kl_ctx_status said the group is dead: it stays so */
+  int standin_broke;   /* the NCCL stand-in gave up on a peer: its results are undefined since */
 } case_run;
 
 typedef struct rank_arg {
@@ -82,21 +85,34 @@ typedef struct rank_arg {
 
 /* ---- the failure report ---- */
 
-static void failf(diff_env *env, const diff_case *c, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void failf(diff_env *env, const diff_case *c, const char *fmt, ...) {
+/* The case's report: env->report where the caller keeps it apart (to judge a
+ * stall, below), else stdout. */
+static FILE *out;
+
+/* A failure is a fault (FAULT) when the library reported it as it must after
+ * a peer timed out: kl_ctx_status's dead group, a later call's KLRT_EDEVICE,
+ * outputs that are poison (NaN, index -1) where they differ, or anything on
+ * the NCCL path in a step where the NCCL stand-in gave up on a peer (it has
+ * no way to say so to the runtime; real NCCL would hang). Anything else
+ * (a stale or wrong value, a wrong path, a CUDA error) is a defect (DEFECT). */
+enum fail_kind { DEFECT, FAULT };
+
+static void failf(diff_env *env, const diff_case *c, enum fail_kind kind, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void failf(diff_env *env, const diff_case *c, enum fail_kind kind, const char *fmt, ...) {
+  env->case_defects += kind == DEFECT;
   if (env->case_failures++ == 0) {
-    printf("FAIL case seed %llu: %s\n", (unsigned long long)c->seed, c->lua);
-    printf("  knobs: disable %d, crossover %lld, steps %d, graph %d, wrap %d, extra tokens %d, "
+    fprintf(out, "FAIL case seed %llu: %s\n", (unsigned long long)c->seed, c->lua);
+    fprintf(out, "  knobs: disable %d, crossover %lld, steps %d, graph %d, wrap %d, extra tokens %d, "
            "nccl %d\n", c->disable, c->crossover, c->steps, c->graph, c->wrap, c->extra_tokens,
            c->has_nccl);
   }
   if (env->case_failures > DIFF_DETAIL_LINES) return;
   va_list ap;
   va_start(ap, fmt);
-  printf("  ");
-  vprintf(fmt, ap);
-  printf("\n");
+  fprintf(out, "  ");
+  vfprintf(out, fmt, ap);
+  fprintf(out, "\n");
   va_end(ap);
 }
 
@@ -349,7 +365,8 @@ static void run_step(case_run *run, int rank, kl_ctx *ctx, CUgraphExec *ge) {
   download(run, s, rep);
   rep->step_ms = ms_since(&t0);
   device_times(run, s, rep);
-  if (kl_ctx_status(ctx) != KLRT_OK) snprintf(rep->status, sizeof rep->status, "%s", kl_last_error());
+  rep->status_rc = kl_ctx_status(ctx);
+  if (rep->status_rc != KLRT_OK) snprintf(rep->status, sizeof rep->status, "%s", kl_last_error());
 }
 
 static void *rank_main(void *arg) {
@@ -377,6 +394,14 @@ static void *rank_main(void *arg) {
     if (kl_ctx_stats(ctx, &st) == KLRT_OK) run->crossover = st.crossover_bytes;
   }
   pthread_barrier_wait(&run->all);
+  /* The first work on a stream after the group's contexts made theirs
+   * could wait behind peers' spinning grids, as a new stream's first work
+   * does (diff_main.c setup): at tp 16 on one H200, 7 first steps of 368
+   * cases timed out so, 0 of 186 with an event recorded and waited for here
+   * first (the next barrier waits for every rank's). */
+  if (ctx && (env->cu->cuEventRecord(s->ev[0], s->s) != CUDA_SUCCESS ||
+              env->cu->cuStreamSynchronize(s->s) != CUDA_SUCCESS))
+    snprintf(run->create_err[rank], sizeof run->create_err[rank], "first work after creation");
   if (ctx && c->wrap) {
     uint32_t g = 0, sel = 0;
     if (kl_testing_set_steps(ctx, run->wrap_near, &g, &sel) != KLRT_OK)
@@ -636,8 +661,10 @@ static int is_nan16(uint32_t b, int dtype) {
   return dtype == KL_BF16 ? (b & 0x7fffu) > 0x7f80u : (b & 0x7fffu) > 0x7c00u;
 }
 
+/* Each check returns the count of wrong outputs and adds to *poison those of
+ * them that are poison (NaN, index -1): what a dead step must give. */
 static long long check_gather(case_run *run, const ref_step *ref, int rank, int path, int tokens,
-                              char *first, size_t n) {
+                              long long *poison, char *first, size_t n) {
   const diff_case *c = run->c;
   epilogue e;
   epilogue_of(&c->spec, &e);
@@ -654,21 +681,23 @@ static long long check_gather(case_run *run, const ref_step *ref, int rank, int 
       if (e.on) {
         want = ref->gbits[i];
         ok = g == want || (oelem == 4 ? is_nan_bits(g, 4) && is_nan_bits(want, 4)
-                                      : is_nan16(g, e.dtype) && is_nan16(want, e.dtype));
+                                      : is_nan16(g, e.out_dtype) && is_nan16(want, e.out_dtype));
       } else {
         want = ref->rows[(size_t)t * (size_t)padded + (size_t)j];
         /* the one-shot path reads -0 as +0 (its sentinel); NCCL moves bits */
         if (path == PATH_ONESHOT && want == neg_zero(e.dtype)) want = 0;
         ok = g == want;
       }
-      if (!ok && bad++ == 0)
+      if (ok) continue;
+      *poison += oelem == 4 ? is_nan_bits(g, 4) : is_nan16(g, e.out_dtype);
+      if (bad++ == 0)
         snprintf(first, n, "row %d col %lld: got 0x%x, want 0x%x", t, (long long)j, g, want);
     }
   return bad;
 }
 
 static long long check_selection(case_run *run, const ref_step *ref, int rank, int op, int tokens,
-                                 char *first, size_t n) {
+                                 long long *poison, char *first, size_t n) {
   const diff_case *c = run->c;
   const diff_slot *s = &run->env->slots[rank];
   const step_plan *p = &run->plan;
@@ -682,14 +711,18 @@ static long long check_selection(case_run *run, const ref_step *ref, int rank, i
     for (int q = 0; q < k; q++) {
       size_t i = (size_t)t * (size_t)k + (size_t)q;
       int ok = gi[i] == wi[i] && (!p->value || gv[i] == wv[i]);
-      if (!ok && bad++ == 0)
+      if (ok) continue;
+      *poison += gi[i] == -1 && (!p->value || is_nan_bits(gv[i], 4));
+      if (bad++ == 0)
         snprintf(first, n, "row %d [%d]: got index %lld value 0x%08x, want %lld 0x%08x", t, q,
                  (long long)gi[i], p->value ? gv[i] : 0u, (long long)wi[i], p->value ? wv[i] : 0u);
     }
     if (op == OP_TOPK && p->lse) {
       float got;
       memcpy(&got, &s->h_lse[t], 4);
-      if (!lse_close(got, ref->lse[t]) && bad++ == 0)
+      if (lse_close(got, ref->lse[t])) continue;
+      *poison += isnan(got);
+      if (bad++ == 0)
         snprintf(first, n, "row %d: lse %.9g, want %.12g", t, (double)got, ref->lse[t]);
     }
   }
@@ -702,8 +735,18 @@ static int lp_close(float got, float want) {
   return fabsf(got - want) <= 2e-6f * fabsf(want) + 1e-12f;
 }
 
+/* A row of kl_sample's outputs as a dead step leaves it: token -1, NaN logprobs. */
+static int sample_row_poisoned(const diff_slot *s, const step_plan *p, int t) {
+  if (s->h_tok[t] != -1 || (p->want_lp && !isnan(s->h_lp[t]))) return 0;
+  for (int j = 0; j < p->n_top; j++) {
+    const size_t i = (size_t)t * (size_t)p->n_top + (size_t)j;
+    if (s->h_tidx[i] != -1 || !isnan(s->h_tlp[i])) return 0;
+  }
+  return 1;
+}
+
 static long long check_sample(case_run *run, const ref_step *ref, int rank, int tokens,
-                              char *first, size_t n) {
+                              long long *poison, char *first, size_t n) {
   const diff_slot *s = &run->env->slots[rank];
   const step_plan *p = &run->plan;
   const int k = p->n_top;
@@ -715,7 +758,9 @@ static long long check_sample(case_run *run, const ref_step *ref, int rank, int 
       const size_t i = (size_t)t * (size_t)k + (size_t)j;
       if (s->h_tidx[i] != ref->tidx[i] || !lp_close(s->h_tlp[i], ref->tlp[i])) top_bad = j;
     }
-    if ((ok && top_bad < 0) || bad++) continue;
+    if (ok && top_bad < 0) continue;
+    *poison += sample_row_poisoned(s, p, t);
+    if (bad++) continue;
     if (!ok)
       snprintf(first, n, "row %d: token %lld logprob %a, want %lld %a", t, (long long)s->h_tok[t],
                p->want_lp ? (double)s->h_lp[t] : 0.0, (long long)ref->tok[t], (double)ref->lp[t]);
@@ -745,9 +790,9 @@ static void start_skew(const case_run *run, const char *label) {
   }
   CUcontext dummy;
   cu->cuCtxPopCurrent(&dummy);
-  printf("  %s device ms from the first rank's step start to each rank's:", label);
-  for (int r = 0; r < run->tp; r++) printf(" %.1f", (double)(at[r] - first));
-  printf("\n");
+  fprintf(out, "  %s device ms from the first rank's step start to each rank's:", label);
+  for (int r = 0; r < run->tp; r++) fprintf(out, " %.1f", (double)(at[r] - first));
+  fprintf(out, "\n");
 }
 
 /* Every rank's wall time for a failing step and host time per call: a late
@@ -755,69 +800,86 @@ static void start_skew(const case_run *run, const char *label) {
  * late on the GPU); a step that timed out in less wall time than the poll
  * limit was timed by a clock that jumped. */
 static void host_times(const case_run *run, const char *label) {
-  printf("  %s step wall ms by rank:", label);
-  for (int r = 0; r < run->tp; r++) printf(" %.1f", run->rep[r].step_ms);
-  printf("\n");
+  fprintf(out, "  %s step wall ms by rank:", label);
+  for (int r = 0; r < run->tp; r++) fprintf(out, " %.1f", run->rep[r].step_ms);
+  fprintf(out, "\n");
   for (int i = 0; i < run->plan.nops; i++) {
     int op = run->plan.ops[i];
-    printf("  %s host ms of %s by rank:", label, op_names[op]);
-    for (int r = 0; r < run->tp; r++) printf(" %.2f", run->rep[r].host_ms[op]);
-    printf("\n");
+    fprintf(out, "  %s host ms of %s by rank:", label, op_names[op]);
+    for (int r = 0; r < run->tp; r++) fprintf(out, " %.2f", run->rep[r].host_ms[op]);
+    fprintf(out, "\n");
   }
   if (run->plan.replay) return;
   start_skew(run, label);
   for (int e = 1; e < 2 + run->plan.nops; e++) {
-    printf("  %s device ms to %s done by rank:", label,
+    fprintf(out, "  %s device ms to %s done by rank:", label,
            e == 1 ? "upload" : op_names[run->plan.ops[e - 2]]);
-    for (int r = 0; r < run->tp; r++) printf(" %.1f", (double)run->rep[r].dev_ms[e]);
-    printf("\n");
+    for (int r = 0; r < run->tp; r++) fprintf(out, " %.1f", (double)run->rep[r].dev_ms[e]);
+    fprintf(out, "\n");
   }
 }
 
-static void compare(case_run *run, const ref_step *ref, long long crossover, const char *label) {
+/* Whether a step's group died: a peer's time-out, reported by kl_ctx_status. */
+static int step_dead(const case_run *run) {
+  for (int rank = 0; rank < run->tp; rank++)
+    if (run->rep[rank].status_rc == KLRT_EDEVICE) return 1;
+  return 0;
+}
+
+static void compare(case_run *run, const ref_step *ref, long long crossover, const char *label,
+                    int standin_gave_up) {
   diff_env *env = run->env;
   const diff_case *c = run->c;
   const step_plan *p = &run->plan;
   int before = env->case_failures;
+  if (step_dead(run)) run->dead = 1;
+  if (standin_gave_up) run->standin_broke = 1;
+  env->case_stalled |= run->dead || run->standin_broke;
   for (int rank = 0; rank < run->tp; rank++) {
     const rank_report *rep = &run->rep[rank];
-    if (rep->cuda_failed) failf(env, c, "%s rank %d: %s", label, rank, rep->cuda_err);
+    if (rep->cuda_failed) failf(env, c, DEFECT, "%s rank %d: %s", label, rank, rep->cuda_err);
     if (rep->status[0] && (rank == 0 || !run->rep[0].status[0]))
-      failf(env, c, "%s rank %d: kl_ctx_status: %s", label, rank, rep->status);
+      failf(env, c, rep->status_rc == KLRT_EDEVICE ? FAULT : DEFECT, "%s rank %d: kl_ctx_status: %s",
+            label, rank, rep->status);
     for (int i = 0; i < p->nops; i++) {
       int op = p->ops[i];
       int want_path = expected_path(run, op, p->tokens, crossover);
       if (rep->rc[op] != KLRT_OK) {
-        failf(env, c, "%s rank %d: %s returned %s: %s", label, rank, op_names[op],
+        failf(env, c, rep->rc[op] == KLRT_EDEVICE && run->dead ? FAULT : DEFECT,
+              "%s rank %d: %s returned %s: %s", label, rank, op_names[op],
               kl_result_name(rep->rc[op]), rep->err[op]);
         continue;
       }
       if (p->capture) continue; /* nothing ran */
       if (!p->replay && rep->path[op] != want_path)
-        failf(env, c, "%s rank %d: %s took the %s path, the rule says %s", label, rank,
+        failf(env, c, DEFECT, "%s rank %d: %s took the %s path, the rule says %s", label, rank,
               op_names[op], rep->path[op] < 0 ? "unknown" : path_names[rep->path[op]],
               path_names[want_path]);
       char first[200] = "";
+      long long poison = 0;
       long long bad =
-          op == OP_GATHER   ? check_gather(run, ref, rank, want_path, p->tokens, first, sizeof first)
-          : op == OP_SAMPLE ? check_sample(run, ref, rank, p->tokens, first, sizeof first)
-                            : check_selection(run, ref, rank, op, p->tokens, first, sizeof first);
+          op == OP_GATHER   ? check_gather(run, ref, rank, want_path, p->tokens, &poison, first,
+                                           sizeof first)
+          : op == OP_SAMPLE ? check_sample(run, ref, rank, p->tokens, &poison, first, sizeof first)
+                            : check_selection(run, ref, rank, op, p->tokens, &poison, first,
+                                              sizeof first);
       env->cov.sampled += op == OP_SAMPLE;
       env->cov.calls++;
       env->cov.path[want_path]++;
+      int excused = (run->dead && poison == bad) || (run->standin_broke && want_path == PATH_NCCL);
       if (bad)
-        failf(env, c, "%s rank %d: %s (%s path, tokens %d%s): %lld wrong, first %s (the call: "
-              "%.2f ms on the host, %lld staged)", label, rank, op_names[op], path_names[want_path],
-              p->tokens, p->overlap ? ", overlapping" : "", bad, first, rep->host_ms[op],
-              rep->staged[op]);
+        failf(env, c, excused ? FAULT : DEFECT,
+              "%s rank %d: %s (%s path, tokens %d%s): %lld wrong (%lld poison), first %s (the "
+              "call: %.2f ms on the host, %lld staged)", label, rank, op_names[op],
+              path_names[want_path], p->tokens, p->overlap ? ", overlapping" : "", bad, poison,
+              first, rep->host_ms[op], rep->staged[op]);
     }
   }
   if (before == 0 && env->case_failures > 0 && !p->capture) host_times(run, label);
 }
 
-/* One step: plan out, ranks run it while the reference is computed, compare.
- * Failures name the step and its calls in the order they were made. */
 static void step(case_run *run, rng *r, ref_step *ref, long long crossover, const char *name) {
+  diff_env *env = run->env;
   char label[128];
   size_t n = (size_t)snprintf(label, sizeof label, "%s [", name);
   for (int i = 0; i < run->plan.nops && n < sizeof label; i++)
@@ -833,13 +895,15 @@ static void step(case_run *run, rng *r, ref_step *ref, long long crossover, cons
     }
   }
   diff_watchdog_note(label);
+  unsigned gave_up = env->standin_timeouts ? env->standin_timeouts() : 0;
   pthread_barrier_wait(&run->all); /* go */
   if (!run->plan.capture) {
     reference_selections(run, ref, run->plan.tokens);
     if (has_op(&run->plan, OP_SAMPLE)) reference_samples(run, ref, run->plan.tokens);
   }
   pthread_barrier_wait(&run->all); /* done */
-  compare(run, ref, crossover, label);
+  if (env->standin_timeouts) gave_up = env->standin_timeouts() != gave_up;
+  compare(run, ref, crossover, label, (int)gave_up);
 }
 
 static int draw_tokens(const diff_case *c, rng *r) {
@@ -899,7 +963,8 @@ static int make_comms(case_run *run) {
 }
 
 void diff_run_case(diff_env *env, const diff_case *c) {
-  env->case_failures = 0;
+  env->case_failures = env->case_defects = env->case_stalled = 0;
+  out = env->report ? env->report : stdout;
   case_run *run = calloc(1, sizeof *run);
   ref_step *ref = &env->ref;
   run->env = env;
@@ -913,12 +978,12 @@ void diff_run_case(diff_env *env, const diff_case *c) {
   if (c->disable) setenv("KLGEN_DISABLE", "1", 1);
   else unsetenv("KLGEN_DISABLE");
   if (run->tp > 1 && kl_group_create(&run->group, run->tp) != KLRT_OK) {
-    failf(env, c, "kl_group_create: %s", kl_last_error());
+    failf(env, c, DEFECT, "kl_group_create: %s", kl_last_error());
     free(run);
     return;
   }
   if (c->valid && make_comms(run) != 0) {
-    failf(env, c, "NCCL communicators could not be made");
+    failf(env, c, DEFECT, "NCCL communicators could not be made");
     kl_group_destroy(run->group);
     free(run);
     return;
@@ -939,19 +1004,19 @@ void diff_run_case(diff_env *env, const diff_case *c) {
     env->cov.invalid++;
     for (int k = 0; k < run->tp; k++)
       if (run->create_rc[k] != KLRT_ESPEC)
-        failf(env, c, "rank %d: an invalid spec gave %s, not KLRT_ESPEC", k,
+        failf(env, c, DEFECT, "rank %d: an invalid spec gave %s, not KLRT_ESPEC", k,
               kl_result_name(run->create_rc[k]));
   } else if (created != run->tp) {
     for (int k = 0; k < run->tp; k++)
       if (run->create_rc[k] != KLRT_OK)
-        failf(env, c, "rank %d: creation: %s: %s", k, kl_result_name(run->create_rc[k]),
+        failf(env, c, DEFECT, "rank %d: creation: %s: %s", k, kl_result_name(run->create_rc[k]),
               run->create_err[k]);
   }
   pthread_barrier_wait(&run->all); /* counters moved (wrap) */
   long long crossover = 0;
   if (c->valid && created == run->tp) {
     for (int k = 0; k < run->tp; k++)
-      if (run->create_err[k][0]) failf(env, c, "rank %d: %s", k, run->create_err[k]);
+      if (run->create_err[k][0]) failf(env, c, DEFECT, "rank %d: %s", k, run->create_err[k]);
     crossover = run->crossover;
     env->cov.cases_run++;
     env->cov.wrap += c->wrap;
@@ -966,7 +1031,7 @@ void diff_run_case(diff_env *env, const diff_case *c) {
   for (int k = 0; k < run->tp; k++) pthread_join(th[k], NULL);
   for (int k = 0; k < run->tp; k++)
     if (run->destroy_rc[k] != KLRT_OK)
-      failf(env, c, "rank %d: kl_ctx_destroy: %s", k, kl_result_name(run->destroy_rc[k]));
+      failf(env, c, DEFECT, "rank %d: kl_ctx_destroy: %s", k, kl_result_name(run->destroy_rc[k]));
   if (c->has_nccl && c->valid)
     for (int k = 0; k < run->tp; k++) env->comm_destroy(run->comms[k]);
   kl_group_destroy(run->group);

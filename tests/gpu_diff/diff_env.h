@@ -96,6 +96,10 @@ typedef struct diff_env {
   float *h_tg;
   void *h_srow;
   int case_failures; /* failure lines of the case running */
+  int case_defects;  /* those of them that are not a fault reported as it must be */
+  int case_stalled;  /* a step of it timed out (kl_ctx_status), or the NCCL stand-in did */
+  FILE *report;      /* where the case's failures go (NULL: stdout) */
+  unsigned (*standin_timeouts)(void); /* the NCCL stand-in's count of peers that never came */
   diff_coverage cov;
 } diff_env;
 

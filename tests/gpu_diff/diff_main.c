@@ -472,12 +472,62 @@ static int load_nccl(diff_env *env, const options *o) {
    * soname), by soname for NCCL (already in the process) */
   int standin = o->k.nccl == NCCL_STANDIN;
   if (standin) setenv("KLGEN_NCCL_LIBRARY", o->lib, 1);
+  if (standin) *(void **)&env->standin_timeouts = dlsym(lib, "kl_standin_timeouts");
   env->comm_init_all = standin ? standin_init : real_init;
   env->comm_destroy = standin ? standin_destroy : real_destroy;
   return 0;
 }
 
 /* ---- the run ---- */
+
+static char stalled_how[200];
+
+/* One case, its failures kept apart until judged. Ranks sharing one GPU get
+ * no promise from CUDA that their grids run side by side, and now and then
+ * (about 2 cases in 100 at tp 16, one rank's first step) one rank's work
+ * starts only once its peers' grids have given up. Such a case, when the
+ * library reported every failure as it must (only faults, see diff_case.c),
+ * runs once more; it passes if that run passes (returns 1), and anything
+ * else is printed and counted as it came. On two GPUs a stall is a failure. */
+static int run_case(diff_env *env, const diff_case *c) {
+  char *first = NULL, *second = NULL;
+  size_t n1 = 0, n2 = 0;
+  env->report = open_memstream(&first, &n1);
+  if (!env->report) { /* no memory to keep it apart: as it comes, no second run */
+    deadline = now_s() + CASE_DEADLINE_S;
+    diff_run_case(env, c);
+    deadline = 0;
+    return 0;
+  }
+  deadline = now_s() + CASE_DEADLINE_S;
+  diff_run_case(env, c);
+  deadline = 0;
+  fclose(env->report);
+  int stall = env->case_failures && !env->case_defects && env->case_stalled && env->devices == 1;
+  int passed_again = 0;
+  if (stall) {
+    const char *dead = strstr(first, "the group is dead: ");
+    if (dead) dead += strlen("the group is dead: ");
+    snprintf(stalled_how, sizeof stalled_how, "%.*s", dead ? (int)strcspn(dead, "(\n") : 35,
+             dead ? dead : "the NCCL stand-in gave up on a peer");
+    const diff_coverage cov = env->cov; /* the summary counts each case once */
+    env->report = open_memstream(&second, &n2);
+    deadline = now_s() + CASE_DEADLINE_S;
+    diff_run_case(env, c);
+    deadline = 0;
+    if (env->report) fclose(env->report);
+    env->cov = cov;
+    passed_again = env->case_failures == 0;
+  }
+  env->report = NULL;
+  if (!passed_again) {
+    fputs(first, stdout);
+    if (second) printf("  (run again after a stall:)\n%s", second);
+  }
+  free(first);
+  free(second);
+  return passed_again;
+}
 
 static void summary(const diff_env *env, long run, long failed, double secs, double waited,
                     const options *o) {
@@ -545,7 +595,7 @@ int main(int argc, char **argv) {
          env.devices, o.k.nccl == NCCL_NONE ? "none" : o.lib, (unsigned long long)o.seed, o.cases,
          w.n);
   double t0 = now_s();
-  long failed = 0, run = 0;
+  long failed = 0, run = 0, stalls = 0;
   double waited = 0;
   for (long i = 0; i < o.cases; i++) {
     if (o.minutes > 0 && now_s() - t0 > 60.0 * o.minutes) break;
@@ -564,9 +614,12 @@ int main(int argc, char **argv) {
       failed++;
       continue;
     }
-    deadline = now_s() + CASE_DEADLINE_S;
-    diff_run_case(&env, &c);
-    deadline = 0;
+    int stalled = run_case(&env, &c);
+    if (stalled) {
+      printf("STALL case seed %llu on the shared GPU, passed when run again: %s\n",
+             (unsigned long long)seed, stalled_how);
+      stalls++;
+    }
     if (env.case_failures) {
       failed++;
       printf("  replay: gpu_diff --seed %llu --cases 1 --nccl %s%s --max-tp %d --min-tp %d "
@@ -585,6 +638,13 @@ int main(int argc, char **argv) {
     if ((i + 1) % 50 == 0)
       printf("gpu_diff: %ld cases, %ld failed, %.1f cases/min\n", i + 1, failed,
              60.0 * (double)(i + 1) / (now_s() - t0));
+  }
+  /* a few stalls are the shared GPU's; many are a change in the kernels */
+  if (stalls)
+    printf("gpu_diff: %ld case(s) stalled on the shared GPU and passed when run again\n", stalls);
+  if (stalls > 3 && stalls * 20 > run) {
+    printf("FAIL: %ld of %ld cases stalled, over 1 in 20\n", stalls, run);
+    failed++;
   }
   summary(&env, run, failed, now_s() - t0, waited, &o);
   stop_workers(&w);
