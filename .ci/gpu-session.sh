@@ -44,5 +44,5 @@ minutes=$(awk -v s="$(left)" 'BEGIN { m = (s - 30) / 60; print (m > 0.2 ? m : 0.
 # shellcheck disable=SC2086
 part gpu_diff "$(left)" "$root/build/tests/gpu_diff" --seed "$seed" --cases 100000 \
   --minutes "$minutes" --nccl "standin:$root/build/tests/libkl_nccl_standin.so" ${GPU_DIFF_ARGS:-}
-grep -E "^FAIL|^STALL|lost|gpu_diff: (seeds|tp|[0-9.]+ s of|[0-9]+ passed|[0-9]+ case)" "$logs/gpu_diff.log" |
+grep -E "^FAIL|^STALL|lost|gpu_diff: (seeds|tp|[0-9.]+ s of|[0-9]+ passed|[0-9]+ case\(s\) stalled)" "$logs/gpu_diff.log" |
   head -20 | sed 's/^/  /'

@@ -76,6 +76,7 @@ typedef struct case_run {
   long long crossover; /* the limit the ranks agreed on (rank 0's stats) */
   int dead;            /* a step's kl_ctx_status said the group is dead: it stays so */
   int standin_broke;   /* the NCCL stand-in gave up on a peer: its results are undefined since */
+  kl_result capture_rc[DIFF_MAX_RANKS][OP_COUNT]; /* each rank's calls while capturing */
 } case_run;
 
 typedef struct rank_arg {
@@ -318,6 +319,7 @@ static void capture(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report 
     run_ops(run, ctx, s, rep, 0);
     cu_ok(rep, cu->cuStreamEndCapture(s->s, &g), "end capture");
   }
+  for (int op = 0; op < OP_COUNT; op++) run->capture_rc[rep - run->rep][op] = rep->rc[op];
   pthread_barrier_wait(&run->ranks);
   if (!g || !cu_ok(rep, cu->cuGraphInstantiate(ge, g, 0), "instantiate")) *ge = NULL;
   if (g) cu->cuGraphDestroy(g);
@@ -357,7 +359,13 @@ static void run_step(case_run *run, int rank, kl_ctx *ctx, CUgraphExec *ge) {
   if (timed) cu_ok(rep, cu->cuEventRecord(s->ev[1], s->s), "event");
   if (p->replay) {
     if (*ge) cu_ok(rep, cu->cuGraphLaunch(*ge, s->s), "graph launch");
-    for (int i = 0; i < p->nops; i++) rep->rc[p->ops[i]] = *ge ? KLRT_OK : KLRT_ESTATE;
+    /* a call the capture refused (a dead group's KLRT_EDEVICE) wrote nothing */
+    for (int i = 0; i < p->nops; i++) {
+      const int op = p->ops[i];
+      const kl_result was = run->capture_rc[rank][op];
+      rep->rc[op] = was != KLRT_OK ? was : *ge ? KLRT_OK : KLRT_ESTATE;
+      if (was != KLRT_OK) snprintf(rep->err[op], sizeof rep->err[op], "in the capture");
+    }
   } else {
     run_ops(run, ctx, s, rep, 1);
     cu_ok(rep, cu->cuEventRecord(s->ev[1 + p->nops], s->s), "event");
@@ -399,9 +407,13 @@ static void *rank_main(void *arg) {
    * does (diff_main.c setup): at tp 16 on one H200, 7 first steps of 368
    * cases timed out so, 0 of 186 with an event recorded and waited for here
    * first (the next barrier waits for every rank's). */
-  if (ctx && (env->cu->cuEventRecord(s->ev[0], s->s) != CUDA_SUCCESS ||
-              env->cu->cuStreamSynchronize(s->s) != CUDA_SUCCESS))
-    snprintf(run->create_err[rank], sizeof run->create_err[rank], "first work after creation");
+  CUresult fr = ctx ? env->cu->cuEventRecord(s->ev[0], s->s) : CUDA_SUCCESS;
+  if (fr == CUDA_SUCCESS && ctx) fr = env->cu->cuStreamSynchronize(s->s);
+  if (fr != CUDA_SUCCESS) {
+    snprintf(run->create_err[rank], sizeof run->create_err[rank], "first work after creation: %s",
+             kl_cu_errstr(fr));
+    if (sticky(fr)) context_lost = 1;
+  }
   if (ctx && c->wrap) {
     uint32_t g = 0, sel = 0;
     if (kl_testing_set_steps(ctx, run->wrap_near, &g, &sel) != KLRT_OK)
@@ -708,11 +720,18 @@ static long long check_selection(case_run *run, const ref_step *ref, int rank, i
   const uint32_t *wv = op == OP_TOPK ? ref->valk : ref->val1;
   long long bad = 0;
   for (int t = 0; t < tokens; t++) {
+    const long long bad_before = bad;
+    float lse_t;
+    memcpy(&lse_t, &s->h_lse[t], 4);
+    int poisoned = op != OP_TOPK || !p->lse || isnan(lse_t);
+    for (int q = 0; q < k; q++) {  /* a dead step poisons a token whole */
+      size_t i = (size_t)t * (size_t)k + (size_t)q;
+      poisoned &= gi[i] == -1 && (!p->value || is_nan_bits(gv[i], 4));
+    }
     for (int q = 0; q < k; q++) {
       size_t i = (size_t)t * (size_t)k + (size_t)q;
       int ok = gi[i] == wi[i] && (!p->value || gv[i] == wv[i]);
       if (ok) continue;
-      *poison += gi[i] == -1 && (!p->value || is_nan_bits(gv[i], 4));
       if (bad++ == 0)
         snprintf(first, n, "row %d [%d]: got index %lld value 0x%08x, want %lld 0x%08x", t, q,
                  (long long)gi[i], p->value ? gv[i] : 0u, (long long)wi[i], p->value ? wv[i] : 0u);
@@ -720,11 +739,10 @@ static long long check_selection(case_run *run, const ref_step *ref, int rank, i
     if (op == OP_TOPK && p->lse) {
       float got;
       memcpy(&got, &s->h_lse[t], 4);
-      if (lse_close(got, ref->lse[t])) continue;
-      *poison += isnan(got);
-      if (bad++ == 0)
+      if (!lse_close(got, ref->lse[t]) && bad++ == 0)
         snprintf(first, n, "row %d: lse %.9g, want %.12g", t, (double)got, ref->lse[t]);
     }
+    if (poisoned) *poison += bad - bad_before;
   }
   return bad;
 }
@@ -777,11 +795,12 @@ static long long check_sample(case_run *run, const ref_step *ref, int rank, int 
 /* When each rank's step began on the device, after the earliest rank's: the
  * ranks enqueued it together, so a rank far behind had its stream held
  * back on the device. One GPU only: events of two contexts do not compare. */
-static void start_skew(const case_run *run, const char *label) {
+static int start_offsets(const case_run *run, float at[DIFF_MAX_RANKS]) {
   const diff_env *env = run->env;
   const kl_cu *cu = env->cu;
-  float at[DIFF_MAX_RANKS], first = 0;
-  if (env->devices != 1 || !cu->cuEventElapsedTime) return;
+  float first = 0;
+  if (env->devices != 1 || !cu->cuEventElapsedTime || run->plan.replay || run->plan.capture)
+    return 0;
   cu->cuCtxPushCurrent(env->ctx0);
   for (int r = 0; r < run->tp; r++) {
     if (cu->cuEventElapsedTime(&at[r], env->slots[0].ev[0], env->slots[r].ev[0]) != CUDA_SUCCESS)
@@ -790,9 +809,29 @@ static void start_skew(const case_run *run, const char *label) {
   }
   CUcontext dummy;
   cu->cuCtxPopCurrent(&dummy);
+  for (int r = 0; r < run->tp; r++) at[r] -= first;
+  return 1;
+}
+
+static void start_skew(const case_run *run, const char *label) {
+  float at[DIFF_MAX_RANKS];
+  if (!start_offsets(run, at)) return;
   fprintf(out, "  %s device ms from the first rank's step start to each rank's:", label);
-  for (int r = 0; r < run->tp; r++) fprintf(out, " %.1f", (double)(at[r] - first));
+  for (int r = 0; r < run->tp; r++) fprintf(out, " %.1f", (double)at[r]);
   fprintf(out, "\n");
+}
+
+/* A stall on the shared GPU: a rank whose step started on the device only
+ * once its peers had waited out (most of) the poll limit, though every rank
+ * enqueued it at once. Returns that rank (its delay in *ms), or -1. */
+static int held_back(const case_run *run, float *ms) {
+  float at[DIFF_MAX_RANKS];
+  if (!start_offsets(run, at)) return -1;
+  int late = -1;
+  for (int r = 0; r < run->tp; r++)
+    if (at[r] >= 0.9f * (float)run->c->spec.timeout_ms && (late < 0 || at[r] > at[late])) late = r;
+  if (late >= 0) *ms = at[late];
+  return late;
 }
 
 /* Every rank's wall time for a failing step and host time per call: a late
@@ -834,11 +873,20 @@ static void compare(case_run *run, const ref_step *ref, long long crossover, con
   int before = env->case_failures;
   if (step_dead(run)) run->dead = 1;
   if (standin_gave_up) run->standin_broke = 1;
-  env->case_stalled |= run->dead || run->standin_broke;
+  float late_ms = 0;
+  const int late = held_back(run, &late_ms);
+  if (late >= 0 && !env->case_stalled) {
+    env->case_stalled = 1;
+    snprintf(env->stall_note, sizeof env->stall_note,
+             "%.60s: rank %d's stream started %.0f ms after the first rank's", label, late,
+             (double)late_ms);
+  }
   for (int rank = 0; rank < run->tp; rank++) {
     const rank_report *rep = &run->rep[rank];
     if (rep->cuda_failed) failf(env, c, DEFECT, "%s rank %d: %s", label, rank, rep->cuda_err);
-    if (rep->status[0] && (rank == 0 || !run->rep[0].status[0]))
+    /* a dead group's fault once (every rank says it), any other status always */
+    if (rep->status_rc != KLRT_OK &&
+        (rep->status_rc != KLRT_EDEVICE || rank == 0 || run->rep[0].status_rc == KLRT_OK))
       failf(env, c, rep->status_rc == KLRT_EDEVICE ? FAULT : DEFECT, "%s rank %d: kl_ctx_status: %s",
             label, rank, rep->status);
     for (int i = 0; i < p->nops; i++) {
@@ -850,11 +898,11 @@ static void compare(case_run *run, const ref_step *ref, long long crossover, con
               kl_result_name(rep->rc[op]), rep->err[op]);
         continue;
       }
-      if (p->capture) continue; /* nothing ran */
       if (!p->replay && rep->path[op] != want_path)
         failf(env, c, DEFECT, "%s rank %d: %s took the %s path, the rule says %s", label, rank,
               op_names[op], rep->path[op] < 0 ? "unknown" : path_names[rep->path[op]],
               path_names[want_path]);
+      if (p->capture) continue; /* nothing ran */
       char first[200] = "";
       long long poison = 0;
       long long bad =
@@ -964,6 +1012,7 @@ static int make_comms(case_run *run) {
 
 void diff_run_case(diff_env *env, const diff_case *c) {
   env->case_failures = env->case_defects = env->case_stalled = 0;
+  env->stall_note[0] = 0;
   out = env->report ? env->report : stdout;
   case_run *run = calloc(1, sizeof *run);
   ref_step *ref = &env->ref;
@@ -1038,4 +1087,5 @@ void diff_run_case(diff_env *env, const diff_case *c) {
   pthread_barrier_destroy(&run->all);
   pthread_barrier_destroy(&run->ranks);
   free(run);
+  out = stdout; /* env->report is the caller's to close */
 }

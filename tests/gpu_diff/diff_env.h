@@ -97,7 +97,8 @@ typedef struct diff_env {
   void *h_srow;
   int case_failures; /* failure lines of the case running */
   int case_defects;  /* those of them that are not a fault reported as it must be */
-  int case_stalled;  /* a step of it timed out (kl_ctx_status), or the NCCL stand-in did */
+  int case_stalled;  /* a step of it started late on one rank's stream, by the poll limit */
+  char stall_note[160]; /* which step and rank */
   FILE *report;      /* where the case's failures go (NULL: stdout) */
   unsigned (*standin_timeouts)(void); /* the NCCL stand-in's count of peers that never came */
   diff_coverage cov;

@@ -220,12 +220,15 @@ void diff_watchdog_note(const char *w) {
   snprintf(where, sizeof where, "%s", w);
 }
 
+static void flush_report(void);
+
 static void *watchdog(void *arg) {
   (void)arg;
   for (;;) {
     sleep(1);
     double d = deadline;
     if (d > 0 && now_s() > d) {
+      flush_report();
       printf("FAIL case seed %llu hung (over %d s, at %s): %s\n", current_seed, CASE_DEADLINE_S,
              where, current_lua);
       printf("gpu_diff: 0 passed, 1 failed\n");
@@ -480,46 +483,55 @@ static int load_nccl(diff_env *env, const options *o) {
 
 /* ---- the run ---- */
 
-static char stalled_how[200];
+/* The case running: its report so far (a memstream), printed when the run
+ * ends before the case does (the watchdog, a CUDA error's exit). */
+static FILE *report;
+static char **report_buf, *first_report; /* the running one's, the first run's if run again */
+static void flush_report(void) {
+  if (first_report) fputs(first_report, stdout);
+  if (report && fflush(report) == 0 && *report_buf) fputs(*report_buf, stdout);
+  fflush(stdout);
+  report = NULL, first_report = NULL;
+}
 
-/* One case, its failures kept apart until judged. Ranks sharing one GPU get
- * no promise from CUDA that their grids run side by side, and now and then
- * (about 2 cases in 100 at tp 16, one rank's first step) one rank's work
- * starts only once its peers' grids have given up. Such a case, when the
- * library reported every failure as it must (only faults, see diff_case.c),
- * runs once more; it passes if that run passes (returns 1), and anything
- * else is printed and counted as it came. On two GPUs a stall is a failure. */
-static int run_case(diff_env *env, const diff_case *c) {
-  char *first = NULL, *second = NULL;
-  size_t n1 = 0, n2 = 0;
-  env->report = open_memstream(&first, &n1);
-  if (!env->report) { /* no memory to keep it apart: as it comes, no second run */
-    deadline = now_s() + CASE_DEADLINE_S;
-    diff_run_case(env, c);
-    deadline = 0;
-    return 0;
-  }
+/* One run of a case into a buffer of its own (*buf, to free); 0 if none
+ * could be made, and then straight to stdout. */
+static int run_into(diff_env *env, const diff_case *c, char **buf) {
+  size_t n = 0;
+  *buf = NULL;
+  report = env->report = open_memstream(buf, &n);
+  report_buf = buf;
   deadline = now_s() + CASE_DEADLINE_S;
   diff_run_case(env, c);
   deadline = 0;
+  if (!env->report) return 0;
+  report = NULL;
   fclose(env->report);
-  int stall = env->case_failures && !env->case_defects && env->case_stalled && env->devices == 1;
+  env->report = NULL;
+  return 1;
+}
+
+/* One case, its failures kept apart until judged. Ranks sharing one GPU get
+ * no promise from CUDA that their grids run side by side, and now and then
+ * (about 2 cases in 100 at tp 16) one rank's step starts on the device only
+ * once its peers' grids have given up. A case that shows this (diff_case.c
+ * held_back) and whose every failure is a fault the library reported as it
+ * must runs once more; it passes if that run passes (returns 1), and
+ * anything else is printed and counted as it came. On two GPUs, or without
+ * the late start, a time-out is a failure. */
+static int run_case(diff_env *env, const diff_case *c, char *note, size_t note_size) {
+  char *first = NULL, *second = NULL;
+  if (!run_into(env, c, &first)) return 0;
+  const int stall = env->case_failures && !env->case_defects && env->case_stalled;
   int passed_again = 0;
   if (stall) {
-    const char *dead = strstr(first, "the group is dead: ");
-    if (dead) dead += strlen("the group is dead: ");
-    snprintf(stalled_how, sizeof stalled_how, "%.*s", dead ? (int)strcspn(dead, "(\n") : 35,
-             dead ? dead : "the NCCL stand-in gave up on a peer");
+    snprintf(note, note_size, "%s", env->stall_note);
     const diff_coverage cov = env->cov; /* the summary counts each case once */
-    env->report = open_memstream(&second, &n2);
-    deadline = now_s() + CASE_DEADLINE_S;
-    diff_run_case(env, c);
-    deadline = 0;
-    if (env->report) fclose(env->report);
+    first_report = first;
+    if (run_into(env, c, &second)) passed_again = env->case_failures == 0;
+    first_report = NULL;
     env->cov = cov;
-    passed_again = env->case_failures == 0;
   }
-  env->report = NULL;
   if (!passed_again) {
     fputs(first, stdout);
     if (second) printf("  (run again after a stall:)\n%s", second);
@@ -589,6 +601,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   setup(&env, arch);
+  atexit(flush_report); /* a CUDA error's exit mid-case still prints the case */
   pthread_t wd;
   pthread_create(&wd, NULL, watchdog, NULL);
   printf("gpu_diff: %s, %d GPU(s), NCCL %s, seeds from %llu, %ld cases, %d compile workers\n", arch,
@@ -614,10 +627,10 @@ int main(int argc, char **argv) {
       failed++;
       continue;
     }
-    int stalled = run_case(&env, &c);
-    if (stalled) {
-      printf("STALL case seed %llu on the shared GPU, passed when run again: %s\n",
-             (unsigned long long)seed, stalled_how);
+    char note[200] = "";
+    if (run_case(&env, &c, note, sizeof note)) {
+      printf("STALL case seed %llu on the shared GPU, passed when run again (%s)\n",
+             (unsigned long long)seed, note);
       stalls++;
     }
     if (env.case_failures) {
@@ -639,15 +652,18 @@ int main(int argc, char **argv) {
       printf("gpu_diff: %ld cases, %ld failed, %.1f cases/min\n", i + 1, failed,
              60.0 * (double)(i + 1) / (now_s() - t0));
   }
-  /* a few stalls are the shared GPU's; many are a change in the kernels */
-  if (stalls)
-    printf("gpu_diff: %ld case(s) stalled on the shared GPU and passed when run again\n", stalls);
-  if (stalls > 3 && stalls * 20 > run) {
-    printf("FAIL: %ld of %ld cases stalled, over 1 in 20\n", stalls, run);
-    failed++;
-  }
   summary(&env, run, failed, now_s() - t0, waited, &o);
+  /* A few stalls are the shared GPU's; many are a change in the kernels.
+   * They were seen at tp 16 (2 cases in 100 before each rank's stream did
+   * work after creation), so the rate is over the groups of 8 ranks or more. */
+  long big = 0;
+  for (int t = 8; t <= DIFF_MAX_RANKS; t++) big += env.cov.tp[t];
+  int too_many = stalls > 3 && stalls * 20 > big;
+  if (stalls)
+    printf("gpu_diff: %ld case(s) stalled on the shared GPU and passed when run again (%ld with "
+           "8 ranks or more)\n", stalls, big);
+  if (too_many) printf("FAIL: %ld stalls, over 1 case in 20 of those\n", stalls);
   stop_workers(&w);
   remove_dir(dir);
-  return failed ? 1 : 0;
+  return failed || too_many ? 1 : 0;
 }
