@@ -7,6 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Lua's line breaks: '\n' or '\r', and "\r\n" or "\n\r" as one. */
+static int is_newline(char c) { return c == '\n' || c == '\r'; }
+static const char *skip_newline(const char *p, const char *end, int *line) {
+  const char c = *p++;
+  if (p < end && is_newline(*p) && *p != c) p++;
+  (*line)++;
+  return p;
+}
+
 /* Length of a long bracket opener "[==[" at p (0 if none); *level gets the '='s. */
 static size_t long_open(const char *p, const char *end, int *level) {
   if (p >= end || *p != '[') return 0;
@@ -19,10 +28,13 @@ static size_t long_open(const char *p, const char *end, int *level) {
 
 /* Skips past the matching "]==]"; counts newlines. */
 static const char *long_close(const char *p, const char *end, int level, int *line) {
-  for (; p < end; p++) {
-    if (*p == '\n') (*line)++;
-    if (*p != ']') continue;
-    const char *q = p + 1;
+  while (p < end) {
+    if (is_newline(*p)) {
+      p = skip_newline(p, end, line);
+      continue;
+    }
+    if (*p++ != ']') continue;
+    const char *q = p;
     int n = 0;
     while (q < end && *q == '=') q++, n++;
     if (n == level && q < end && *q == ']') return q + 1;
@@ -34,11 +46,13 @@ static const char *skip_string(const char *p, const char *end, int *line) {
   char quote = *p++;
   while (p < end && *p != quote) {
     if (*p == '\\' && p + 1 < end) {
-      if (p[1] == '\n') (*line)++;
-      p += 2;
+      p = is_newline(p[1]) ? skip_newline(p + 1, end, line) : p + 2;
       continue;
     }
-    if (*p == '\n') (*line)++; /* unfinished string: Lua reports it anyway */
+    if (is_newline(*p)) { /* unfinished string: Lua reports it anyway */
+      p = skip_newline(p, end, line);
+      continue;
+    }
     p++;
   }
   return p < end ? p + 1 : end;
@@ -46,7 +60,7 @@ static const char *skip_string(const char *p, const char *end, int *line) {
 
 /* After an identifier: is the next token a single '='? */
 static int is_assign(const char *p, const char *end) {
-  while (p < end && (*p == ' ' || *p == '\t' || *p == '\r')) p++;
+  while (p < end && (*p == ' ' || *p == '\t')) p++;
   return p < end && *p == '=' && !(p + 1 < end && p[1] == '=');
 }
 
@@ -59,14 +73,14 @@ static int scan(const char *src, size_t len, visit_fn visit, void *ud) {
   int line = 1, level, rc;
   size_t k;
   while (p < end) {
-    if (*p == '\n') {
-      line++, p++;
+    if (is_newline(*p)) {
+      p = skip_newline(p, end, &line);
     } else if (p + 1 < end && p[0] == '-' && p[1] == '-') {
       p += 2;
       if ((k = long_open(p, end, &level)) != 0) {
         p = long_close(p + k, end, level, &line);
       } else {
-        while (p < end && *p != '\n') p++;
+        while (p < end && !is_newline(*p)) p++;
       }
     } else if (*p == '"' || *p == '\'') {
       p = skip_string(p, end, &line);

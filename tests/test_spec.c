@@ -337,6 +337,15 @@ static void fields(void) {
       "missing");
   bad("return {\n name = 'm',\n vocab_sise = 5 }", "t.lua:3: vocab_sise:",
       "unknown field (did you mean 'vocab_size'?)");
+  /* lines as Lua counts them: \r, \r\n and \n\r break one line each, and a
+   * comment ends at a \r (what follows it is code) */
+  bad("return {\r name = 'm',\r vocab_sise = 5 }", "t.lua:3: vocab_sise:", "unknown field");
+  bad("return {\r\n name = 'm',\r\n vocab_sise = 5 }", "t.lua:3: vocab_sise:", "unknown field");
+  bad("return {\n\r name = 'm',\n\r vocab_sise = 5 }", "t.lua:3: vocab_sise:", "unknown field");
+  bad("-- a comment\rreturn {\r-- another\r}", "t.lua:2: name:", "missing");
+  bad("return { name = 'm', --[[ a\r\nlong\rcomment ]] vocab_sise = 5 }", "t.lua:3: vocab_sise:",
+      "unknown field");
+  bad("return { name = 'm\\\r', vocab_sise = 5 }", "t.lua:2: vocab_sise:", "unknown field");
   bad(SPEC(", colour = 'red'"), "t.lua:1: colour:", "unknown field");
   bad(SPEC(", [1] = 'x'"), "t.lua:1: name:", "non-string key");
   /* a key that only starts as a field's name is not that field */
