@@ -107,19 +107,32 @@ static int residency_cap(kl_ctx *c, const kl_kernel *k, int on_device) {
   /* Alone on a GPU a rank cannot starve itself; sharing one, it could starve
    * a peer, so the ranks there split it (and PDL is off: transport.c). The
    * grids are of different kernels (the gather, the select kernels), whose
-   * CTAs pack into a multiprocessor less well than each alone: each grid gets
-   * half its share. Seen on one H200 with 8 ranks without that half: a step
-   * now and then timed out at max_tokens, where every grid is at its cap. */
-  int grids = on_device > 1 ? 2 * on_device : 1;
+   * CTAs pack into a multiprocessor less well than each alone, and a rank
+   * behind its peers still has kernels that poll nothing (the relayout, the
+   * row sampler) to run beside their spinning grids: each grid gets a
+   * quarter of its share. Seen on one H200 with 8 ranks: at half a share a
+   * step now and then timed out at max_tokens, where every grid is at its
+   * cap, and a late rank's row sampler found no room beside its peers'
+   * argmax grids (21 of its 22 rows ran only once they had given up). */
+  int grids = on_device > 1 ? 4 * on_device : 1;
   return per_sm * c->sm_count / (grids ? grids : 1);
 }
 
 /* Each polling kernel its own cap (the top-k kernel, with more registers,
- * may fit fewer CTAs). 0, or -1 when one cannot be resident at all. */
+ * may fit fewer CTAs). 0, or -1 when one cannot be resident at all. Ranks
+ * sharing a GPU also share its multiprocessors' split of shared memory and
+ * L1: a multiprocessor runs CTAs of one split at a time, so a kernel whose
+ * split differs from a resident spinning grid's could find no room on any
+ * multiprocessor that grid touches. There every kernel asks for the same
+ * split, the most shared memory. */
 static int set_caps(kl_ctx *c, int on_device) {
   int ok = 1;
   for (int i = 0; i < KL_K_COUNT; i++) {
     kl_kernel *k = &c->kern[i];
+    if (on_device > 1 && k->fn &&
+        c->cu->cuFuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                  CU_SHAREDMEM_CARVEOUT_MAX_SHARED) != CUDA_SUCCESS)
+      ok = 0;
     if (!rows[i].slots || !k->fn) continue;
     k->cap = residency_cap(c, k, on_device);
     ok &= k->cap >= 1;

@@ -38,6 +38,10 @@ typedef struct step_plan {
    * arrays it passes as NULL (bit i: top_k, top_p, min_p, seed, offset) */
   int n_top, want_lp;
   unsigned nulls;
+  /* one rank's host late by late_us before its op at index late_at (eager
+   * steps; late_rank -1: none): its peers run ahead into later calls, whose
+   * kernels may spin while the late rank's earlier ones still need room */
+  int late_rank, late_at, late_us;
   int replay;       /* launch the captured graph instead of calling */
   int capture;      /* capture this step into the graph; nothing runs */
 } step_plan;
@@ -69,6 +73,7 @@ typedef struct case_run {
   step_plan plan;
   int done;
   uint32_t wrap_near;
+  int planned; /* steps planned so far (each its own stream for the late knob) */
   kl_result create_rc[DIFF_MAX_RANKS];
   char create_err[DIFF_MAX_RANKS][300];
   kl_result destroy_rc[DIFF_MAX_RANKS];
@@ -292,6 +297,10 @@ static void run_ops(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report 
     if (timed && i > 0) cu_ok(rep, run->env->cu->cuEventRecord(s->ev[1 + i], s->s), "event");
     int op = p->ops[i];
     if (p->overlap && i > 0) upload(run, s, rep); /* the last op wrote over it */
+    if (timed && i == p->late_at && (int)(rep - run->rep) == p->late_rank) {
+      struct timespec d = {0, (long)p->late_us * 1000};
+      nanosleep(&d, NULL);
+    }
     kl_stats a = KL_STATS_INIT, b = KL_STATS_INIT;
     kl_ctx_stats(ctx, &a);
     struct timespec t0;
@@ -490,6 +499,11 @@ static void plan_step(case_run *run, rng *r, step_plan *p, int tokens, int allow
     int j = (int)rng_below(r, (uint64_t)i + 1), t = p->ops[i];
     p->ops[i] = p->ops[j], p->ops[j] = t;
   }
+  /* from a stream of its own: the knob came after seeds were replayed */
+  rng lr = rng_for(c->seed, 0x1a7e0000ull + (uint64_t)run->planned++);
+  p->late_rank = run->tp > 1 && rng_chance(&lr, 0.2) ? (int)rng_below(&lr, (uint64_t)run->tp) : -1;
+  p->late_at = (int)rng_below(&lr, (uint64_t)p->nops);
+  p->late_us = (int)rng_range(&lr, 200, 20000);
   p->value = rng_chance(r, 0.85);
   p->lse = rng_chance(r, 0.85);
   size_t elem = (size_t)c->layout.elem_bytes, oelem = (size_t)c->layout.out_elem_bytes;
@@ -849,6 +863,10 @@ static void host_times(const case_run *run, const char *label) {
     fprintf(out, "\n");
   }
   if (run->plan.replay) return;
+  if (run->plan.late_rank >= 0)
+    fprintf(out, "  %s rank %d slept %.1f ms on the host before its %s\n", label,
+            run->plan.late_rank, run->plan.late_us / 1000.0,
+            op_names[run->plan.ops[run->plan.late_at]]);
   start_skew(run, label);
   for (int e = 1; e < 2 + run->plan.nops; e++) {
     fprintf(out, "  %s device ms to %s done by rank:", label,
