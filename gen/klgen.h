@@ -114,6 +114,12 @@ typedef struct kl_layout {
   int64_t fault_offset; /* byte offset of the group's fault word (total_bytes + 3 x sel_buffer_bytes) */
   int64_t recv_bytes;   /* fault_offset + KL_FAULT_BYTES: what each rank allocates */
   int sel_max_ctas;     /* select CTAs at max_tokens (before residency caps) */
+  /* kl_sample's row sampler (sample.cu.tmpl): a greedy or plain-temperature
+   * gathered row is split over sample_slices CTAs of sample_slice_cols
+   * columns (a multiple of 4: one Philox call serves four columns); 0
+   * without a topk (no sampler). */
+  int sample_slices;
+  int64_t sample_slice_cols;
 } kl_layout;
 
 /* ---- spec loading (spec.c) ---- */

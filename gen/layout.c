@@ -31,6 +31,12 @@
  * 2.44 (klbench --select, 2 x H200); 2 CTAs: 3.4 and 2.9. */
 #define ARGMAX_THREAD_CHUNKS_MIN 2
 #define MERGE_CHUNKS 2560
+/* kl_sample: a row the sampler splits (greedy, or T and no filter) is cut
+ * into slices of about SEL_BLOCK x SAMPLE_SLICE_THREAD_COLS columns, one
+ * batch of loads a thread, at most SAMPLE_SLICES_MAX (the merge is a warp's):
+ * at one token a row takes that many multiprocessors, not one. */
+#define SAMPLE_SLICE_THREAD_COLS 8
+#define SAMPLE_SLICES_MAX 32
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 static int64_t gcd64(int64_t a, int64_t b) {
@@ -123,6 +129,16 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
   l->sel_max_ctas = kl_layout_select_slots(l, (int)s->max_tokens, 0, 0, s->topk > 0);
 }
 
+static void derive_sample(const kl_spec *s, kl_layout *l) {
+  if (!s->topk) return;
+  const int64_t per = (int64_t)SEL_BLOCK * SAMPLE_SLICE_THREAD_COLS;
+  int64_t n = (s->vocab_size + per - 1) / per;
+  n = n < 1 ? 1 : n > SAMPLE_SLICES_MAX ? SAMPLE_SLICES_MAX : n;
+  l->sample_slice_cols = round_up((s->vocab_size + n - 1) / n, 4);
+  /* rounding up may leave the last slices empty: drop them */
+  l->sample_slices = (int)((s->vocab_size + l->sample_slice_cols - 1) / l->sample_slice_cols);
+}
+
 int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   if (!s || !l) return kl_fail(err, KL_EARG, "kl_layout_derive: NULL argument");
   memset(l, 0, sizeof *l);
@@ -154,6 +170,7 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
                         (long long)(KL_BUFFER_CAP / per_token));
   }
   derive_select(s, l);
+  derive_sample(s, l);
   if (l->recv_bytes > KL_BUFFER_CAP) {
     int64_t per_token = 3 * s->tp * (l->row_chunks + (int64_t)l->rec_split * l->rec_chunks) * CHUNK;
     return kl_spec_fail(err, s, KL_F_MAX_TOKENS,

@@ -148,6 +148,8 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_int(L, "SEL_BUFFER_BYTES", l->sel_buffer_bytes);
   set_int(L, "RECV_BYTES", l->recv_bytes);
   set_int(L, "FAULT_OFFSET", l->fault_offset);
+  set_int(L, "SAMPLE_SLICES", l->sample_slices);
+  set_int(L, "SAMPLE_SLICE_COLS", l->sample_slice_cols);
   set_int(L, "SEL_MAX_CTAS", l->sel_max_ctas);
   kl_entry_name(s, "argmax", buf, sizeof buf);
   set_str(L, "ARGMAX", buf);

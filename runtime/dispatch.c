@@ -32,7 +32,7 @@ static int capturing(const kl_ctx *c, CUstream s) {
 static const char *const buf_names[KL_BUF_COUNT] = {
     [KL_BUF_SCRATCH] = "NCCL scratch", [KL_BUF_RECORDS] = "select scratch",
     [KL_BUF_STAGE_IN] = "staging (input)", [KL_BUF_STAGE_OUT] = "staging (output)",
-    [KL_BUF_SAMPLE] = "sample scratch"};
+    [KL_BUF_SAMPLE] = "sample scratch", [KL_BUF_SAMPLE_PARTS] = "sample parts"};
 
 /* A buffer of at least `need` bytes, allocated for `size` (>= need, and at
  * least twice the old one, so it grows a few times at most). Never while
@@ -102,6 +102,15 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
     if ((r = c->cu->cuMemAlloc(&smp->p, rows)) != CUDA_SUCCESS)
       return kl_rt_fail(KLRT_ENOMEM, "sample scratch (%zu bytes): %s", rows, kl_cu_errstr(r));
     smp->bytes = rows;
+    /* the split rows' counters start at 0 (the kernels leave them so) */
+    kl_buffer *parts = &c->buf[KL_BUF_SAMPLE_PARTS];
+    size_t pb = kl_sample_parts_bytes(c, c->spec.max_tokens);
+    r = c->cu->cuMemAlloc(&parts->p, pb);
+    if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD32Async(parts->p, 0, pb / 4, c->stream);
+    if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
+    if (r != CUDA_SUCCESS)
+      return kl_rt_fail(KLRT_ENOMEM, "sample parts (%zu bytes): %s", pb, kl_cu_errstr(r));
+    parts->bytes = pb;
   }
   return KLRT_OK;
 }

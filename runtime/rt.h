@@ -163,6 +163,7 @@ typedef enum kl_buf_id {
   KL_BUF_STAGE_IN,  /* an input copied where the kernels can read it */
   KL_BUF_STAGE_OUT, /* an output the kernels write aligned, copied after */
   KL_BUF_SAMPLE,    /* kl_sample's gathered rows, [tokens, vocab] of the out dtype */
+  KL_BUF_SAMPLE_PARTS, /* its split rows' parts, then their counters (kl_sample_parts_bytes) */
   KL_BUF_COUNT
 } kl_buf_id;
 typedef struct kl_buffer {
@@ -346,6 +347,8 @@ kl_result kl_buffers_alloc(kl_ctx *c);
 size_t kl_record_bytes(const kl_ctx *c, long long tokens);
 /* KL_BUF_RECORDS's bytes for `tokens` rows: this rank's records, then all ranks'. */
 size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens);
+/* KL_BUF_SAMPLE_PARTS's bytes for `tokens` rows (sample.c). */
+size_t kl_sample_parts_bytes(const kl_ctx *c, long long tokens);
 const char *kl_arg_name(kl_arg a);
 int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn);
 /* k->kin: the input itself when aligned for the kernels' vectors and apart

@@ -2,14 +2,25 @@
  * row. The logits are gathered into the context's scratch by the gather's
  * own paths (one-shot, or NCCL and the relayout; the layer chooses as for
  * kl_gather, every rank alike), then the row sampler (sample.cu.tmpl) draws
- * each row's token there. Every rank gathers the same rows and draws with
- * the same noise, so every rank gets the same tokens. */
+ * each row's token there, a greedy or plain-temperature row over the
+ * layout's sample_slices CTAs. Every rank gathers the same rows and draws
+ * with the same noise, so every rank gets the same tokens. */
 #include <stdint.h>
 
 #include "rt.h"
 
 static size_t row_bytes(const kl_ctx *c) {
   return (size_t)c->spec.vocab_size * (size_t)c->layout.out_elem_bytes;
+}
+
+/* A split row's parts (kl_sample_part, one a slice), then its counter: the
+ * parts of `rows` rows, then their counters. */
+static size_t part_row_bytes(const kl_ctx *c) {
+  return (size_t)c->layout.sample_slices * sizeof(kl_sample_part) + sizeof(unsigned);
+}
+
+size_t kl_sample_parts_bytes(const kl_ctx *c, long long tokens) {
+  return (size_t)tokens * part_row_bytes(c);
 }
 
 /* token [tokens] int64, logprob [tokens] fp32, top_index and top_logprob
@@ -76,13 +87,24 @@ static kl_result gather_rows(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
 static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
+  long long most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
+  kl_result res = kl_ensure(c, KL_BUF_SAMPLE_PARTS, kl_sample_parts_bytes(c, k->tokens),
+                            kl_sample_parts_bytes(c, most), s);
+  if (res) return res;
+  /* the counters after the parts of as many rows as the buffer holds */
+  const kl_buffer *pb = &c->buf[KL_BUF_SAMPLE_PARTS];
+  const size_t rows = pb->bytes / part_row_bytes(c);
+  kl_sample_part *parts = (kl_sample_part *)pb->p;
+  unsigned *arrived = (unsigned *)(pb->p + rows * (size_t)c->layout.sample_slices *
+                                               sizeof(kl_sample_part));
   c->kern[KL_K_SAMPLE].prm.sample = (kl_sample_args){
       (const void *)c->buf[KL_BUF_SAMPLE].p, p->temperature, (const long long *)p->top_k,
       p->top_p, p->min_p, (const unsigned long long *)p->seed,
       (const unsigned long long *)p->offset, (long long *)k->out[0].p, k->out[1].p,
-      (long long *)k->out[2].p, k->out[3].p, c->recv ? kl_fault_word(c) : NULL, k->tokens,
-      x->n_top};
-  CUresult r = kl_launch(c, KL_K_SAMPLE, kl_grid(c, KL_K_SAMPLE, k->tokens, 1), 0, s);
+      (long long *)k->out[2].p, k->out[3].p, c->recv ? kl_fault_word(c) : NULL, parts, arrived,
+      k->tokens, x->n_top};
+  const int grid = kl_grid(c, KL_K_SAMPLE, k->tokens * c->layout.sample_slices, 1);
+  CUresult r = kl_launch(c, KL_K_SAMPLE, grid, 0, s);
   if (r == CUDA_SUCCESS) return KLRT_OK;
   return kl_rt_fail(KLRT_ECUDA, "launching the row sampler: %s", kl_cu_errstr(r));
 }

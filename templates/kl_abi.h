@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 4
+#define KL_ABI_VERSION 5
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -93,7 +93,13 @@ typedef struct kl_select_args {
  * a token per row out (the wide path: it reads whole rows). Parameter
  * arrays are [tokens]: temperature (0: greedy), top_k (0: off), top_p (1:
  * off), min_p (0: off), seed and offset (64-bit); NULL but temperature: off
- * (seed and offset 0). */
+ * (seed and offset 0). A greedy or plain-temperature row may be split over
+ * SAMPLE_SLICES CTAs, each leaving its slice's part; the last to finish
+ * merges them and sets arrived[row] back to 0 (zeroed at allocation). */
+typedef struct kl_sample_part {
+  unsigned long long kx, kt, best; /* the slice's largest key of x, of t, of t + g */
+  double sum;                      /* the sum of exp(x - its largest x), 0 if that is not finite */
+} kl_sample_part;
 typedef struct kl_sample_args {
   const void *logits;             /* [tokens, VOCAB], the spec's out dtype */
   const float *temperature;
@@ -108,6 +114,8 @@ typedef struct kl_sample_args {
    * set when the sampler starts, the gather before it ran dead, and every
    * row gets token -1 and NaN logprobs */
   const unsigned long long *fault;
+  kl_sample_part *parts;          /* [tokens, SAMPLE_SLICES], or NULL: no row is split */
+  unsigned *arrived;              /* [tokens]: a split row's slices done */
   int tokens, n_top;              /* n_top <= TOPK and <= VOCAB */
 } kl_sample_args;
 
@@ -116,6 +124,7 @@ KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit 
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
 KL_ABI_ASSERT(sizeof(kl_select_args) == 80, "peers[] follow kl_select_args at byte 80");
-KL_ABI_ASSERT(sizeof(kl_sample_args) == 104, "kl_sample_args layout");
+KL_ABI_ASSERT(sizeof(kl_sample_part) == 32, "kl_sample_part layout");
+KL_ABI_ASSERT(sizeof(kl_sample_args) == 120, "kl_sample_args layout");
 
 #endif

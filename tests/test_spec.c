@@ -446,6 +446,9 @@ static void topk(void) {
               lay.sel_buffer_bytes == 8LL * 64 * 10 * 5 * 16,
           "topk 8 layout: k %d rec %d split %d cpt %d", lay.record_keys, lay.rec_chunks, lay.topk_split,
           lay.topk_thread_chunks);
+  /* kl_sample splits a gathered row of 163840 columns over the most slices */
+  CHECK(lay.sample_slices == 32 && lay.sample_slice_cols == 5120, "sample slices %d of %lld",
+        lay.sample_slices, (long long)lay.sample_slice_cols);
   /* kl_argmax reads two chunks a thread in half the CTAs; the region holds the larger split */
   CHECK(lay.argmax_thread_chunks == 2 && lay.argmax_split == 5 && lay.rec_split == 10,
         "argmax split: cpt %d split %d region %d", lay.argmax_thread_chunks, lay.argmax_split, lay.rec_split);
@@ -462,6 +465,18 @@ static void topk(void) {
               (int64_t)(lay.argmax_split - 1) * lay.argmax_thread_chunks * lay.sel_block * 16 < lay.shard_bytes &&
               lay.rec_split >= lay.argmax_split,
           "argmax layout: split %d cpt %d", lay.argmax_split, lay.argmax_thread_chunks);
+  CHECK(lay.sample_slices == 0, "no topk, no sampler: slices %d", lay.sample_slices);
+  /* slices of a multiple of 4 columns, none of them empty, every column in one */
+  static const long long vocabs[] = {1, 5, 2048, 2049, 4097, 20480, 65537, 300000};
+  for (int i = 0; i < (int)(sizeof vocabs / sizeof vocabs[0]); i++) {
+    char src[160];
+    snprintf(src, sizeof src, "return { name = 'k', vocab_size = %lld, tp = 1, dtype = 'bf16', "
+             "max_tokens = 4, topk = 1 }", vocabs[i]);
+    if (load_layout(src, &s, &lay) != 0) continue;
+    const long long n = lay.sample_slices, w = lay.sample_slice_cols;
+    CHECK(n >= 1 && n <= 32 && w % 4 == 0 && (n - 1) * w < vocabs[i] && n * w >= vocabs[i],
+          "vocab %lld: %lld slices of %lld", vocabs[i], n, w);
+  }
   /* the merge's records fit its shared memory at the largest k and tp */
   if (load_layout("return { name = 'k', vocab_size = 163840, tp = 64, dtype = 'bf16', "
                   "max_tokens = 4, topk = 64 }", &s, &lay) == 0)
