@@ -32,9 +32,10 @@
 #define ARGMAX_THREAD_CHUNKS_MIN 2
 #define MERGE_CHUNKS 2560
 /* kl_sample: a row the sampler splits (greedy, or T and no filter) is cut
- * into slices of about SEL_BLOCK x SAMPLE_SLICE_THREAD_COLS columns, one
- * batch of loads a thread, at most SAMPLE_SLICES_MAX (the merge is a warp's):
- * at one token a row takes that many multiprocessors, not one. */
+ * into slices of at least SEL_BLOCK x SAMPLE_SLICE_THREAD_COLS columns (two
+ * groups of four a thread), at most SAMPLE_SLICES_MAX of them (the merge is
+ * a warp's; past 65,536 columns slices grow): at one token a row takes that
+ * many multiprocessors, not one. */
 #define SAMPLE_SLICE_THREAD_COLS 8
 #define SAMPLE_SLICES_MAX 32
 

@@ -395,12 +395,11 @@ kl_result kl_ctx_create_string(kl_ctx **ctx, const char *src, const char *name,
   return create_loaded(ctx, rc, &err, &l, name, cfg);
 }
 
-/* The kernel ABI (kl_abi.h's KL_ABI_VERSION) a rendered source was made
- * with; 0 if it says none. */
-static int source_abi(const char *source) {
-  static const char key[] = "#define KL_ABI_VERSION ";
+/* The number after `key` in a rendered source (the kernel ABI, a constant
+ * the prelude renders); -1 if the source has no such text. */
+static long long source_int(const char *source, const char *key) {
   const char *p = strstr(source, key);
-  return p ? atoi(p + sizeof key - 1) : 0;
+  return p ? atoll(p + strlen(key)) : -1;
 }
 
 /* A header from klgen: the spec is re-validated and the layout re-derived, and
@@ -453,11 +452,20 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
                       l.topk_split);
   /* Its kernels were rendered from some klgen's kl_abi.h: this runtime
    * launches them with its own. */
-  int abi = source_abi(g->source);
+  int abi = (int)source_int(g->source, "#define KL_ABI_VERSION ");
+  if (abi < 0) abi = 0;
   if (abi != KL_ABI_VERSION)
     return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' carries kernels of kernel ABI %d, "
                       "and this libklrt (%s) launches ABI %d: regenerate it with this klgen",
                       g->name, abi, KLRT_VERSION, KL_ABI_VERSION);
+  /* the row sampler's split is a launch shape the header carries only in its
+   * source: the runtime sizes its scratch and grid by its own */
+  long long slices = source_int(g->source, "int SAMPLE_SLICES = "),
+            cols = source_int(g->source, "long long SAMPLE_SLICE_COLS = ");
+  if (s.topk && (slices != l.sample_slices || cols != l.sample_slice_cols))
+    return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' was made by an incompatible klgen "
+                      "(sampler slices %lld/%d of %lld/%lld columns); regenerate it", g->name,
+                      slices, l.sample_slices, cols, (long long)l.sample_slice_cols);
   return create(ctx, &s, g->source, cfg);
 }
 

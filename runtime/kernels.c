@@ -30,7 +30,8 @@ static int topk_grid(const kl_ctx *c, int tokens, int cap) {
   return kl_layout_select_grid(&c->layout, tokens, cap, 1);
 }
 static int sample_grid(const kl_ctx *c, int tokens, int cap) {
-  (void)c; /* a CTA a row; past cap (0: none) the CTAs take several */
+  (void)c; /* tokens: items, a CTA each (a row, or a slice of one); past cap (0: none) the
+             CTAs take several */
   if (tokens < 1) return 1;
   return cap > 0 && tokens > cap ? cap : tokens;
 }

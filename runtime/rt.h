@@ -145,7 +145,7 @@ typedef struct kl_kernel {
   kl_kernel_params prm;
 } kl_kernel;
 #define KL_RELAYOUT_CTAS_PER_SM 4 /* the relayout grid's cap: larger outputs loop */
-#define KL_SAMPLE_CTAS_PER_SM 4   /* the row sampler's (a CTA a row): more rows loop */
+#define KL_SAMPLE_CTAS_PER_SM 4   /* the row sampler's (a CTA a row or slice): more loop */
 
 /* ---- dispatch.c: what kl_gather, kl_argmax and kl_topk share ---- */
 enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };

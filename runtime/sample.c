@@ -73,10 +73,20 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
 }
 
 /* The gathered rows in the scratch, by the gather route's path `oneshot`. */
+/* The gathered rows and the split rows' parts, for k's tokens: before any
+ * work is queued, so a call that cannot have them queues none. */
+static kl_result ensure_scratch(kl_ctx *c, const kl_call *k, CUstream s) {
+  const long long most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
+  kl_result res = kl_ensure(c, KL_BUF_SAMPLE, (size_t)k->tokens * row_bytes(c),
+                            (size_t)most * row_bytes(c), s);
+  if (res) return res;
+  return kl_ensure(c, KL_BUF_SAMPLE_PARTS, kl_sample_parts_bytes(c, k->tokens),
+                   kl_sample_parts_bytes(c, most), s);
+}
+
 static kl_result gather_rows(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   const size_t need = (size_t)k->tokens * row_bytes(c);
-  long long most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
-  kl_result res = kl_ensure(c, KL_BUF_SAMPLE, need, (size_t)most * row_bytes(c), s);
+  kl_result res = ensure_scratch(c, k, s);
   if (res) return res;
   kl_call g = {.route = &kl_gather_route, .in = (const void *)k->kin, .tokens = k->tokens,
                .out = {{(void *)c->buf[KL_BUF_SAMPLE].p, need, KL_ARG_OUT}},
@@ -87,10 +97,6 @@ static kl_result gather_rows(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
 static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
-  long long most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
-  kl_result res = kl_ensure(c, KL_BUF_SAMPLE_PARTS, kl_sample_parts_bytes(c, k->tokens),
-                            kl_sample_parts_bytes(c, most), s);
-  if (res) return res;
   /* the counters after the parts of as many rows as the buffer holds */
   const kl_buffer *pb = &c->buf[KL_BUF_SAMPLE_PARTS];
   const size_t rows = pb->bytes / part_row_bytes(c);
@@ -103,6 +109,7 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
       (const unsigned long long *)p->offset, (long long *)k->out[0].p, k->out[1].p,
       (long long *)k->out[2].p, k->out[3].p, c->recv ? kl_fault_word(c) : NULL, parts, arrived,
       k->tokens, x->n_top};
+  /* items: every row's slices (kernel-side, a row a CTA takes whole is one) */
   const int grid = kl_grid(c, KL_K_SAMPLE, k->tokens * c->layout.sample_slices, 1);
   CUresult r = kl_launch(c, KL_K_SAMPLE, grid, 0, s);
   if (r == CUDA_SUCCESS) return KLRT_OK;

@@ -98,7 +98,8 @@ typedef struct kl_select_args {
  * merges them and sets arrived[row] back to 0 (zeroed at allocation). */
 typedef struct kl_sample_part {
   unsigned long long kx, kt, best; /* the slice's largest key of x, of t, of t + g */
-  double sum;                      /* the sum of exp(x - its largest x), 0 if that is not finite */
+  double sum; /* the sum of exp(x - its largest x); 0 if that is not finite or no logprob is
+                 asked for; -1: the slice saw the group's fault, the row is poison */
 } kl_sample_part;
 typedef struct kl_sample_args {
   const void *logits;             /* [tokens, VOCAB], the spec's out dtype */

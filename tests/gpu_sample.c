@@ -87,9 +87,11 @@ static void down(const dev *d, void *p, CUdeviceptr x, size_t bytes) {
   gpu_from_device(d->cu, p, x, bytes);
 }
 
-/* The sampler over all rows, as kl_sample launches it (fewer CTAs than rows:
- * each CTA takes several). */
-static void run_kernel(const dev *d, rows *w) {
+/* The sampler over all rows, as kl_sample launches it (fewer CTAs than rows
+ * or their slices: each CTA takes several). slices > 0: a greedy or
+ * plain-temperature row without top-n logprobs (w->n_top 0) is split over
+ * that many CTAs, whose counters must be back at 0 after. */
+static void run_kernel(const dev *d, rows *w, int slices) {
   const size_t n = (size_t)w->n, eb = w->out_dtype == KL_FP32 ? 4 : 2;
   void *packed = malloc(n * (size_t)w->vocab * eb);
   for (size_t j = 0; j < n * (size_t)w->vocab; j++)
@@ -99,8 +101,11 @@ static void run_kernel(const dev *d, rows *w) {
   CUdeviceptr lg = up(d, packed, n * (size_t)w->vocab * eb), T = up(d, w->temperature, 4 * n),
               K = up(d, w->top_k, 8 * n), P = up(d, w->top_p, 4 * n), MP = up(d, w->min_p, 4 * n),
               S = up(d, w->seed, 8 * n), O = up(d, w->offset, 8 * n), tok = up(d, NULL, 8 * n),
-              lp = up(d, NULL, 4 * n), ti = up(d, NULL, 8 * n * (size_t)w->n_top),
-              tl = up(d, NULL, 4 * n * (size_t)w->n_top);
+              lp = up(d, NULL, 4 * n), ti = w->n_top ? up(d, NULL, 8 * n * (size_t)w->n_top) : 0,
+              tl = w->n_top ? up(d, NULL, 4 * n * (size_t)w->n_top) : 0;
+  const size_t part_bytes = n * (size_t)(slices > 0 ? slices : 0) * sizeof(kl_sample_part);
+  CUdeviceptr parts = slices > 0 ? up(d, NULL, part_bytes + 4 * n) : 0;
+  if (parts) CU_CHECK(d->cu, cuMemsetD32(parts, 0, part_bytes / 4 + n));
   free(packed);
   a.logits = (const void *)lg, a.temperature = (const float *)T, a.top_k = (const long long *)K;
   a.top_p = (const float *)P, a.min_p = (const float *)MP;
@@ -108,15 +113,26 @@ static void run_kernel(const dev *d, rows *w) {
   a.token = (long long *)tok, a.logprob = (float *)lp;
   a.top_index = (long long *)ti, a.top_logprob = (float *)tl;
   a.tokens = w->n, a.n_top = w->n_top;
+  a.parts = (kl_sample_part *)parts;
+  a.arrived = parts ? (unsigned *)(parts + part_bytes) : NULL;
   void *args[] = {&a};
-  const unsigned grid = (unsigned)(w->n / 3 + 1);
+  const unsigned grid = (unsigned)(w->n * (slices > 0 ? slices : 1) / 3 + 1);
   CU_CHECK(d->cu, cuLaunchKernel(d->sample, grid, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
   down(d, w->token, tok, 8 * n);
   down(d, w->logprob, lp, 4 * n);
-  down(d, w->top_index, ti, 8 * n * (size_t)w->n_top);
-  down(d, w->top_logprob, tl, 4 * n * (size_t)w->n_top);
-  CUdeviceptr all[] = {lg, T, K, P, MP, S, O};
-  for (size_t j = 0; j < sizeof all / sizeof *all; j++) CU_CHECK(d->cu, cuMemFree(all[j]));
+  if (w->n_top) {
+    down(d, w->top_index, ti, 8 * n * (size_t)w->n_top);
+    down(d, w->top_logprob, tl, 4 * n * (size_t)w->n_top);
+  }
+  if (parts) {
+    unsigned *arrived = malloc(4 * n);
+    down(d, arrived, parts + part_bytes, 4 * n);
+    for (size_t i = 0; i < n; i++) CHECK(arrived[i] == 0, "row %zu: counter %u after", i, arrived[i]);
+    free(arrived);
+  }
+  CUdeviceptr all[] = {lg, T, K, P, MP, S, O, tok, lp, ti, tl, parts};
+  for (size_t j = 0; j < sizeof all / sizeof *all; j++)
+    if (all[j]) CU_CHECK(d->cu, cuMemFree(all[j]));
 }
 
 static int close_to(float got, float want) {
@@ -190,8 +206,9 @@ static void check_candidates(dev *d, const rows *w, int i, const float *t, const
   else d->undecided++;
 }
 
-/* Row i against the reference, with the device's noise and expf. */
-static void check_row(dev *d, const rows *w, int i, const char *name) {
+/* Row i against the reference, with the device's noise and expf; the
+ * shards' candidates too if `candidates`. */
+static void check_row(dev *d, const rows *w, int i, const char *name, int candidates) {
   const long long v = w->vocab;
   float *x = malloc(sizeof(float) * (size_t)v), *t = malloc(sizeof(float) * (size_t)v);
   float *e = malloc(sizeof(float) * (size_t)v), *g = malloc(sizeof(float) * (size_t)v);
@@ -209,7 +226,7 @@ static void check_row(dev *d, const rows *w, int i, const char *name) {
   sample_args a = {w->temperature[i], w->top_k[i] >= v ? 0 : w->top_k[i], w->top_p[i], w->min_p[i]};
   const int ok = valid(w, i);
   const int64_t want = ok ? sample_token(t, m, v, &a, e, g, NULL) : -1;
-  if (ok) check_candidates(d, w, i, t, e, g, &a, want, name);
+  if (ok && candidates) check_candidates(d, w, i, t, e, g, &a, want, name);
   CHECK(w->token[i] == want, "%s row %d (T %g, k %lld, p %g, min_p %g): token %lld, want %lld",
         name, i, (double)a.temperature, (long long)w->top_k[i], (double)a.top_p, (double)a.min_p,
         w->token[i], (long long)want);
@@ -267,11 +284,21 @@ static void spec_rows(dev *d, const kl_spec *s, int n, uint64_t seed) {
                     w.vocab);
     draw_params(&r, &w, i);
   }
-  run_kernel(d, &w);
+  run_kernel(d, &w, 0);
   d->decided = d->undecided = 0;
-  for (int i = 0; i < n; i++) check_row(d, &w, i, s->name);
+  for (int i = 0; i < n; i++) check_row(d, &w, i, s->name, 1);
   printf("%s: the shards' candidates decided %lld of %lld rows in the domain\n", s->name,
          d->decided, d->decided + d->undecided);
+  /* again without top-n, as kl_sample launches it: greedy and plain-temperature
+   * rows split over the layout's slices */
+  kl_layout l;
+  kl_err e;
+  if (kl_layout_derive(s, &l, &e) == 0) {
+    rows w1 = w;
+    w1.n_top = 0;
+    run_kernel(d, &w1, l.sample_slices);
+    for (int i = 0; i < n; i++) check_row(d, &w1, i, s->name, 0);
+  }
   free_rows(&w);
 }
 
@@ -320,7 +347,8 @@ static kl_sampling api_params(const api_bufs *b) {
 static kl_result api_call(kl_ctx *ctx, const api_bufs *b, const kl_sampling *p, int n_top, int n,
                           CUstream s) {
   return kl_sample(ctx, (const void *)b->shard, p, (int64_t *)b->token, (float *)b->logprob,
-                   (int64_t *)b->top_index, (float *)b->top_logprob, n_top, n, (kl_stream)s);
+                   n_top ? (int64_t *)b->top_index : NULL, n_top ? (float *)b->top_logprob : NULL,
+                   n_top, n, (kl_stream)s);
 }
 
 static void api_results(const dev *d, rows *w, const api_bufs *b) {
@@ -328,6 +356,7 @@ static void api_results(const dev *d, rows *w, const api_bufs *b) {
   CU_CHECK(d->cu, cuCtxSynchronize());
   CU_CHECK(d->cu, cuMemcpyDtoH(w->token, b->token, 8 * n));
   CU_CHECK(d->cu, cuMemcpyDtoH(w->logprob, b->logprob, 4 * n));
+  if (!top) return;
   CU_CHECK(d->cu, cuMemcpyDtoH(w->top_index, b->top_index, 8 * top));
   CU_CHECK(d->cu, cuMemcpyDtoH(w->top_logprob, b->top_logprob, 4 * top));
 }
@@ -390,18 +419,22 @@ static void api(dev *d) {
   if (!ctx) exit(1);
   api_bufs b = api_upload(d, &w, shard, padded);
   kl_sampling p = api_params(&b);
-  for (int k = 0; k < 2; k++) {
+  /* each path with top-n logprobs, then without (greedy and plain-temperature
+   * rows split over CTAs; past max_tokens their scratch grows) */
+  for (int q = 0; q < 4; q++) {
+    const int k = q % 2, n_top = q < 2 ? 8 : 0;
     kl_stats st0 = KL_STATS_INIT, st1 = KL_STATS_INIT;
     kl_ctx_stats(ctx, &st0);
-    CHECK(api_call(ctx, &b, &p, 8, steps[k], NULL) == KLRT_OK, "kl_sample: %s", kl_last_error());
+    CHECK(api_call(ctx, &b, &p, n_top, steps[k], NULL) == KLRT_OK, "kl_sample: %s", kl_last_error());
     kl_ctx_stats(ctx, &st1);
     CHECK(k ? st1.nccl == st0.nccl + 1 : st1.oneshot == st0.oneshot + 1,
           "kl_sample of %d rows took the %s path", steps[k], k ? "one-shot" : "NCCL");
-    w.n = steps[k];
+    w.n = steps[k], w.n_top = n_top;
     api_results(d, &w, &b);
-    for (int i = 0; i < steps[k]; i++) check_row(d, &w, i, k ? "kl_sample (NCCL)" : "kl_sample");
+    for (int i = 0; i < steps[k]; i++)
+      check_row(d, &w, i, k ? "kl_sample (NCCL)" : "kl_sample", n_top > 0);
   }
-  w.n = 16;
+  w.n = 16, w.n_top = 8;
   api_misuse(ctx, &b, 16);
   /* captured: a replay reads the parameters as they are then (new seeds) */
   CUstream s;
@@ -417,7 +450,24 @@ static void api(dev *d) {
   CU_CHECK(d->cu, cuMemcpyHtoDAsync(b.S, w.seed, 8 * 16, s)); /* before the replay, in order */
   CU_CHECK(d->cu, cuGraphLaunch(ge, s));
   api_results(d, &w, &b);
-  for (int i = 0; i < 16; i++) check_row(d, &w, i, "kl_sample replayed");
+  for (int i = 0; i < 16; i++) check_row(d, &w, i, "kl_sample replayed", 1);
+  CU_CHECK(d->cu, cuGraphExecDestroy(ge));
+  CU_CHECK(d->cu, cuGraphDestroy(g));
+  /* without top-n: split rows, whose counters each replay must leave at 0 */
+  CU_CHECK(d->cu, cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  rc = api_call(ctx, &b, &p, 0, 16, s);
+  CU_CHECK(d->cu, cuStreamEndCapture(s, &g));
+  CHECK(rc == KLRT_OK, "kl_sample captured without top-n: %s", kl_last_error());
+  CU_CHECK(d->cu, cuGraphInstantiate(&ge, g, 0));
+  w.n_top = 0;
+  for (int replay = 0; replay < 2; replay++) {
+    for (int i = 0; i < 16; i++) w.seed[i] = rng_next(&r);
+    CU_CHECK(d->cu, cuMemcpyHtoDAsync(b.S, w.seed, 8 * 16, s));
+    CU_CHECK(d->cu, cuGraphLaunch(ge, s));
+    api_results(d, &w, &b);
+    for (int i = 0; i < 16; i++) check_row(d, &w, i, "kl_sample replayed, split", 0);
+  }
+  w.n_top = 8;
   CU_CHECK(d->cu, cuGraphExecDestroy(ge));
   CU_CHECK(d->cu, cuGraphDestroy(g));
   CU_CHECK(d->cu, cuStreamDestroy(s));
