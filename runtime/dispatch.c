@@ -105,11 +105,12 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
     /* the split rows' counters start at 0 (the kernels leave them so) */
     kl_buffer *parts = &c->buf[KL_BUF_SAMPLE_PARTS];
     size_t pb = kl_sample_parts_bytes(c, c->spec.max_tokens);
-    r = c->cu->cuMemAlloc(&parts->p, pb);
-    if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD32Async(parts->p, 0, pb / 4, c->stream);
+    if ((r = c->cu->cuMemAlloc(&parts->p, pb)) != CUDA_SUCCESS)
+      return kl_rt_fail(KLRT_ENOMEM, "sample parts (%zu bytes): %s", pb, kl_cu_errstr(r));
+    r = c->cu->cuMemsetD32Async(parts->p, 0, pb / 4, c->stream);
     if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
     if (r != CUDA_SUCCESS)
-      return kl_rt_fail(KLRT_ENOMEM, "sample parts (%zu bytes): %s", pb, kl_cu_errstr(r));
+      return kl_rt_fail(KLRT_ECUDA, "zeroing the sample parts: %s", kl_cu_errstr(r));
     parts->bytes = pb;
   }
   return KLRT_OK;
