@@ -32,10 +32,11 @@
 #define ARGMAX_THREAD_CHUNKS_MIN 2
 #define MERGE_CHUNKS 2560
 /* kl_sample: a row the sampler splits (greedy, or T and no filter) is cut
- * into slices of at least SEL_BLOCK x SAMPLE_SLICE_THREAD_COLS columns (two
- * groups of four a thread), at most SAMPLE_SLICES_MAX of them (the merge is
- * a warp's; past 65,536 columns slices grow): at one token a row takes that
- * many multiprocessors, not one. */
+ * into ceil(vocab / (SEL_BLOCK x SAMPLE_SLICE_THREAD_COLS)) slices of equal
+ * columns (a multiple of 4), at most 2,048 (two groups of four a thread),
+ * at most SAMPLE_SLICES_MAX of them (the merge is a warp's; past 65,536
+ * columns slices grow): at one token a row takes that many multiprocessors,
+ * not one. */
 #define SAMPLE_SLICE_THREAD_COLS 8
 #define SAMPLE_SLICES_MAX 32
 

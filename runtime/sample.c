@@ -72,9 +72,8 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
   return KLRT_OK;
 }
 
-/* The gathered rows in the scratch, by the gather route's path `oneshot`. */
-/* The gathered rows and the split rows' parts, for k's tokens: before any
- * work is queued, so a call that cannot have them queues none. */
+/* The gathered rows and the split rows' parts, for k's tokens, before the
+ * gather is queued (only a staged input's copy may precede it). */
 static kl_result ensure_scratch(kl_ctx *c, const kl_call *k, CUstream s) {
   const long long most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
   kl_result res = kl_ensure(c, KL_BUF_SAMPLE, (size_t)k->tokens * row_bytes(c),
@@ -84,6 +83,7 @@ static kl_result ensure_scratch(kl_ctx *c, const kl_call *k, CUstream s) {
                    kl_sample_parts_bytes(c, most), s);
 }
 
+/* The gathered rows in the scratch, by the gather route's path `oneshot`. */
 static kl_result gather_rows(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   const size_t need = (size_t)k->tokens * row_bytes(c);
   kl_result res = ensure_scratch(c, k, s);
@@ -97,20 +97,23 @@ static kl_result gather_rows(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
 static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
-  /* the counters after the parts of as many rows as the buffer holds */
+  /* the counters after the parts of as many rows as the buffer holds; with
+   * top-n logprobs no row is split (sample.cu.tmpl split_row), so none */
   const kl_buffer *pb = &c->buf[KL_BUF_SAMPLE_PARTS];
   const size_t rows = pb->bytes / part_row_bytes(c);
-  kl_sample_part *parts = (kl_sample_part *)pb->p;
-  unsigned *arrived = (unsigned *)(pb->p + rows * (size_t)c->layout.sample_slices *
-                                               sizeof(kl_sample_part));
+  const int split = x->n_top == 0;
+  kl_sample_part *parts = split ? (kl_sample_part *)pb->p : NULL;
+  unsigned *arrived = split ? (unsigned *)(pb->p + rows * (size_t)c->layout.sample_slices *
+                                                       sizeof(kl_sample_part))
+                            : NULL;
   c->kern[KL_K_SAMPLE].prm.sample = (kl_sample_args){
       (const void *)c->buf[KL_BUF_SAMPLE].p, p->temperature, (const long long *)p->top_k,
       p->top_p, p->min_p, (const unsigned long long *)p->seed,
       (const unsigned long long *)p->offset, (long long *)k->out[0].p, k->out[1].p,
       (long long *)k->out[2].p, k->out[3].p, c->recv ? kl_fault_word(c) : NULL, parts, arrived,
       k->tokens, x->n_top};
-  /* items: every row's slices (kernel-side, a row a CTA takes whole is one) */
-  const int grid = kl_grid(c, KL_K_SAMPLE, k->tokens * c->layout.sample_slices, 1);
+  /* items: every row's slices (a row a CTA takes whole is one of them) */
+  const int grid = kl_grid(c, KL_K_SAMPLE, k->tokens * (split ? c->layout.sample_slices : 1), 1);
   CUresult r = kl_launch(c, KL_K_SAMPLE, grid, 0, s);
   if (r == CUDA_SUCCESS) return KLRT_OK;
   return kl_rt_fail(KLRT_ECUDA, "launching the row sampler: %s", kl_cu_errstr(r));

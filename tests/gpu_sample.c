@@ -38,7 +38,7 @@ typedef struct dev {
 } dev;
 
 typedef struct rows {
-  int n, n_top, out_dtype;
+  int n, n_top, out_dtype, topk; /* topk: the spec's (the domain's top_k bound) */
   long long vocab;
   uint32_t *bits;  /* [n, vocab] gathered element bits */
   float *temperature, *top_p, *min_p;
@@ -55,7 +55,7 @@ static const float min_ps[] = {0.f, 0.f, 0.f, 1e-6f, 0.05f, 0.3f, 0.999f, 1.f};
 
 /* Row i's parameters; about one row in 16 outside the domain. */
 static void draw_params(rng *r, rows *w, int i) {
-  const long long v = w->vocab, cap = w->n_top;
+  const long long v = w->vocab, cap = w->topk;
   const long long ks[] = {0, 0, 0, 1, 2, 3, cap, cap, v, v + 5, cap + 1, v - 1};
   w->temperature[i] = PICK(r, temps);
   w->top_k[i] = PICK(r, ks);
@@ -76,7 +76,7 @@ static void draw_params(rng *r, rows *w, int i) {
 static int valid(const rows *w, int i) {
   const long long k = w->top_k[i] >= w->vocab ? 0 : w->top_k[i];
   return w->temperature[i] >= 0.f && isfinite(w->temperature[i]) && w->top_p[i] > 0.f &&
-         w->top_p[i] <= 1.f && w->min_p[i] >= 0.f && w->min_p[i] <= 1.f && k >= 0 && k <= w->n_top;
+         w->top_p[i] <= 1.f && w->min_p[i] >= 0.f && w->min_p[i] <= 1.f && k >= 0 && k <= w->topk;
 }
 
 static CUdeviceptr up(const dev *d, const void *p, size_t bytes) {
@@ -90,8 +90,9 @@ static void down(const dev *d, void *p, CUdeviceptr x, size_t bytes) {
 /* The sampler over all rows, as kl_sample launches it (fewer CTAs than rows
  * or their slices: each CTA takes several). slices > 0: a greedy or
  * plain-temperature row without top-n logprobs (w->n_top 0) is split over
- * that many CTAs, whose counters must be back at 0 after. */
-static void run_kernel(const dev *d, rows *w, int slices) {
+ * that many CTAs, whose counters must be back at 0 after. dead: the group's
+ * fault word is set, as a peer that gave up sets it. */
+static void run_kernel(const dev *d, rows *w, int slices, int dead) {
   const size_t n = (size_t)w->n, eb = w->out_dtype == KL_FP32 ? 4 : 2;
   void *packed = malloc(n * (size_t)w->vocab * eb);
   for (size_t j = 0; j < n * (size_t)w->vocab; j++)
@@ -106,6 +107,7 @@ static void run_kernel(const dev *d, rows *w, int slices) {
   const size_t part_bytes = n * (size_t)(slices > 0 ? slices : 0) * sizeof(kl_sample_part);
   CUdeviceptr parts = slices > 0 ? up(d, NULL, part_bytes + 4 * n) : 0;
   if (parts) CU_CHECK(d->cu, cuMemsetD32(parts, 0, part_bytes / 4 + n));
+  CU_CHECK(d->cu, cuMemsetD32(tok, 0x5a5a5a5au, 2 * n)); /* a row left unwritten shows */
   free(packed);
   a.logits = (const void *)lg, a.temperature = (const float *)T, a.top_k = (const long long *)K;
   a.top_p = (const float *)P, a.min_p = (const float *)MP;
@@ -113,6 +115,9 @@ static void run_kernel(const dev *d, rows *w, int slices) {
   a.token = (long long *)tok, a.logprob = (float *)lp;
   a.top_index = (long long *)ti, a.top_logprob = (float *)tl;
   a.tokens = w->n, a.n_top = w->n_top;
+  const unsigned long long fault_word = 1;
+  CUdeviceptr fault = dead ? up(d, &fault_word, 8) : 0;
+  a.fault = (const unsigned long long *)fault;
   a.parts = (kl_sample_part *)parts;
   a.arrived = parts ? (unsigned *)(parts + part_bytes) : NULL;
   void *args[] = {&a};
@@ -126,11 +131,11 @@ static void run_kernel(const dev *d, rows *w, int slices) {
   }
   if (parts) {
     unsigned *arrived = malloc(4 * n);
-    down(d, arrived, parts + part_bytes, 4 * n);
+    CU_CHECK(d->cu, cuMemcpyDtoH(arrived, parts + part_bytes, 4 * n));
     for (size_t i = 0; i < n; i++) CHECK(arrived[i] == 0, "row %zu: counter %u after", i, arrived[i]);
     free(arrived);
   }
-  CUdeviceptr all[] = {lg, T, K, P, MP, S, O, tok, lp, ti, tl, parts};
+  CUdeviceptr all[] = {lg, T, K, P, MP, S, O, parts, fault}; /* down() freed the outputs */
   for (size_t j = 0; j < sizeof all / sizeof *all; j++)
     if (all[j]) CU_CHECK(d->cu, cuMemFree(all[j]));
 }
@@ -270,7 +275,7 @@ static void free_rows(rows *w) {
 }
 
 static void spec_rows(dev *d, const kl_spec *s, int n, uint64_t seed) {
-  rows w = {n, s->topk, s->out_dtype, s->vocab_size, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+  rows w = {n, s->topk, s->out_dtype, s->topk, s->vocab_size, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
             NULL, NULL, NULL, NULL};
   rng r = rng_for(seed, 1);
   alloc_rows(&w);
@@ -284,7 +289,7 @@ static void spec_rows(dev *d, const kl_spec *s, int n, uint64_t seed) {
                     w.vocab);
     draw_params(&r, &w, i);
   }
-  run_kernel(d, &w, 0);
+  run_kernel(d, &w, 0, 0);
   d->decided = d->undecided = 0;
   for (int i = 0; i < n; i++) check_row(d, &w, i, s->name, 1);
   printf("%s: the shards' candidates decided %lld of %lld rows in the domain\n", s->name,
@@ -296,8 +301,20 @@ static void spec_rows(dev *d, const kl_spec *s, int n, uint64_t seed) {
   if (kl_layout_derive(s, &l, &e) == 0) {
     rows w1 = w;
     w1.n_top = 0;
-    run_kernel(d, &w1, l.sample_slices);
-    for (int i = 0; i < n; i++) check_row(d, &w1, i, s->name, 0);
+    run_kernel(d, &w1, l.sample_slices, 0);
+    int split = 0;
+    for (int i = 0; i < n; i++) {
+      check_row(d, &w1, i, s->name, 0);
+      const int filter = (w1.top_k[i] > 0 && w1.top_k[i] < w1.vocab) || w1.top_p[i] < 1.f ||
+                         w1.min_p[i] > 0.f;
+      split += valid(&w1, i) && (w1.temperature[i] == 0.f || !filter);
+    }
+    CHECK(split > 0, "%s: no row to split among %d", s->name, n);
+    /* a dead step: every row poison, split or whole, and the counters back at 0 */
+    run_kernel(d, &w1, l.sample_slices, 1);
+    for (int i = 0; i < n; i++)
+      CHECK(w1.token[i] == -1 && isnan(w1.logprob[i]), "%s row %d, dead step: token %lld "
+            "logprob %a", s->name, i, w1.token[i], (double)w1.logprob[i]);
   }
   free_rows(&w);
 }
@@ -346,6 +363,8 @@ static kl_sampling api_params(const api_bufs *b) {
 
 static kl_result api_call(kl_ctx *ctx, const api_bufs *b, const kl_sampling *p, int n_top, int n,
                           CUstream s) {
+  const kl_cu *cu = kl_cu_get(NULL); /* a row the call leaves unwritten must not keep the last call's token */
+  if (cu->cuMemsetD32Async(b->token, 0x5a5a5a5au, 2 * (size_t)n, s) != CUDA_SUCCESS) return KLRT_ECUDA;
   return kl_sample(ctx, (const void *)b->shard, p, (int64_t *)b->token, (float *)b->logprob,
                    n_top ? (int64_t *)b->top_index : NULL, n_top ? (float *)b->top_logprob : NULL,
                    n_top, n, (kl_stream)s);
@@ -401,7 +420,7 @@ static void api(dev *d) {
   kl_layout_derive(&list.v[0], &l, &e);
   const int n = 20, steps[] = {16, 20}; /* max_tokens (one-shot), past it (NCCL path) */
   const long long v = list.v[0].vocab_size, padded = l.padded_vocab;
-  rows w = {n, 8, KL_BF16, v, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+  rows w = {n, 8, KL_BF16, 8, v, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
   alloc_rows(&w);
   uint32_t *row = xmalloc(4 * (size_t)padded);
   uint16_t *shard = xmalloc(2 * (size_t)n * (size_t)padded);
