@@ -162,6 +162,11 @@ int kl_layout_select_grid(const kl_layout *l, int tokens, int cap, int topk);
  * whether kl_topk exists), each grid at most its cap (0: none). */
 int kl_layout_select_slots(const kl_layout *l, int tokens, int argmax_cap, int topk_cap,
                            int topk);
+/* kl_sample's split row of `vocab` columns in at most `most` (>= 1) slices of
+ * equal columns, a multiple of 4, none empty: their count, and *cols each
+ * (the last may have fewer). The layout's sample_slices at few rows; a call
+ * with more rows than one wave of the grid holds takes fewer. */
+int kl_layout_sample_slices(int64_t vocab, int64_t most, int64_t *cols);
 
 /* ---- rendering (render.c) ---- */
 /* Templates come from the binary (dir == NULL) or from a directory. */

@@ -131,14 +131,19 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
   l->sel_max_ctas = kl_layout_select_slots(l, (int)s->max_tokens, 0, 0, s->topk > 0);
 }
 
+int kl_layout_sample_slices(int64_t vocab, int64_t most, int64_t *cols) {
+  if (most < 1) most = 1;
+  *cols = round_up((vocab + most - 1) / most, 4);
+  /* rounding up may leave the last slices empty: drop them */
+  return (int)((vocab + *cols - 1) / *cols);
+}
+
 static void derive_sample(const kl_spec *s, kl_layout *l) {
   if (!s->topk) return;
   const int64_t per = (int64_t)SEL_BLOCK * SAMPLE_SLICE_THREAD_COLS;
   int64_t n = (s->vocab_size + per - 1) / per;
-  n = n < 1 ? 1 : n > SAMPLE_SLICES_MAX ? SAMPLE_SLICES_MAX : n;
-  l->sample_slice_cols = round_up((s->vocab_size + n - 1) / n, 4);
-  /* rounding up may leave the last slices empty: drop them */
-  l->sample_slices = (int)((s->vocab_size + l->sample_slice_cols - 1) / l->sample_slice_cols);
+  n = n > SAMPLE_SLICES_MAX ? SAMPLE_SLICES_MAX : n;
+  l->sample_slices = kl_layout_sample_slices(s->vocab_size, n, &l->sample_slice_cols);
 }
 
 int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {

@@ -80,6 +80,10 @@ CUresult kl_kernels_load(kl_ctx *c) {
      * ranks that share a GPU spin on each other's kernels. Drivers without
      * cuFuncLoad load eagerly. */
     if (r == CUDA_SUCCESS && c->cu->cuFuncLoad) r = c->cu->cuFuncLoad(k->fn);
+    int per_sm = 0;
+    if (r == CUDA_SUCCESS && c->cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                                 &per_sm, k->fn, k->block, 0) == CUDA_SUCCESS)
+      k->wave = per_sm * c->sm_count;
   }
   if (r != CUDA_SUCCESS) clear(c);
   return r;

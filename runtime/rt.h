@@ -136,6 +136,7 @@ typedef struct kl_kernel {
    * co-resident with the other ranks' grids (0 until mapped); for the
    * relayout, where its grid starts to loop. */
   int cap;
+  int wave; /* CTAs resident at once on this GPU, alone on it (0: unknown) */
   /* A polling kernel's step slots (in the state block) and the largest grid
    * launched with them; kernels that share slots share both. */
   unsigned long long *slots;

@@ -94,6 +94,20 @@ static kl_result gather_rows(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   return oneshot ? kl_gather_route.oneshot(c, &g, s) : kl_gather_route.nccl(c, &g, s);
 }
 
+/* A split row's slices this call: the layout's (about 2,048 columns each)
+ * while every row's fit in one wave of the sampler's grid, else fewer and
+ * wider ones, down to one a row. On one H200, Kimi's shard (20,480 columns,
+ * 10 slices) at 64 tokens: 640 CTAs in 5 waves took 23.5 us a step for
+ * greedy rows, a CTA a row 13.5. */
+static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
+  const int wave = c->kern[KL_K_SAMPLE].wave > 0 ? c->kern[KL_K_SAMPLE].wave : c->sm_count;
+  int64_t most = tokens > 0 ? wave / tokens : 1, w = 0;
+  if (most > c->layout.sample_slices) most = c->layout.sample_slices;
+  const int n = kl_layout_sample_slices(c->spec.vocab_size, most, &w);
+  *cols = (long long)w;
+  return n;
+}
+
 static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
@@ -111,9 +125,11 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
       p->top_p, p->min_p, (const unsigned long long *)p->seed,
       (const unsigned long long *)p->offset, (long long *)k->out[0].p, k->out[1].p,
       (long long *)k->out[2].p, k->out[3].p, c->recv ? kl_fault_word(c) : NULL, parts, arrived,
-      k->tokens, x->n_top};
+      k->tokens, x->n_top, 1, (long long)c->spec.vocab_size};
+  kl_sample_args *a = &c->kern[KL_K_SAMPLE].prm.sample;
+  if (split) a->slices = slices_for(c, k->tokens, &a->slice_cols);
   /* items: every row's slices (a row a CTA takes whole is one of them) */
-  const int grid = kl_grid(c, KL_K_SAMPLE, k->tokens * (split ? c->layout.sample_slices : 1), 1);
+  const int grid = kl_grid(c, KL_K_SAMPLE, k->tokens * a->slices, 1);
   CUresult r = kl_launch(c, KL_K_SAMPLE, grid, 0, s);
   if (r == CUDA_SUCCESS) return KLRT_OK;
   return kl_rt_fail(KLRT_ECUDA, "launching the row sampler: %s", kl_cu_errstr(r));

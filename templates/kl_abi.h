@@ -94,7 +94,7 @@ typedef struct kl_select_args {
  * arrays are [tokens]: temperature (0: greedy), top_k (0: off), top_p (1:
  * off), min_p (0: off), seed and offset (64-bit); NULL but temperature: off
  * (seed and offset 0). A greedy or plain-temperature row may be split over
- * SAMPLE_SLICES CTAs, each leaving its slice's part; the last to finish
+ * up to SAMPLE_SLICES CTAs, each leaving its slice's part; the last to finish
  * merges them and sets arrived[row] back to 0 (zeroed at allocation). */
 typedef struct kl_sample_part {
   unsigned long long kx, kt, best; /* the slice's largest key of x, of t, of t + g */
@@ -118,6 +118,10 @@ typedef struct kl_sample_args {
   kl_sample_part *parts;          /* [tokens, SAMPLE_SLICES], or NULL: no row is split */
   unsigned *arrived;              /* [tokens]: a split row's slices done */
   int tokens, n_top;              /* n_top <= TOPK and <= VOCAB */
+  /* a split row's slices this call: `slices` (1..SAMPLE_SLICES) of slice_cols
+   * columns each (a multiple of 4), the last one maybe fewer, none empty */
+  int slices;
+  long long slice_cols;
 } kl_sample_args;
 
 KL_ABI_ASSERT(sizeof(kl_state) == 64, "kl_state is 64 bytes: the step slots follow it");
@@ -126,6 +130,6 @@ KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at 
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
 KL_ABI_ASSERT(sizeof(kl_select_args) == 80, "peers[] follow kl_select_args at byte 80");
 KL_ABI_ASSERT(sizeof(kl_sample_part) == 32, "kl_sample_part layout");
-KL_ABI_ASSERT(sizeof(kl_sample_args) == 120, "kl_sample_args layout");
+KL_ABI_ASSERT(sizeof(kl_sample_args) == 136, "kl_sample_args layout");
 
 #endif

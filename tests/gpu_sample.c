@@ -90,9 +90,9 @@ static void down(const dev *d, void *p, CUdeviceptr x, size_t bytes) {
 /* The sampler over all rows, as kl_sample launches it (fewer CTAs than rows
  * or their slices: each CTA takes several). slices > 0: a greedy or
  * plain-temperature row without top-n logprobs (w->n_top 0) is split over
- * that many CTAs, whose counters must be back at 0 after. dead: the group's
- * fault word is set, as a peer that gave up sets it. */
-static void run_kernel(const dev *d, rows *w, int slices, int dead) {
+ * that many CTAs of `cols` columns each, whose counters must be back at 0
+ * after. dead: the group's fault word is set, as a peer that gave up sets it. */
+static void run_kernel(const dev *d, rows *w, int slices, long long cols, int dead) {
   const size_t n = (size_t)w->n, eb = w->out_dtype == KL_FP32 ? 4 : 2;
   void *packed = malloc(n * (size_t)w->vocab * eb);
   for (size_t j = 0; j < n * (size_t)w->vocab; j++)
@@ -104,7 +104,8 @@ static void run_kernel(const dev *d, rows *w, int slices, int dead) {
               S = up(d, w->seed, 8 * n), O = up(d, w->offset, 8 * n), tok = up(d, NULL, 8 * n),
               lp = up(d, NULL, 4 * n), ti = w->n_top ? up(d, NULL, 8 * n * (size_t)w->n_top) : 0,
               tl = w->n_top ? up(d, NULL, 4 * n * (size_t)w->n_top) : 0;
-  const size_t part_bytes = n * (size_t)(slices > 0 ? slices : 0) * sizeof(kl_sample_part);
+  /* a row's parts at the kernel's stride (SAMPLE_SLICES <= 32), whatever this call's slices */
+  const size_t part_bytes = n * 32 * sizeof(kl_sample_part);
   CUdeviceptr parts = slices > 0 ? up(d, NULL, part_bytes + 4 * n) : 0;
   if (parts) CU_CHECK(d->cu, cuMemsetD32(parts, 0, part_bytes / 4 + n));
   CU_CHECK(d->cu, cuMemsetD32(tok, 0x5a5a5a5au, 2 * n)); /* a row left unwritten shows */
@@ -115,6 +116,7 @@ static void run_kernel(const dev *d, rows *w, int slices, int dead) {
   a.token = (long long *)tok, a.logprob = (float *)lp;
   a.top_index = (long long *)ti, a.top_logprob = (float *)tl;
   a.tokens = w->n, a.n_top = w->n_top;
+  a.slices = slices > 0 ? slices : 1, a.slice_cols = slices > 0 ? cols : w->vocab;
   const unsigned long long fault_word = 1;
   CUdeviceptr fault = dead ? up(d, &fault_word, 8) : 0;
   a.fault = (const unsigned long long *)fault;
@@ -289,29 +291,35 @@ static void spec_rows(dev *d, const kl_spec *s, int n, uint64_t seed) {
                     w.vocab);
     draw_params(&r, &w, i);
   }
-  run_kernel(d, &w, 0, 0);
+  run_kernel(d, &w, 0, 0, 0);
   d->decided = d->undecided = 0;
   for (int i = 0; i < n; i++) check_row(d, &w, i, s->name, 1);
   printf("%s: the shards' candidates decided %lld of %lld rows in the domain\n", s->name,
          d->decided, d->decided + d->undecided);
   /* again without top-n, as kl_sample launches it: greedy and plain-temperature
-   * rows split over the layout's slices */
+   * rows split over the layout's slices, and over the fewer, wider ones a
+   * call with many rows takes (down to one a row) */
   kl_layout l;
   kl_err e;
   if (kl_layout_derive(s, &l, &e) == 0) {
     rows w1 = w;
     w1.n_top = 0;
-    run_kernel(d, &w1, l.sample_slices, 0);
-    int split = 0;
-    for (int i = 0; i < n; i++) {
-      check_row(d, &w1, i, s->name, 0);
-      const int filter = (w1.top_k[i] > 0 && w1.top_k[i] < w1.vocab) || w1.top_p[i] < 1.f ||
-                         w1.min_p[i] > 0.f;
-      split += valid(&w1, i) && (w1.temperature[i] == 0.f || !filter);
+    const int64_t tries[3] = {l.sample_slices, (l.sample_slices + 1) / 2, 1};
+    for (int t = 0; t < 3; t++) {
+      int64_t cols = 0;
+      const int slices = kl_layout_sample_slices(w1.vocab, tries[t], &cols);
+      run_kernel(d, &w1, slices, (long long)cols, 0);
+      int split = 0;
+      for (int i = 0; i < n; i++) {
+        check_row(d, &w1, i, s->name, 0);
+        const int filter = (w1.top_k[i] > 0 && w1.top_k[i] < w1.vocab) || w1.top_p[i] < 1.f ||
+                           w1.min_p[i] > 0.f;
+        split += valid(&w1, i) && (w1.temperature[i] == 0.f || !filter);
+      }
+      CHECK(split > 0, "%s: no row to split among %d", s->name, n);
     }
-    CHECK(split > 0, "%s: no row to split among %d", s->name, n);
     /* a dead step: every row poison, split or whole, and the counters back at 0 */
-    run_kernel(d, &w1, l.sample_slices, 1);
+    run_kernel(d, &w1, l.sample_slices, l.sample_slice_cols, 1);
     for (int i = 0; i < n; i++)
       CHECK(w1.token[i] == -1 && isnan(w1.logprob[i]), "%s row %d, dead step: token %lld "
             "logprob %a", s->name, i, w1.token[i], (double)w1.logprob[i]);

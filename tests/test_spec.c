@@ -476,6 +476,14 @@ static void topk(void) {
     const long long n = lay.sample_slices, w = lay.sample_slice_cols;
     CHECK(n >= 1 && n <= 32 && w % 4 == 0 && (n - 1) * w < vocabs[i] && n * w >= vocabs[i],
           "vocab %lld: %lld slices of %lld", vocabs[i], n, w);
+    /* a call with many rows asks for fewer: never more than asked, the same rules */
+    for (int64_t most = 1; most <= n; most++) {
+      int64_t cw = 0;
+      const int64_t m = kl_layout_sample_slices(vocabs[i], most, &cw);
+      CHECK(m >= 1 && m <= most && cw % 4 == 0 && (m - 1) * cw < vocabs[i] && m * cw >= vocabs[i],
+            "vocab %lld, at most %lld: %lld slices of %lld", vocabs[i], (long long)most,
+            (long long)m, (long long)cw);
+    }
   }
   /* the merge's records fit its shared memory at the largest k and tp */
   if (load_layout("return { name = 'k', vocab_size = 163840, tp = 64, dtype = 'bf16', "
