@@ -19,7 +19,7 @@
   X(cuPointerGetAttribute)                                                             \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)                    \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)        \
-  X(cuLaunchKernelEx) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuFuncSetAttribute) \
+  X(cuLaunchKernelEx) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                    \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamWaitEvent)     \
   X(cuEventCreate) X(cuEventRecord) X(cuEventDestroy)                                 \
   X(cuStreamIsCapturing) X(cuStreamBeginCapture) X(cuStreamEndCapture)                  \

@@ -124,20 +124,11 @@ static int residency_cap(kl_ctx *c, const kl_kernel *k, int on_device) {
 }
 
 /* Each polling kernel its own cap (the top-k kernel, with more registers,
- * may fit fewer CTAs). 0, or -1 when one cannot be resident at all. Ranks
- * sharing a GPU also share its multiprocessors' split of shared memory and
- * L1: a multiprocessor runs CTAs of one split at a time, so a kernel whose
- * split differs from a resident spinning grid's could find no room on any
- * multiprocessor that grid touches. There every kernel asks for the same
- * split, the most shared memory. */
+ * may fit fewer CTAs). 0, or -1 when one cannot be resident at all. */
 static int set_caps(kl_ctx *c, int on_device) {
   int ok = 1;
   for (int i = 0; i < KL_K_COUNT; i++) {
     kl_kernel *k = &c->kern[i];
-    if (on_device > 1 && k->fn &&
-        c->cu->cuFuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                                  CU_SHAREDMEM_CARVEOUT_MAX_SHARED) != CUDA_SUCCESS)
-      ok = 0;
     if (!rows[i].slots || !k->fn) continue;
     k->cap = residency_cap(c, k, on_device);
     ok &= k->cap >= 1;

@@ -189,6 +189,11 @@ static int load_kernels(const shared *sh, kernels *k) {
        cu->cuModuleGetFunction(&k->fill, k->mod, "fill") != CUDA_SUCCESS ||
        cu->cuModuleGetFunction(&k->ref, k->mod, "ref") != CUDA_SUCCESS ||
        cu->cuModuleGetFunction(&k->bump, k->mod, "bump") != CUDA_SUCCESS;
+  /* never lazily: a first launch may wait for the context to go idle, and a
+   * peer's gather may already spin on this rank's */
+  if (!rc && cu->cuFuncLoad)
+    rc = cu->cuFuncLoad(k->fill) != CUDA_SUCCESS || cu->cuFuncLoad(k->ref) != CUDA_SUCCESS ||
+         cu->cuFuncLoad(k->bump) != CUDA_SUCCESS;
   kl_binary_free(&bin);
   return rc ? -1 : 0;
 }

@@ -176,6 +176,11 @@ int testkern_load(const kl_cu *cu, int elem, testkern *k) {
   rc = cu->cuModuleGetFunction(&k->fill, k->mod, "fill") != CUDA_SUCCESS ||
        cu->cuModuleGetFunction(&k->verify, k->mod, "verify") != CUDA_SUCCESS ||
        cu->cuModuleGetFunction(&k->bump, k->mod, "bump") != CUDA_SUCCESS;
+  /* never lazily: a first launch may wait for the context to go idle, and
+   * peers sharing the GPU may already spin on this rank's gather */
+  if (!rc && cu->cuFuncLoad)
+    rc = cu->cuFuncLoad(k->fill) != CUDA_SUCCESS || cu->cuFuncLoad(k->verify) != CUDA_SUCCESS ||
+         cu->cuFuncLoad(k->bump) != CUDA_SUCCESS;
   return rc ? -1 : 0;
 }
 
