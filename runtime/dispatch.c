@@ -42,6 +42,14 @@ static const char *const buf_names[KL_BUF_COUNT] = {
  * several ranks on one GPU is a wait on peers spinning for this rank. New
  * memory is zeroed (on s), so no kernel or copy ever reads bytes nobody
  * wrote (the select records' padding crosses the NCCL path). */
+/* A failed allocation or clearing of device memory: out of memory only when
+ * the driver says so; anything else (a context a fault has broken) is a
+ * CUDA error, which no smaller request would avoid. */
+static kl_result mem_fail(CUresult r, const char *what, size_t bytes) {
+  return kl_rt_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? KLRT_ENOMEM : KLRT_ECUDA, "%s (%zu bytes): %s",
+                    what, bytes, kl_cu_errstr(r));
+}
+
 kl_result kl_ensure(kl_ctx *c, kl_buf_id b, size_t need, size_t size, CUstream s) {
   kl_buffer *buf = &c->buf[b];
   const char *what = buf_names[b];
@@ -59,9 +67,9 @@ kl_result kl_ensure(kl_ctx *c, kl_buf_id b, size_t need, size_t size, CUstream s
   }
   buf->p = 0, buf->bytes = 0;
   CUresult r = c->cu->cuMemAlloc(&buf->p, size);
+  /* uncleared, it stays at 0 bytes: the next call retires it and tries again */
   if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD8Async(buf->p, 0, size, s);
-  if (r != CUDA_SUCCESS)
-    return kl_rt_fail(KLRT_ENOMEM, "%s: cuMemAlloc(%zu): %s", what, size, kl_cu_errstr(r));
+  if (r != CUDA_SUCCESS) return mem_fail(r, what, size);
   buf->bytes = size;
   return KLRT_OK;
 }
@@ -90,9 +98,7 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
    * kernels run on, and returns before it is done. */
   if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD32Async(rec->p, 0, sel / 4, c->stream);
   if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
-  if (r != CUDA_SUCCESS)
-    return kl_rt_fail(KLRT_ENOMEM, "NCCL scratch (%zu + %zu bytes): %s", bytes, sel,
-                      kl_cu_errstr(r));
+  if (r != CUDA_SUCCESS) return mem_fail(r, "NCCL scratch and records", bytes + sel);
   rec->bytes = sel;
   /* kl_sample's gathered rows, for max_tokens: its first call may be captured */
   if (c->spec.topk) {
@@ -100,13 +106,13 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
     size_t rows = (size_t)c->spec.max_tokens * (size_t)c->spec.vocab_size *
                   (size_t)c->layout.out_elem_bytes;
     if ((r = c->cu->cuMemAlloc(&smp->p, rows)) != CUDA_SUCCESS)
-      return kl_rt_fail(KLRT_ENOMEM, "sample scratch (%zu bytes): %s", rows, kl_cu_errstr(r));
+      return mem_fail(r, "sample scratch", rows);
     smp->bytes = rows;
     /* the split rows' counters start at 0 (the kernels leave them so) */
     kl_buffer *parts = &c->buf[KL_BUF_SAMPLE_PARTS];
     size_t pb = kl_sample_parts_bytes(c, c->spec.max_tokens);
     if ((r = c->cu->cuMemAlloc(&parts->p, pb)) != CUDA_SUCCESS)
-      return kl_rt_fail(KLRT_ENOMEM, "sample parts (%zu bytes): %s", pb, kl_cu_errstr(r));
+      return mem_fail(r, "sample parts", pb);
     r = c->cu->cuMemsetD32Async(parts->p, 0, pb / 4, c->stream);
     if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
     if (r != CUDA_SUCCESS)

@@ -116,7 +116,7 @@ static void failf(diff_env *env, const diff_case *c, enum fail_kind kind, const 
   if (env->case_failures > DIFF_DETAIL_LINES) return;
   va_list ap;
   va_start(ap, fmt);
-  fprintf(out, "  ");
+  fprintf(out, "  %s: ", kind == FAULT ? "fault" : "defect");
   vfprintf(out, fmt, ap);
   fprintf(out, "\n");
   va_end(ap);
