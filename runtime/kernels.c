@@ -120,7 +120,9 @@ static int residency_cap(kl_ctx *c, const kl_kernel *k, int on_device) {
    * cap, and a late rank's row sampler found no room beside its peers'
    * argmax grids (21 of its 22 rows ran only once they had given up). */
   int grids = on_device > 1 ? 4 * on_device : 1;
-  return per_sm * c->sm_count / (grids ? grids : 1);
+  const int cap = per_sm * c->sm_count / grids;
+  /* a small GPU (a MIG slice) shared by many ranks: half a share, if that fits */
+  return cap >= 1 || on_device < 2 ? cap : per_sm * c->sm_count / (2 * on_device);
 }
 
 /* Each polling kernel its own cap (the top-k kernel, with more registers,

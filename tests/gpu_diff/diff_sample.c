@@ -151,8 +151,15 @@ double sample_log_sum(const float *x, int64_t vocab, double *mx) {
   }
   *mx = m;
   if (nan || !isfinite(m)) return NAN;
-  for (int64_t i = 0; i < vocab; i++) sum += exp((double)x[i] - m);
-  return log(sum);
+  /* compensated (Neumaier): summed in column order, terms far below the
+   * largest one (1) would be dropped once it is in */
+  double lost = 0;
+  for (int64_t i = 0; i < vocab; i++) {
+    const double t = exp((double)x[i] - m), s = sum + t;
+    lost += fabs(sum) >= fabs(t) ? (sum - s) + t : (t - s) + sum;
+    sum = s;
+  }
+  return log(sum + lost);
 }
 
 float sample_logprob_at(float xc, double mx, double log_sum) {
