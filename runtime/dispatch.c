@@ -34,14 +34,6 @@ static const char *const buf_names[KL_BUF_COUNT] = {
     [KL_BUF_STAGE_IN] = "staging (input)", [KL_BUF_STAGE_OUT] = "staging (output)",
     [KL_BUF_SAMPLE] = "sample scratch", [KL_BUF_SAMPLE_PARTS] = "sample parts"};
 
-/* A buffer of at least `need` bytes, allocated for `size` (>= need, and at
- * least twice the old one, so it grows a few times at most). Never while
- * the stream is being captured (an allocation there would not be replayed).
- * The old buffer is kept until destroy, not freed: a captured graph may
- * still point into it, and cuMemFree waits for the whole device, which with
- * several ranks on one GPU is a wait on peers spinning for this rank. New
- * memory is zeroed (on s), so no kernel or copy ever reads bytes nobody
- * wrote (the select records' padding crosses the NCCL path). */
 /* A failed allocation or clearing of device memory: out of memory only when
  * the driver says so; anything else (a context a fault has broken) is a
  * CUDA error, which no smaller request would avoid. */
@@ -50,6 +42,14 @@ static kl_result mem_fail(CUresult r, const char *what, size_t bytes) {
                     what, bytes, kl_cu_errstr(r));
 }
 
+/* A buffer of at least `need` bytes, allocated for `size` (>= need, and at
+ * least twice the old one, so it grows a few times at most). Never while
+ * the stream is being captured (an allocation there would not be replayed).
+ * The old buffer is kept until destroy, not freed: a captured graph may
+ * still point into it, and cuMemFree waits for the whole device, which with
+ * several ranks on one GPU is a wait on peers spinning for this rank. New
+ * memory is zeroed (on s), so no kernel or copy ever reads bytes nobody
+ * wrote (the select records' padding crosses the NCCL path). */
 kl_result kl_ensure(kl_ctx *c, kl_buf_id b, size_t need, size_t size, CUstream s) {
   kl_buffer *buf = &c->buf[b];
   const char *what = buf_names[b];

@@ -3,8 +3,8 @@
  * own paths (one-shot, or NCCL and the relayout; the layer chooses as for
  * kl_gather, every rank alike), then the row sampler (sample.cu.tmpl) draws
  * each row's token there, a greedy or plain-temperature row over up to the
- * layout's sample_slices CTAs (slices_for). Every rank gathers the same rows and draws
- * with the same noise, so every rank gets the same tokens. */
+ * layout's sample_slices CTAs (slices_for). Every rank gathers the same rows
+ * and draws with the same noise, so every rank gets the same tokens. */
 #include <stdint.h>
 
 #include "rt.h"
