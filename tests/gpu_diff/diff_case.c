@@ -503,7 +503,9 @@ static void plan_step(case_run *run, rng *r, step_plan *p, int tokens, int allow
   rng lr = rng_for(c->seed, 0x1a7e0000ull + (uint64_t)run->planned++);
   p->late_rank = run->tp > 1 && rng_chance(&lr, 0.2) ? (int)rng_below(&lr, (uint64_t)run->tp) : -1;
   p->late_at = (int)rng_below(&lr, (uint64_t)p->nops);
-  p->late_us = (int)rng_range(&lr, 200, 20000);
+  /* at most a tenth of the poll limit: late, never given up on */
+  const int64_t most_us = c->spec.timeout_ms < 200 ? (int64_t)c->spec.timeout_ms * 100 : 20000;
+  p->late_us = (int)rng_range(&lr, most_us < 200 ? 0 : 200, most_us);
   p->value = rng_chance(r, 0.85);
   p->lse = rng_chance(r, 0.85);
   size_t elem = (size_t)c->layout.elem_bytes, oelem = (size_t)c->layout.out_elem_bytes;
