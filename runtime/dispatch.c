@@ -115,8 +115,7 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
       return mem_fail(r, "sample parts", pb);
     r = c->cu->cuMemsetD32Async(parts->p, 0, pb / 4, c->stream);
     if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
-    if (r != CUDA_SUCCESS)
-      return kl_rt_fail(KLRT_ECUDA, "zeroing the sample parts: %s", kl_cu_errstr(r));
+    if (r != CUDA_SUCCESS) return mem_fail(r, "sample parts", pb);
     parts->bytes = pb;
   }
   return KLRT_OK;

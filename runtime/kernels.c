@@ -103,12 +103,9 @@ void kl_kernels_set_peers(kl_ctx *c) {
 }
 
 /* CTAs per rank such that every rank's CTAs on this GPU are resident at once:
- * a spinning CTA must never keep a peer's unscheduled CTA off the GPU. */
-static int residency_cap(kl_ctx *c, const kl_kernel *k, int on_device) {
-  int per_sm = 0;
-  if (c->cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k->fn, k->block, 0) !=
-      CUDA_SUCCESS)
-    return 0;
+ * a spinning CTA must never keep a peer's unscheduled CTA off the GPU. From
+ * the kernel's wave (its occupancy at loading; 0 if unknown: no cap fits). */
+static int residency_cap(const kl_kernel *k, int on_device) {
   /* Alone on a GPU a rank cannot starve itself; sharing one, it could starve
    * a peer, so the ranks there split it (and PDL is off: transport.c). The
    * grids are of different kernels (the gather, the select kernels), whose
@@ -120,9 +117,9 @@ static int residency_cap(kl_ctx *c, const kl_kernel *k, int on_device) {
    * cap, and a late rank's row sampler found no room beside its peers'
    * argmax grids (21 of its 22 rows ran only once they had given up). */
   int grids = on_device > 1 ? 4 * on_device : 1;
-  const int cap = per_sm * c->sm_count / grids;
+  const int cap = k->wave / grids;
   /* a small GPU (a MIG slice) shared by many ranks: half a share, if that fits */
-  return cap >= 1 || on_device < 2 ? cap : per_sm * c->sm_count / (2 * on_device);
+  return cap >= 1 || on_device < 2 ? cap : k->wave / (2 * on_device);
 }
 
 /* Each polling kernel its own cap (the top-k kernel, with more registers,
@@ -132,7 +129,7 @@ static int set_caps(kl_ctx *c, int on_device) {
   for (int i = 0; i < KL_K_COUNT; i++) {
     kl_kernel *k = &c->kern[i];
     if (!rows[i].slots || !k->fn) continue;
-    k->cap = residency_cap(c, k, on_device);
+    k->cap = residency_cap(k, on_device);
     ok &= k->cap >= 1;
   }
   return ok ? 0 : -1;
