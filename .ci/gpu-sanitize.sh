@@ -5,6 +5,8 @@
 # generates, the tests' own and the NCCL stand-in's must report 0 errors.
 #   bash .ci/gpu-sanitize.sh [cases] [tools]   (random specs of gpu_diff per tool,
 #   default 6; tools default "memcheck racecheck synccheck initcheck")
+# Each run's whole output goes to build/gpu-sanitize/TOOL-TEST.log
+# (GPU_SANITIZE_LOGS moves it): a failing case's timings are there.
 # Ranks share the GPU and wait on each other, so the poll limits are raised:
 # under a tool a kernel runs 10-100 times slower.
 set -uo pipefail
@@ -15,16 +17,21 @@ san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 
 [ -n "$san" ] || { echo "gpu-sanitize: no compute-sanitizer"; exit 1; }
 t="$root/build/tests"
 export CUDA_DEVICE_MAX_CONNECTIONS=32 KLGEN_CACHE_DIR="$root/build/test-cache"
-failed=0
+logs=${GPU_SANITIZE_LOGS:-$root/build/gpu-sanitize}
+mkdir -p "$logs"
+failed=0 tool_errors=0
 run() { # tool, then the command (the tool's own options in $flags)
   local tool=$1 out
   shift
   # shellcheck disable=SC2086
   out=$("$san" --tool "$tool" --error-exitcode 86 --print-limit 20 ${flags:-} "$@" 2>&1)
   local rc=$?
+  printf '%s\n' "$out" >"$logs/$tool-$(basename "$1").log"
   printf '%s\n' "$out" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_diff: [0-9]+ passed|gpu_fault:|^[0-9]+ passed|FAIL|STALL" | sed "s|^|$tool $(basename "$1"): |"
   if [ $rc -ne 0 ]; then
     failed=$((failed + 1))
+    # 86: the tool found errors; else the test itself failed under the tool
+    [ $rc -eq 86 ] && tool_errors=$((tool_errors + 1))
     printf '%s\n' "$out" | grep -B2 -A12 "========= [A-Z]" | head -60
   fi
 }
@@ -38,5 +45,6 @@ for tool in $tools; do
     --no-distribution
 done
 runs=$((3 * $(wc -w <<<"$tools")))
-echo "gpu-sanitize: $((runs - failed)) passed, $failed failed"
+echo "gpu-sanitize: $((runs - failed)) passed, $failed failed ($tool_errors with the tool's errors, \
+$((failed - tool_errors)) the test's own failure under the tool; logs: $logs)"
 [ $failed -eq 0 ]

@@ -39,7 +39,7 @@ if [ -n "$wheel" ]; then
 else
   echo "gpu-session: pytest: no wheel in dist/ (bash .ci/wheel.sh dist)"
 fi
-part sanitize 300 bash "$root/.ci/gpu-sanitize.sh" 1
+part sanitize 300 env GPU_SANITIZE_LOGS="$logs/sanitize" bash "$root/.ci/gpu-sanitize.sh" 1
 grep -E "SUMMARY|gpu-sanitize:" "$logs/sanitize.log" | sed 's/^/  /'
 seed=${GPU_DIFF_SEED:-$(( $(date +%s) % 1000000 * 1000 ))}
 minutes=$(awk -v s="$(left)" 'BEGIN { m = (s - 30) / 60; print (m > 0.2 ? m : 0.2) }')

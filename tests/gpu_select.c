@@ -412,7 +412,19 @@ static void alloc_bufs(const shared *sh, bufs *b) {
   CU_CHECK(cu, cuMemAllocHost((void **)&b->h_idxk, T * K * 8));
   CU_CHECK(cu, cuMemAllocHost((void **)&b->h_valk, T * K * 4));
   CU_CHECK(cu, cuMemAllocHost((void **)&b->h_lse, T * 4));
-  CU_CHECK(cu, cuMemsetD32(b->step, 0, 4));
+  /* A stream's first work may wait on the device behind the GPU's earlier
+   * work, a peer's spinning grid too (the first step of a tp 2 and of two
+   * tp 8 specs timed out so on one H200): each test kernel runs once here
+   * on the rank's stream, before any peer spins. */
+  int one = 1;
+  unsigned rank0 = 0;
+  void *fa[] = {&b->shard, &one, &rank0, &b->step};
+  void *ba[] = {&b->step};
+  if (launch(cu, b->k.fill, sh->l.shard, fa, b->s) ||
+      cu->cuLaunchKernel(b->k.bump, 1, 1, 1, 1, 1, 1, 0, b->s, ba, NULL) != CUDA_SUCCESS)
+    fprintf(stderr, "%s: a first launch of the test kernels failed\n", sh->spec.name);
+  CU_CHECK(cu, cuMemsetD32Async(b->step, 0, 4, b->s));
+  CU_CHECK(cu, cuStreamSynchronize(b->s));
 }
 
 static void free_bufs(const kl_cu *cu, bufs *b) {
@@ -445,6 +457,12 @@ static void *run_rank(void *arg) {
     fail(r, "create", kl_last_error()); /* still meets the others below */
   else if (kl_ctx_stats(ctx, &st), !st.oneshot_ready)
     fail(r, "one-shot not ready", st.not_ready);
+  /* Creation made the group's own streams work; this rank's stream works
+   * once more after that and every rank waits for every other's, so no
+   * first step waits behind a peer's first step (gpu_diff does the same). */
+  CU_CHECK(cu, cuMemsetD32Async(b.step, 0, 4, b.s));
+  CU_CHECK(cu, cuStreamSynchronize(b.s));
+  if (sh->group) pthread_barrier_wait(&sh->bar);
   if (!r->failed) eager(r, ctx, &b);
   graph(r, ctx, &b);
   if (!r->failed && ctx) {
