@@ -420,9 +420,11 @@ static void alloc_bufs(const shared *sh, bufs *b) {
   unsigned rank0 = 0;
   void *fa[] = {&b->shard, &one, &rank0, &b->step};
   void *ba[] = {&b->step};
-  if (launch(cu, b->k.fill, sh->l.shard, fa, b->s) ||
-      cu->cuLaunchKernel(b->k.bump, 1, 1, 1, 1, 1, 1, 0, b->s, ba, NULL) != CUDA_SUCCESS)
-    fprintf(stderr, "%s: a first launch of the test kernels failed\n", sh->spec.name);
+  if (launch(cu, b->k.fill, sh->l.shard, fa, b->s)) {
+    fprintf(stderr, "%s: the first launch of the fill kernel failed\n", sh->spec.name);
+    exit(1); /* as CU_CHECK: a setup failure ends the test */
+  }
+  CU_CHECK(cu, cuLaunchKernel(b->k.bump, 1, 1, 1, 1, 1, 1, 0, b->s, ba, NULL));
   CU_CHECK(cu, cuMemsetD32Async(b->step, 0, 4, b->s));
   CU_CHECK(cu, cuStreamSynchronize(b->s));
 }
