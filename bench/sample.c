@@ -1,9 +1,10 @@
 /* klbench --sample: kl_sample on the spec's per-rank shard (the spec with
  * topk = 64, the candidates' capacity) against what engines run today.
  * Variants:
- *   filtered    kl_sample, every row T 0.7, top_k 50, top_p 0.9
- *   plain T     kl_sample, every row T 0.7, no filter
- *   greedy      kl_sample, every row T 0
+ *   filtered    kl_sample, every row T 0.7, top_k 50, top_p 0.9 (gathered: the
+ *               wide path)
+ *   plain T     kl_sample, every row T 0.7, no filter (by the shards)
+ *   greedy      kl_sample, every row T 0 (by the shards)
  *   gather      kl_gather alone: where an engine's sampler starts
  *   argmax      kl_argmax
  *   NCCL pairs  each rank's (value, index) per token, ncclAllGather, the

@@ -97,13 +97,15 @@ static void derive_epilogue(const kl_spec *s, kl_layout *l) {
 }
 
 /* Records of candidates: room for record_keys keys of two words each and
- * (for topk) two words of log-sum-exp partial. kl_argmax's record is one such key;
+ * (for topk) two words of log-sum-exp partial, and for kl_sample's shard
+ * sampler (a spec with topk) its record. kl_argmax's record is one such key;
  * kl_topk's is smaller when its values are 16-bit (one-word keys and a
- * one-word partial, templates/keys.cuh.tmpl), and its one-shot records are
- * packed at their own size inside this stride. */
+ * one-word partial, templates/keys.cuh.tmpl); the one-shot records of both
+ * and the shard sampler's are packed at their own size inside this stride. */
 static void derive_select(const kl_spec *s, kl_layout *l) {
   l->record_keys = s->topk > 0 ? s->topk : 1;
   int words = 2 * l->record_keys + (s->topk > 0 ? 2 : 0);
+  if (s->topk > 0 && words < KL_SHARD_RECORD_WORDS) words = KL_SHARD_RECORD_WORDS;
   l->rec_chunks = (words + 3) / 4;
   int64_t split_cap = MERGE_CHUNKS / ((int64_t)l->rec_chunks * s->tp);
   if (split_cap > SEL_SPLIT_MAX) split_cap = SEL_SPLIT_MAX;

@@ -24,7 +24,7 @@ static const char *const source_parts[] = {
     "keys.cuh.tmpl", "scan.cuh.tmpl", "noise.cuh.tmpl",      /* select parts: a CTA's scan, */
     "exchange.cuh.tmpl", "merge.cuh.tmpl",                   /* the records between ranks */
     "argmax.cu.tmpl", "topk.cu.tmpl",                        /* the select kernels, */
-    "candidates.cuh.tmpl", "sample.cu.tmpl",                 /* the sampler, */
+    "candidates.cuh.tmpl", "sample.cu.tmpl", "shards.cu.tmpl", /* the samplers, */
     "relayout.cu.tmpl", NULL};
 static const char *const header_part = "header.h.tmpl";
 
@@ -157,6 +157,8 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_str(L, "TOPK_ENTRY", buf);
   kl_entry_name(s, "sample", buf, sizeof buf); /* sample.cu.tmpl */
   set_str(L, "SAMPLE_ENTRY", buf);
+  kl_entry_name(s, "shards", buf, sizeof buf); /* shards.cu.tmpl */
+  set_str(L, "SHARDS_ENTRY", buf);
 }
 
 /* One rendering: what the protected function needs, and its outcome. */

@@ -291,7 +291,8 @@ kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s) {
     c->stats.staged += k->kin != (CUdeviceptr)k->in;
   }
   kl_decline why = KL_DECLINE_COUNT;
-  int path = kl_path_for(c, k->tokens, r->sized ? (long long)k->in_bytes : 0, &why);
+  const int moves = r->sized && (!r->gathers || r->gathers(k));
+  int path = kl_path_for(c, k->tokens, moves ? (long long)k->in_bytes : 0, &why);
   if (path == PATH_ONESHOT) {
     c->stats.oneshot++;
     res = r->oneshot(c, k, s);

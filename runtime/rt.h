@@ -16,7 +16,8 @@
  *               buffers, staging, the NCCL exchange, stream order, the log
  *   gather.c    kl_gather's route: one-shot kernel, or NCCL + relayout
  *   select.c    kl_argmax's and kl_topk's routes: one-shot select kernel, or
- *               reduce, NCCL, merge
+ *               reduce, NCCL, merge (kl_sample's shard sampler rides on them)
+ *   sample.c    kl_sample's route: the shard sampler, or gather + row sampler
  *   context.c   create / destroy / stats / status, and the calls' entry */
 #ifndef KL_RT_H
 #define KL_RT_H
@@ -112,6 +113,7 @@ typedef enum kl_kernel_id {
   KL_K_ARGMAX,   /* kl_argmax, one-shot or reduce / merge around NCCL */
   KL_K_TOPK,     /* kl_topk, alike; only for a spec with topk */
   KL_K_SAMPLE,   /* kl_sample's row sampler, after a gather; only for a spec with topk */
+  KL_K_SHARDS,   /* kl_sample's shard sampler, as the select kernels; only with topk */
   KL_K_COUNT
 } kl_kernel_id;
 /* A kernel's parameter (kl_abi.h): its args, then the peers' receive
@@ -189,6 +191,8 @@ typedef struct kl_route {
   const char *misaligned;    /* the message when an output is not aligned so */
   const char *overlap;       /* the message when outputs overlap each other */
   int sized; /* moves the shard: the crossover applies (records never reach it) */
+  int (*gathers)(const kl_call *k); /* NULL: every call as `sized` says; else the calls
+                                       that move the shard (after check) */
   /* NULL: the NCCL path runs without the generated kernels. Else it runs
    * them too, so it needs them on every rank and the input as they read it
    * (staged before the choice); this says what it needs, for the message. */
@@ -365,6 +369,11 @@ kl_result kl_unstage_out(kl_ctx *c, const kl_call *k, CUdeviceptr target, CUstre
 kl_result kl_allgather(kl_ctx *c, CUdeviceptr mine, CUdeviceptr all, size_t bytes, CUstream s);
 /* ---- gather.c, select.c: the calls' routes ---- */
 extern const kl_route kl_gather_route, kl_argmax_route, kl_topk_route, kl_sample_route;
+/* A select kernel's two paths for a call (select.c): the kernel one-shot, or
+ * reduce, NCCL all-gather, merge. The call's outputs are the kernel's index,
+ * value and lse; kl_sample's parameters come from k->extra for KL_K_SHARDS. */
+kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s);
+kl_result kl_select_nccl(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s);
 
 /* ---- context.c ---- */
 /* KLRT_EDEVICE naming the rank, peer and step of a fault word (kl_abi.h). */

@@ -1,10 +1,16 @@
-/* kl_sample's route (docs/DESIGN.md "Sampling"): the wide path for every
- * row. The logits are gathered into the context's scratch by the gather's
- * own paths (one-shot, or NCCL and the relayout; the layer chooses as for
- * kl_gather, every rank alike), then the row sampler (sample.cu.tmpl) draws
- * each row's token there, a greedy or plain-temperature row over up to the
- * layout's sample_slices CTAs (slices_for). Every rank gathers the same rows
- * and draws with the same noise, so every rank gets the same tokens. */
+/* kl_sample's route (docs/DESIGN.md "Sampling"). A call without filters
+ * (top_k, top_p and min_p NULL) and without top-n logprobs goes to the shard
+ * sampler (shards.cu.tmpl), a select kernel: its rows never move, only each
+ * part's record does (select.c's paths). Every other call takes the wide
+ * path, counted as a "wide" decline: the logits are gathered into the
+ * context's scratch by the gather's own paths (one-shot, or NCCL and the
+ * relayout; the layer chooses as for kl_gather, every rank alike), then the
+ * row sampler (sample.cu.tmpl) draws each row's token there, a greedy or
+ * plain-temperature row over up to the layout's sample_slices CTAs
+ * (slices_for). Either way every rank draws with the same noise from the
+ * same values, so every rank gets the same tokens, and both samplers give
+ * the same ones. The choice depends on which arguments are NULL, which every
+ * rank passes alike. */
 #include <stdint.h>
 
 #include "rt.h"
@@ -135,12 +141,24 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
   return kl_rt_fail(KLRT_ECUDA, "launching the row sampler: %s", kl_cu_errstr(r));
 }
 
+/* Whether the shard sampler serves the call: no row can have a filter and
+ * no top-n is asked for. Else the call gathers its rows. */
+static int by_shards(const kl_call *k) {
+  const kl_sample_call *x = k->extra;
+  return x->n_top == 0 && !x->p->top_k && !x->p->top_p && !x->p->min_p;
+}
+static int gathers(const kl_call *k) { return !by_shards(k); }
+
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
+  if (by_shards(k)) return kl_select_oneshot(c, KL_K_SHARDS, k, s);
+  c->stats.declined[KL_DECLINE_WIDE]++;
   kl_result res = gather_rows(c, k, s, 1);
   return res ? res : draw(c, k, s);
 }
 
 static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
+  if (by_shards(k)) return kl_select_nccl(c, KL_K_SHARDS, k, s);
+  c->stats.declined[KL_DECLINE_WIDE]++;
   kl_result res = gather_rows(c, k, s, 0);
   return res ? res : draw(c, k, s);
 }
@@ -153,7 +171,8 @@ const kl_route kl_sample_route = {
     .misaligned = "token and top_index must be 8-byte aligned, logprob and top_logprob 4-byte "
                   "aligned",
     .overlap = "token, logprob, top_index and top_logprob overlap",
-    .sized = 1, /* it moves the shard, as kl_gather */
+    .sized = 1, /* a call that gathers moves the shard, as kl_gather */
+    .gathers = gathers,
     .nccl_kernels = "kl_sample needs the generated row sampler on every rank",
     .usable = has_topk,
     .check = check,

@@ -1,4 +1,5 @@
-/* kl_argmax's and kl_topk's routes (docs/DESIGN.md §11): the select kernel in
+/* kl_argmax's and kl_topk's routes (docs/DESIGN.md §11), and the paths of
+ * kl_sample's shard sampler, which is a select kernel too: the select kernel in
  * one-shot mode when it can serve the call; otherwise the same kernel in
  * reduce mode, an NCCL all-gather of the records, and the kernel in merge
  * mode. Both paths merge the same records with the same code, so they give
@@ -21,42 +22,57 @@ static kl_result launched(CUresult r, const char *what) {
   return kl_rt_fail(KLRT_ECUDA, "launching the select kernel (%s): %s", what, kl_cu_errstr(r));
 }
 
-/* The call's args in its kernel's parameter, for mode; no step state (the
- * one-shot mode adds it). */
-static kl_select_args *args(kl_ctx *c, const kl_call *k, int mode) {
-  kl_select_args *a = &c->kern[k->route->kernel].prm.select.a;
+/* The call's args in kernel id's parameter, for mode; no step state (the
+ * one-shot mode adds it). The shard sampler's outputs are kl_sample's token
+ * and logprob (out[0], out[1]; out[2], top_index, is NULL for its calls). */
+static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mode) {
+  kl_select_args *a = &c->kern[id].prm.select.a;
   *a = (kl_select_args){(const void *)k->kin, (long long *)k->out[0].p, k->out[1].p, k->out[2].p,
-                        NULL, NULL, NULL, NULL, k->tokens, c->rank, 0, mode};
+                        NULL, NULL, NULL, NULL, NULL, NULL, NULL, k->tokens, c->rank, 0, mode};
+  if (id == KL_K_SHARDS) {
+    const kl_sampling *p = ((const kl_sample_call *)k->extra)->p;
+    a->temperature = p->temperature;
+    a->seed = (const unsigned long long *)p->seed;
+    a->offset = (const unsigned long long *)p->offset;
+  }
   return a;
 }
 
-static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
-  kl_kernel *kn = &c->kern[k->route->kernel];
-  kl_select_args *a = args(c, k, KL_SELECT_ONESHOT);
+kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s) {
+  kl_kernel *kn = &c->kern[id];
+  kl_select_args *a = args(c, id, k, KL_SELECT_ONESHOT);
   a->state = (kl_state *)c->state;
   a->fault = kl_fault_word(c);
   a->slots = kn->slots;
   a->nslots = kn->nslots;
-  int grid = kl_grid(c, k->route->kernel, k->tokens, 1);
-  return launched(kl_launch(c, k->route->kernel, grid, 1, s), "one-shot");
+  int grid = kl_grid(c, id, k->tokens, 1);
+  return launched(kl_launch(c, id, grid, 1, s), "one-shot");
 }
 
-static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
+kl_result kl_select_nccl(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s) {
   size_t rec = kl_record_bytes(c, k->tokens);
   long long most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
   kl_result res = kl_ensure(c, KL_BUF_RECORDS, kl_records_scratch_bytes(c, k->tokens),
                             kl_records_scratch_bytes(c, most), s);
   if (res) return res;
   CUdeviceptr mine = c->buf[KL_BUF_RECORDS].p, all = mine + rec;
-  kl_select_args *a = args(c, k, KL_SELECT_REDUCE);
+  kl_select_args *a = args(c, id, k, KL_SELECT_REDUCE);
   a->rec = (void *)mine;
-  int grid = kl_grid(c, k->route->kernel, k->tokens, 0);
-  if ((res = launched(kl_launch(c, k->route->kernel, grid, 0, s), "reduce")) ||
+  int grid = kl_grid(c, id, k->tokens, 0);
+  if ((res = launched(kl_launch(c, id, grid, 0, s), "reduce")) ||
       (res = kl_allgather(c, mine, all, rec, s)))
     return res;
   a->mode = KL_SELECT_MERGE;
   a->rec = (void *)all;
-  return launched(kl_launch(c, k->route->kernel, k->tokens, 0, s), "merge");
+  return launched(kl_launch(c, id, k->tokens, 0, s), "merge");
+}
+
+static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
+  return kl_select_oneshot(c, k->route->kernel, k, s);
+}
+
+static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
+  return kl_select_nccl(c, k->route->kernel, k, s);
 }
 
 static kl_result has_topk(const kl_ctx *c) {

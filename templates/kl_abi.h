@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 6
+#define KL_ABI_VERSION 7
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -69,11 +69,14 @@ typedef struct kl_relayout_args {
   int reserved;
 } kl_relayout_args;
 
-/* The select kernels' parameter (kl_argmax, kl_topk): these fields, then
- * peers[TP] as for the one-shot kernel. mode 0: one-shot (reduce, exchange
- * candidates through the peers' buffers, merge); mode 1: reduce only, records
- * to rec ([tokens, SPLIT] records); mode 2: merge only, from rec
- * ([TP, tokens, SPLIT] records: ncclAllGather's layout). */
+/* The select kernels' parameter (kl_argmax, kl_topk, and kl_sample's shard
+ * sampler): these fields, then peers[TP] as for the one-shot kernel. mode 0:
+ * one-shot (reduce, exchange candidates through the peers' buffers, merge);
+ * mode 1: reduce only, records to rec ([tokens, SPLIT] records); mode 2:
+ * merge only, from rec ([TP, tokens, SPLIT] records: ncclAllGather's
+ * layout). The shard sampler writes its tokens to index and their logprobs
+ * to value ([tokens] each) and reads the rows' temperature, seed and offset
+ * (kl_sample_args' arrays); the others leave those three NULL. */
 typedef struct kl_select_args {
   const void *in;            /* this rank's [tokens, SHARD] */
   long long *index;          /* [tokens, K] */
@@ -83,8 +86,15 @@ typedef struct kl_select_args {
   unsigned long long *fault; /* this rank's copy of the group's fault word */
   unsigned long long *slots; /* the select kernels' step slots (after the one-shot's) */
   void *rec;                 /* modes 1 and 2 */
+  const float *temperature;  /* the shard sampler's [tokens] */
+  const unsigned long long *seed, *offset; /* the shard sampler's [tokens], or NULL (0) */
   int tokens, rank, nslots, mode;
 } kl_select_args;
+/* A shard sampler's record (shards.cu.tmpl), in 32-bit words: a part's
+ * first largest t and its best draw (each a logit and its column + 1, 0:
+ * none), its largest logit, and the double sum of exp(x - that) for the
+ * logprob (two words, its last bit clear). */
+#define KL_SHARD_RECORD_WORDS 7
 #define KL_SELECT_ONESHOT 0
 #define KL_SELECT_REDUCE 1
 #define KL_SELECT_MERGE 2
@@ -128,7 +138,7 @@ KL_ABI_ASSERT(sizeof(kl_state) == 64, "kl_state is 64 bytes: the step slots foll
 KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit ABI");
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
-KL_ABI_ASSERT(sizeof(kl_select_args) == 80, "peers[] follow kl_select_args at byte 80");
+KL_ABI_ASSERT(sizeof(kl_select_args) == 104, "peers[] follow kl_select_args at byte 104");
 KL_ABI_ASSERT(sizeof(kl_sample_part) == 32, "kl_sample_part layout");
 KL_ABI_ASSERT(sizeof(kl_sample_args) == 136, "kl_sample_args layout");
 

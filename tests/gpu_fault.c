@@ -1,6 +1,7 @@
 /* GPU test: a fault never looks like success. Two ranks as threads on one GPU
  * (CUDA_DEVICE_MAX_CONNECTIONS=32), a spec with timeout_ms = 200 (or argv[1]), and rank 1
- * skipping one call, for each of kl_gather, kl_argmax, kl_topk and kl_sample:
+ * skipping one call, for each of kl_gather, kl_argmax, kl_topk and kl_sample
+ * (by the shards, and gathering: with a top_p array):
  *
  *   - rank 0's call times out; it and the call rank 0 makes right after it
  *     (before the host can know) return KLRT_OK, and both write poison (NaN
@@ -27,8 +28,9 @@
 #define K 8
 #define SHARD (VOCAB / 2)
 
-enum { GATHER, ARGMAX, TOPK, SAMPLE };
-static const char *const names[] = {"kl_gather", "kl_argmax", "kl_topk", "kl_sample"};
+enum { GATHER, ARGMAX, TOPK, SAMPLE, SAMPLE_WIDE };
+static const char *const names[] = {"kl_gather", "kl_argmax", "kl_topk", "kl_sample",
+                                    "kl_sample (wide)"};
 
 typedef struct shared {
   const kl_cu *cu;
@@ -65,6 +67,7 @@ typedef struct outs {
 typedef struct bufs {
   CUdeviceptr shard;
   CUdeviceptr temperature; /* kl_sample's: 0.7 for every row */
+  CUdeviceptr top_p;       /* and 1 (off), for a call that gathers */
   outs o[2];
   CUstream s;
 } bufs;
@@ -75,8 +78,10 @@ static kl_result call(shared *sh, kl_ctx *c, const bufs *b, int set) {
   case GATHER: return kl_gather(c, (void *)b->shard, (void *)o->out, TOKENS, b->s);
   case ARGMAX:
     return kl_argmax(c, (void *)b->shard, (int64_t *)o->index, (float *)o->value, TOKENS, b->s);
-  case SAMPLE: { /* the token in index, its logprob in value */
+  case SAMPLE:
+  case SAMPLE_WIDE: { /* the token in index, its logprob in value */
     kl_sampling p = {(const float *)b->temperature, NULL, NULL, NULL, NULL, NULL};
+    if (sh->op == SAMPLE_WIDE) p.top_p = (const float *)b->top_p;
     return kl_sample(c, (void *)b->shard, &p, (int64_t *)o->index, (float *)o->value, NULL, NULL,
                      0, TOKENS, b->s);
   }
@@ -110,7 +115,7 @@ static int outputs_are(shared *sh, const bufs *b, int set, int poison) {
   CU_CHECK(cu, cuMemcpyDtoH(value, o->value, sizeof value));
   CU_CHECK(cu, cuMemcpyDtoH(lse, o->lse, sizeof lse));
   int k = sh->op == TOPK ? K : 1, ok = 1;
-  if (sh->op == SAMPLE) /* all equal: any column, log(1 / VOCAB) */
+  if (sh->op >= SAMPLE) /* all equal: any column, log(1 / VOCAB) */
     for (int t = 0; t < TOKENS; t++) {
       float lp;
       memcpy(&lp, &value[t], 4);
@@ -150,6 +155,8 @@ static void *rank_main(void *arg) {
   CU_CHECK(cu, cuMemsetD32(b.shard, 0x3f803f80u, TOKENS * SHARD / 2)); /* 1.0 everywhere */
   CU_CHECK(cu, cuMemAlloc(&b.temperature, TOKENS * 4));
   CU_CHECK(cu, cuMemsetD32(b.temperature, 0x3f333333u, TOKENS)); /* 0.7f */
+  CU_CHECK(cu, cuMemAlloc(&b.top_p, TOKENS * 4));
+  CU_CHECK(cu, cuMemsetD32(b.top_p, 0x3f800000u, TOKENS)); /* 1.0f */
   CU_CHECK(cu, cuCtxSynchronize()); /* the legacy stream's memsets, before any kernel reads */
   for (int i = 0; i < 2; i++) {
     CU_CHECK(cu, cuMemAlloc(&b.o[i].out, TOKENS * VOCAB * 2));
@@ -214,6 +221,7 @@ static void *rank_main(void *arg) {
   expect_rc(sh, rank, kl_ctx_destroy(c), KLRT_OK, "destroy");
   cu->cuMemFree(b.shard);
   cu->cuMemFree(b.temperature);
+  cu->cuMemFree(b.top_p);
   for (int i = 0; i < 2; i++) {
     cu->cuMemFree(b.o[i].out), cu->cuMemFree(b.o[i].index);
     cu->cuMemFree(b.o[i].value), cu->cuMemFree(b.o[i].lse);
@@ -231,7 +239,7 @@ int main(int argc, char **argv) {
   CU_CHECK(sh.cu, cuDeviceGet(&dev, 0));
   CU_CHECK(sh.cu, cuDevicePrimaryCtxRetain(&sh.cuctx, dev));
   pthread_mutex_init(&sh.m, NULL);
-  for (sh.op = GATHER; sh.op <= SAMPLE; sh.op++) {
+  for (sh.op = GATHER; sh.op <= SAMPLE_WIDE; sh.op++) {
     if (kl_group_create(&sh.group, 2) != KLRT_OK) return 1;
     pthread_barrier_init(&sh.bar, NULL, 2);
     pthread_t th[2];

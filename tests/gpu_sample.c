@@ -416,6 +416,71 @@ static void api_misuse(kl_ctx *ctx, const api_bufs *b, int n) {
   refused(api_call(ctx, b, &p, 8, 0, NULL), "tokens is 0");
 }
 
+/* kl_sample's stats now and the calls it counted since `before`: one on
+ * `path` (0 one-shot, 1 NCCL), and `wide` of them gathering. */
+static void counted(kl_ctx *ctx, const kl_stats *before, int path, int wide, const char *what) {
+  kl_stats st = KL_STATS_INIT;
+  kl_ctx_stats(ctx, &st);
+  CHECK(path ? st.nccl == before->nccl + 1 : st.oneshot == before->oneshot + 1,
+        "%s: not one call on the %s path", what, path ? "NCCL" : "one-shot");
+  CHECK(st.declined[KL_DECLINE_WIDE] == before->declined[KL_DECLINE_WIDE] + (uint64_t)wide,
+        "%s: %llu wide declines, want %d more than %llu", what,
+        (unsigned long long)st.declined[KL_DECLINE_WIDE], wide,
+        (unsigned long long)before->declined[KL_DECLINE_WIDE]);
+}
+
+/* The shard sampler: calls with no filter array and no top-n, on both paths
+ * and replayed from a graph with new seeds, against the reference with the
+ * rows' filters off; a call with the arrays gathers (a "wide" decline). */
+static void api_shards(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w, rng *r) {
+  const int steps[] = {16, 20};
+  long long keep_k[20];
+  float keep_p[20], keep_mp[20];
+  for (int i = 0; i < 20; i++) {
+    keep_k[i] = w->top_k[i], keep_p[i] = w->top_p[i], keep_mp[i] = w->min_p[i];
+    w->top_k[i] = 0, w->top_p[i] = 1.f, w->min_p[i] = 0.f; /* what NULL means */
+  }
+  kl_sampling bare = api_params(b);
+  bare.top_k = NULL, bare.top_p = NULL, bare.min_p = NULL;
+  kl_stats st = KL_STATS_INIT;
+  w->n_top = 0;
+  for (int k = 0; k < 2; k++) {
+    kl_ctx_stats(ctx, &st);
+    CHECK(api_call(ctx, b, &bare, 0, steps[k], NULL) == KLRT_OK, "kl_sample by the shards: %s",
+          kl_last_error());
+    counted(ctx, &st, k, 0, "kl_sample by the shards");
+    w->n = steps[k];
+    api_results(d, w, b);
+    for (int i = 0; i < steps[k]; i++)
+      check_row(d, w, i, k ? "kl_sample by the shards (NCCL)" : "kl_sample by the shards", 0);
+  }
+  kl_sampling all = api_params(b); /* the arrays given (rows' filters in them): gathered */
+  kl_ctx_stats(ctx, &st);
+  CHECK(api_call(ctx, b, &all, 0, 16, NULL) == KLRT_OK, "kl_sample wide: %s", kl_last_error());
+  counted(ctx, &st, 0, 1, "kl_sample with filter arrays");
+  CUstream s;
+  CU_CHECK(d->cu, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUgraph g;
+  CUgraphExec ge;
+  CU_CHECK(d->cu, cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  kl_result rc = api_call(ctx, b, &bare, 0, 16, s);
+  CU_CHECK(d->cu, cuStreamEndCapture(s, &g));
+  CHECK(rc == KLRT_OK, "kl_sample by the shards captured: %s", kl_last_error());
+  CU_CHECK(d->cu, cuGraphInstantiate(&ge, g, 0));
+  w->n = 16;
+  for (int replay = 0; replay < 2; replay++) {
+    for (int i = 0; i < 16; i++) w->seed[i] = rng_next(r);
+    CU_CHECK(d->cu, cuMemcpyHtoDAsync(b->S, w->seed, 8 * 16, s));
+    CU_CHECK(d->cu, cuGraphLaunch(ge, s));
+    api_results(d, w, b);
+    for (int i = 0; i < 16; i++) check_row(d, w, i, "kl_sample by the shards, replayed", 0);
+  }
+  CU_CHECK(d->cu, cuGraphExecDestroy(ge));
+  CU_CHECK(d->cu, cuGraphDestroy(g));
+  CU_CHECK(d->cu, cuStreamDestroy(s));
+  for (int i = 0; i < 20; i++) w->top_k[i] = keep_k[i], w->top_p[i] = keep_p[i], w->min_p[i] = keep_mp[i];
+}
+
 static void api(dev *d) {
   kl_spec_list list;
   kl_err e;
@@ -461,6 +526,7 @@ static void api(dev *d) {
     for (int i = 0; i < steps[k]; i++)
       check_row(d, &w, i, k ? "kl_sample (NCCL)" : "kl_sample", n_top > 0);
   }
+  api_shards(d, ctx, &b, &w, &r);
   w.n = 16, w.n_top = 8;
   api_misuse(ctx, &b, 16);
   /* captured: a replay reads the parameters as they are then (new seeds) */
@@ -519,6 +585,7 @@ typedef struct chi_rank {
   CUcontext cuctx;
   const char *spec;
   sample_args a;
+  int bare; /* no filter arrays: the shard sampler */
   const float *logits; /* [CHI_VOCAB], every row */
   int64_t *tokens;     /* [CHI_CALLS + 1, CHI_ROWS]: the draws, then call 0 again */
   kl_result rc;
@@ -576,6 +643,7 @@ static void *chi_rank_main(void *arg) {
     kl_sampling p = {(const float *)dT, (const int64_t *)dK, (const float *)dP,
                      (const float *)dMP, (const uint64_t *)dS,
                      (const uint64_t *)(dO + 8 * call * rows)};
+    if (r->bare) p.top_k = NULL, p.top_p = NULL, p.min_p = NULL;
     rc = kl_sample(ctx, (const void *)dx, &p, (int64_t *)(dtok + 8 * j * rows), NULL, NULL, NULL,
                    0, CHI_ROWS, (kl_stream)s);
   }
@@ -590,8 +658,10 @@ static void *chi_rank_main(void *arg) {
   return NULL;
 }
 
-/* Rank 0's draws of every rank's group at tp (tokens [CHI_CALLS + 1, CHI_ROWS]). */
-static int chi_draws(CUcontext cuctx, int tp, const float *logits, sample_args a, int64_t *tokens) {
+/* Rank 0's draws of every rank's group at tp (tokens [CHI_CALLS + 1, CHI_ROWS]);
+ * bare: with no filter arrays (a has none), by the shard sampler. */
+static int chi_draws(CUcontext cuctx, int tp, const float *logits, sample_args a, int bare,
+                     int64_t *tokens) {
   char spec[200];
   snprintf(spec, sizeof spec, "return { name = 'chi_tp%d', vocab_size = %d, tp = %d, "
            "dtype = 'fp32', max_tokens = %d, topk = 8 }", tp, CHI_VOCAB, tp, CHI_ROWS);
@@ -601,8 +671,8 @@ static int chi_draws(CUcontext cuctx, int tp, const float *logits, sample_args a
   pthread_t th[4];
   const size_t n = (size_t)(CHI_CALLS + 1) * CHI_ROWS;
   for (int i = 0; i < tp; i++) {
-    r[i] = (chi_rank){i, tp, group, cuctx, spec, a, logits, i ? xmalloc(8 * n) : tokens, KLRT_OK,
-                      ""};
+    r[i] = (chi_rank){i, tp, group, cuctx, spec, a, bare, logits, i ? xmalloc(8 * n) : tokens,
+                      KLRT_OK, ""};
     pthread_create(&th[i], NULL, chi_rank_main, &r[i]);
   }
   int ok = 1;
@@ -673,17 +743,21 @@ static void distribution(const dev *d) {
   float logits[CHI_VOCAB];
   rng r = rng_for(4242, 3);
   for (int c = 0; c < CHI_VOCAB; c++) logits[c] = (float)(3.0 * rng_unit(&r) - 1.5 * (c % 7 == 0));
-  const sample_args cases[] = {{1.f, 0, 1.f, 0.f},    {0.7f, 5, 1.f, 0.f}, {1.3f, 0, 0.8f, 0.f},
-                               {1.f, 0, 1.f, 0.1f},  {0.9f, 8, 0.9f, 0.02f}};
+  const sample_args cases[] = {{1.f, 0, 1.f, 0.f},   {0.6f, 0, 1.f, 0.f},  {0.7f, 5, 1.f, 0.f},
+                               {1.3f, 0, 0.8f, 0.f}, {1.f, 0, 1.f, 0.1f}, {0.9f, 8, 0.9f, 0.02f}};
   const size_t n = (size_t)(CHI_CALLS + 1) * CHI_ROWS;
   int64_t *t2 = xmalloc(8 * n), *t4 = xmalloc(8 * n);
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-    if (!chi_draws(cuctx, 2, logits, cases[k], t2) || !chi_draws(cuctx, 4, logits, cases[k], t4))
+    /* without filters tp 4 draws by the shards, tp 2 from the gathered rows */
+    const sample_args *a = &cases[k];
+    const int bare = a->top_k == 0 && a->top_p == 1.f && a->min_p == 0.f;
+    if (!chi_draws(cuctx, 2, logits, *a, 0, t2) || !chi_draws(cuctx, 4, logits, *a, bare, t4))
       continue;
-    chi_check(logits, cases[k], t2, 2);
-    chi_check(logits, cases[k], t4, 4);
-    /* the noise is keyed by the column: any split draws the same */
-    CHECK(memcmp(t2, t4, 8 * n) == 0, "case %zu: tp 2 and tp 4 drew differently", k);
+    chi_check(logits, *a, t2, 2);
+    chi_check(logits, *a, t4, 4);
+    /* the noise is keyed by the column: any split, either sampler, draws the same */
+    CHECK(memcmp(t2, t4, 8 * n) == 0, "case %zu: tp 2 and tp 4%s drew differently", k,
+          bare ? " (by the shards)" : "");
   }
   free(t2), free(t4);
 }

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "kl_abi.h"
 #include "klgen.h"
 
 static int load(const char *src, kl_spec_list *l, kl_err *e) {
@@ -457,6 +458,10 @@ static void topk(void) {
             kl_layout_select_slots(&lay, 64, 400, 100, 1) == 320 &&
             kl_layout_select_slots(&lay, 64, 0, 0, 0) == 64 * 5,
         "select slots: %d", lay.sel_max_ctas);
+  /* top-1's record (4 words) leaves room for the shard sampler's 7 */
+  if (load_layout("return { name = 'k', vocab_size = 163840, tp = 8, dtype = 'bf16', "
+                  "max_tokens = 64, topk = 1 }", &s, &lay) == 0)
+    CHECK(lay.rec_chunks == (KL_SHARD_RECORD_WORDS + 3) / 4, "topk 1: rec %d", lay.rec_chunks);
   /* no topk: argmax records (one chunk); a long row spreads over more chunks a thread */
   if (load_layout("return { name = 'k', vocab_size = 262144, tp = 1, dtype = 'fp32', "
                   "max_tokens = 4 }", &s, &lay) == 0)

@@ -41,7 +41,7 @@ class Info(ctypes.Structure):
     ]
 
 
-DECLINES = ("disabled", "not-ready", "tokens", "size")  # kl_decline, in order
+DECLINES = ("disabled", "not-ready", "tokens", "size", "wide")  # kl_decline, in order
 
 ALLGATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                 ctypes.c_void_p)

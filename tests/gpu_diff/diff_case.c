@@ -494,6 +494,10 @@ static void plan_step(case_run *run, rng *r, step_plan *p, int tokens, int allow
     p->n_top = rng_chance(r, 0.5) ? (int)rng_range(r, 1, most) : 0;
     p->want_lp = rng_chance(r, 0.8);
     p->nulls = rng_chance(r, 0.3) ? (unsigned)rng_below(r, 32) : 0;
+    /* two in five the shard sampler's calls: no filter, no top-n (a stream
+     * of its own: the knob came after seeds were replayed) */
+    rng sr = rng_for(c->seed, 0x5a4d0000ull + (uint64_t)run->planned);
+    if (rng_chance(&sr, 0.4)) p->nulls |= 7, p->n_top = 0;
   }
   for (int i = p->nops - 1; i > 0; i--) { /* in any order */
     int j = (int)rng_below(r, (uint64_t)i + 1), t = p->ops[i];
@@ -670,14 +674,18 @@ static void reference_selections(case_run *run, ref_step *ref, int tokens) {
   }
 }
 
+/* Whether the step's kl_sample goes to the shard sampler (runtime/sample.c):
+ * no filter array and no top-n. */
+static int sample_by_shards(const step_plan *p) { return (p->nulls & 7) == 7 && p->n_top == 0; }
+
 /* The path the dispatch rule gives (docs/DESIGN.md §8): the same on every rank. */
 static int expected_path(const case_run *run, int op, int tokens, long long crossover) {
   const diff_case *c = run->c;
   if (c->disable || tokens > c->spec.max_tokens) return PATH_NCCL;
   int nccl_everywhere = run->tp == 1 || c->has_nccl;
   long long bytes = (long long)tokens * c->layout.shard_bytes;
-  if ((op == OP_GATHER || op == OP_SAMPLE) && nccl_everywhere && bytes > crossover)
-    return PATH_NCCL; /* the calls that move the shard */
+  int moves = op == OP_GATHER || (op == OP_SAMPLE && !sample_by_shards(&run->plan));
+  if (moves && nccl_everywhere && bytes > crossover) return PATH_NCCL;
   return PATH_ONESHOT;
 }
 
@@ -932,6 +940,7 @@ static void compare(case_run *run, const ref_step *ref, long long crossover, con
                             : check_selection(run, ref, rank, op, p->tokens, &poison, first,
                                               sizeof first);
       env->cov.sampled += op == OP_SAMPLE;
+      env->cov.by_shards += op == OP_SAMPLE && sample_by_shards(p);
       env->cov.calls++;
       env->cov.path[want_path]++;
       int excused = (run->dead && poison == bad) || (run->standin_broke && want_path == PATH_NCCL);

@@ -203,19 +203,28 @@ typedef struct kl_sampling {
  * domain gets token -1 and NaN logprobs (checked on the device, where the
  * values are). Outputs aligned for their type, apart from each other and
  * from the parameters. Collective, enqueued, capturable and ordered as
- * kl_gather; KLRT_EINVAL for a spec without topk. Every row takes the wide
- * path for now: the logits are gathered (either path, as kl_gather chooses)
- * into the context's scratch and sampled there. */
+ * kl_gather; KLRT_EINVAL for a spec without topk. Which arguments are NULL
+ * picks the sampler, every rank alike: with top_k, top_p and min_p NULL and
+ * n_top 0 the rows never move (each rank reduces its shard to a few words a
+ * row, exchanged as kl_topk's records, either path as kl_topk chooses);
+ * otherwise the call takes the wide path, counted as a KL_DECLINE_WIDE: the
+ * logits are gathered (either path, as kl_gather chooses) into the
+ * context's scratch and sampled there. Both give the same tokens. Pass NULL
+ * for a filter no row uses. */
 kl_result kl_sample(kl_ctx *ctx, const void *shard, const kl_sampling *params, int64_t *token,
                     float *logprob, int64_t *top_index, float *top_logprob, int n_top, int tokens,
                     kl_stream stream);
 
-/* Why a call did not take the one-shot path. */
+/* Why a call did not take the one-shot path (KL_DECLINE_WIDE: why a
+ * kl_sample call did not take the shards'). */
 typedef enum kl_decline {
   KL_DECLINE_DISABLED = 0, /* KLGEN_DISABLE=1 on some rank */
   KL_DECLINE_NOT_READY,    /* compile, load or peer mapping failed on some rank */
   KL_DECLINE_TOKENS,       /* tokens > the spec's max_tokens */
   KL_DECLINE_SIZE,         /* tokens x shard bytes above the crossover limit */
+  /* kl_sample only, beside the path's own count: the shards could not decide
+   * the call (a filter or top-n logprobs), so its rows were gathered */
+  KL_DECLINE_WIDE,
   KL_DECLINE_COUNT
 } kl_decline;
 
