@@ -210,7 +210,10 @@ typedef struct kl_sampling {
  * otherwise the call takes the wide path, counted as a KL_DECLINE_WIDE: the
  * logits are gathered (either path, as kl_gather chooses) into the
  * context's scratch and sampled there. Both give the same tokens. Pass NULL
- * for a filter no row uses. */
+ * for a filter no row uses. Every rank must pass NULL for the same arrays and
+ * the same n_top, as it passes the same tokens: ranks that differ run
+ * different collectives (a one-shot step times out, NCCL's all-gather gets
+ * unequal sizes). */
 kl_result kl_sample(kl_ctx *ctx, const void *shard, const kl_sampling *params, int64_t *token,
                     float *logprob, int64_t *top_index, float *top_logprob, int n_top, int tokens,
                     kl_stream stream);
