@@ -458,6 +458,11 @@ static void api_shards(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w, rng *r) 
   kl_ctx_stats(ctx, &st);
   CHECK(api_call(ctx, b, &all, 0, 16, NULL) == KLRT_OK, "kl_sample wide: %s", kl_last_error());
   counted(ctx, &st, 0, 1, "kl_sample with filter arrays");
+  /* done before the capture: a captured call is not ordered after the last
+   * call's stream (nothing outside a graph can be), and this call's slowest
+   * row, a radix search, would write its token over the replay's (seen under
+   * compute-sanitizer's synccheck and initcheck, which slow it most) */
+  CU_CHECK(d->cu, cuCtxSynchronize());
   CUstream s;
   CU_CHECK(d->cu, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   CUgraph g;
