@@ -239,10 +239,16 @@ def _sample(rank):
             got = on.sample(head, hidden[:n], sampler, batch, None)
             args = sampling_args(sampler, batch, 64)
             states, asked = sampler.sampling_states, [kinds[i % len(kinds)] for i in slots]
-            for name in ("temperature", "top_p", "min_p"):
-                assert args[name].tolist() == pytest.approx([getattr(p, name) for p in asked])
+            assert args["temperature"].tolist() == pytest.approx([p.temperature for p in asked])
+            # a filter no request uses is None (kl_sample's shards then draw)
+            for name, unset in (("top_p", 1.0), ("min_p", 0.0)):
+                values, arg = [getattr(p, name) for p in asked], args[name]
+                assert (arg is None) == all(v == unset for v in values), (name, values)
+                assert arg is None or arg.tolist() == pytest.approx(values)
             # vLLM's "off" top_k (its vocabulary) is 0; a row's seed is its request's
-            assert args["top_k"].tolist() == [max(p.top_k, 0) for p in asked], args["top_k"]
+            want_k = [max(p.top_k, 0) for p in asked]
+            assert (args["top_k"] is None) == (not any(want_k)), want_k
+            assert args["top_k"] is None or args["top_k"].tolist() == want_k, args["top_k"]
             assert args["seed"].tolist() == states.seeds.np[slots].tolist()
             assert [s for s, p in zip(args["seed"].tolist(), asked) if p.seed is not None] == \
                 [p.seed for p in asked if p.seed is not None]

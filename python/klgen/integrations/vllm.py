@@ -85,18 +85,32 @@ def sampling_args(sampler, input_batch, max_top_k):
     vllm.v1.worker.gpu.sample.sampler): per-row temperature, top_k, top_p,
     min_p, the request's seed (vLLM draws one for a request without) and the
     row's position as the offset, so a request's draws differ step by step
-    and repeat with its seed. A str instead says why the step needs vLLM's
-    own sampler; max_top_k is the spec's topk."""
+    and repeat with its seed. A filter no request of the step uses is None,
+    as vLLM's sampler skips it (read from its host copies): a step without
+    filters is sampled from the shards, never gathered. A str instead says
+    why the step needs vLLM's own sampler; max_top_k is the spec's topk."""
     reason = _sampler_declines(sampler, input_batch, max_top_k)
     if reason is not None:
         return reason
     rows, states = input_batch.expanded_idx_mapping, sampler.sampling_states
-    top_k = states.top_k.gpu[rows].long()
-    return dict(temperature=states.temperature.gpu[rows],
-                top_k=top_k.masked_fill(top_k >= states.vocab_size, 0),  # vLLM's off: 0
-                top_p=states.top_p.gpu[rows], min_p=states.min_p.gpu[rows],
-                seed=states.seeds.gpu[rows],
+    requests = input_batch.idx_mapping_np
+    top_k = top_p = min_p = None
+    if _used(states.top_k, requests, states.vocab_size):  # vLLM's off: its vocabulary
+        top_k = states.top_k.gpu[rows].long()
+        top_k = top_k.masked_fill(top_k >= states.vocab_size, 0)  # klgen's off: 0
+    if _used(states.top_p, requests, 1.0):
+        top_p = states.top_p.gpu[rows]
+    if _used(states.min_p, requests, 0.0):
+        min_p = states.min_p.gpu[rows]
+    return dict(temperature=states.temperature.gpu[rows], top_k=top_k, top_p=top_p,
+                min_p=min_p, seed=states.seeds.gpu[rows],
                 offset=input_batch.positions[input_batch.logits_indices].long())
+
+
+def _used(buffer, requests, off):
+    """Whether a request of the step sets a filter, from vLLM's host copy of
+    it (as its sampler decides whether to apply the filter at all)."""
+    return bool((buffer.np[requests] != off).any())
 
 
 # What the glue reads of vLLM's v2 Sampler. A vLLM without one of them is
