@@ -25,9 +25,9 @@ part() { # name, seconds at most, then the command; prints rc and time
   echo "gpu-session: $name: rc $? in $((SECONDS - t0)) s (log: $logs/$name.log)"
 }
 nvidia-smi -L 2>/dev/null | sed 's/^/gpu-session: /'
-# about 250 s on one H200 (gpu_select 134 s, gpu_sample 97 s: ranks sharing
-# the GPU take a quarter share each)
-part ctest 330 bash "$root/.ci/gpu-tests.sh" -E gpu_diff
+# 329 s on one H200 (2026-12-02; gpu_sample 113 s: ranks sharing the GPU
+# take a quarter share each)
+part ctest 390 bash "$root/.ci/gpu-tests.sh" -E gpu_diff
 grep -E "tests passed|Failed|\(Failed\)|\(Timeout\)" "$logs/ctest.log" | sed 's/^/  /'
 wheel=$(ls "$root"/dist/klgen-*.whl 2>/dev/null | head -1)
 if [ -n "$wheel" ]; then
