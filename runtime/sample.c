@@ -149,18 +149,20 @@ static int by_shards(const kl_call *k) {
 }
 static int gathers(const kl_call *k) { return !by_shards(k); }
 
-static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
-  if (by_shards(k)) return kl_select_oneshot(c, KL_K_SHARDS, k, s);
+/* The wide path: the rows gathered by the gather route's path `oneshot`,
+ * then drawn by the row sampler. */
+static kl_result wide(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   c->stats.declined[KL_DECLINE_WIDE]++;
-  kl_result res = gather_rows(c, k, s, 1);
+  kl_result res = gather_rows(c, k, s, oneshot);
   return res ? res : draw(c, k, s);
 }
 
+static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
+  return by_shards(k) ? kl_select_oneshot(c, KL_K_SHARDS, k, s) : wide(c, k, s, 1);
+}
+
 static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
-  if (by_shards(k)) return kl_select_nccl(c, KL_K_SHARDS, k, s);
-  c->stats.declined[KL_DECLINE_WIDE]++;
-  kl_result res = gather_rows(c, k, s, 0);
-  return res ? res : draw(c, k, s);
+  return by_shards(k) ? kl_select_nccl(c, KL_K_SHARDS, k, s) : wide(c, k, s, 0);
 }
 
 const kl_route kl_sample_route = {
