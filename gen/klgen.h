@@ -111,7 +111,9 @@ typedef struct kl_layout {
   int64_t sel_offset;   /* byte offset of the select region in the receive memory */
   int64_t sel_slot_bytes;   /* one rank's slot: max_tokens x rec_split records */
   int64_t sel_buffer_bytes; /* one of three: tp slots */
-  int64_t fault_offset; /* byte offset of the group's fault word (total_bytes + 3 x sel_buffer_bytes) */
+  int64_t stage_offset; /* byte offset of kl_sample's staged rows (total_bytes + 3 x sel_buffer_bytes) */
+  int64_t stage_buffer_bytes; /* one of their 2 buffers: max_tokens shard rows (0 without topk) */
+  int64_t fault_offset; /* byte offset of the group's fault word (stage_offset + 2 x stage_buffer_bytes) */
   int64_t recv_bytes;   /* fault_offset + KL_FAULT_BYTES: what each rank allocates */
   int sel_max_ctas;     /* select CTAs at max_tokens (before residency caps) */
   /* kl_sample's row sampler (sample.cu.tmpl): a greedy or plain-temperature

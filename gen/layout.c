@@ -98,16 +98,23 @@ static void derive_epilogue(const kl_spec *s, kl_layout *l) {
 
 /* Records of candidates: room for record_keys keys of two words each and
  * (for topk) two words of log-sum-exp partial, and for kl_sample's shard
- * sampler (a spec with topk) its record. kl_argmax's record is one such key;
- * kl_topk's is smaller when its values are 16-bit (one-word keys and a
- * one-word partial, templates/keys.cuh.tmpl); the one-shot records of both
- * and the shard sampler's are packed at their own size inside this stride. */
+ * sampler (a spec with topk) its record, with its candidates when the call
+ * has filters (kl_abi.h: KL_SHARD_CAND_WORD words, then two a candidate).
+ * kl_argmax's record is one such key; kl_topk's is smaller when its values
+ * are 16-bit (one-word keys and a one-word partial, templates/keys.cuh.tmpl);
+ * the one-shot records of all three are packed at their own size inside
+ * this stride. The split is kl_topk's: its merge holds a token's records in
+ * shared memory (the shard sampler's merge does not). */
 static void derive_select(const kl_spec *s, kl_layout *l) {
   l->record_keys = s->topk > 0 ? s->topk : 1;
   int words = 2 * l->record_keys + (s->topk > 0 ? 2 : 0);
-  if (s->topk > 0 && words < KL_SHARD_RECORD_WORDS) words = KL_SHARD_RECORD_WORDS;
+  const int64_t split_chunks = (words + 3) / 4;
+  if (s->topk > 0) {
+    const int64_t cand = s->topk < s->vocab_size ? s->topk : s->vocab_size;
+    if (words < KL_SHARD_CAND_WORD + 2 * cand) words = KL_SHARD_CAND_WORD + 2 * (int)cand;
+  }
   l->rec_chunks = (words + 3) / 4;
-  int64_t split_cap = MERGE_CHUNKS / ((int64_t)l->rec_chunks * s->tp);
+  int64_t split_cap = MERGE_CHUNKS / (split_chunks * s->tp);
   if (split_cap > SEL_SPLIT_MAX) split_cap = SEL_SPLIT_MAX;
   if (split_cap < 1) split_cap = 1; /* cannot happen: rec_chunks <= 33, tp <= 64 */
   int64_t per_cta = SEL_BLOCK * split_cap;
@@ -127,8 +134,13 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
   l->sel_offset = l->total_bytes;
   l->sel_slot_bytes = s->max_tokens * l->rec_split * l->rec_chunks * CHUNK;
   l->sel_buffer_bytes = l->sel_slot_bytes * s->tp;
+  /* kl_sample's staged rows (a spec with topk): a filtered call's shard
+   * sampler leaves its rank rows here, where a peer reads those its
+   * candidates cannot decide (shards.cu.tmpl); two buffers, by step parity */
+  l->stage_offset = l->total_bytes + 3 * l->sel_buffer_bytes;
+  l->stage_buffer_bytes = s->topk > 0 ? s->max_tokens * l->row_chunks * CHUNK : 0;
   /* the group's fault word (kl_abi.h) after the buffers, where peers can write it */
-  l->fault_offset = l->total_bytes + 3 * l->sel_buffer_bytes;
+  l->fault_offset = l->stage_offset + 2 * l->stage_buffer_bytes;
   l->recv_bytes = l->fault_offset + KL_FAULT_BYTES;
   l->sel_max_ctas = kl_layout_select_slots(l, (int)s->max_tokens, 0, 0, s->topk > 0);
 }
@@ -181,10 +193,11 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   derive_select(s, l);
   derive_sample(s, l);
   if (l->recv_bytes > KL_BUFFER_CAP) {
-    int64_t per_token = 3 * s->tp * (l->row_chunks + (int64_t)l->rec_split * l->rec_chunks) * CHUNK;
+    int64_t per_token = (3 * s->tp * (l->row_chunks + (int64_t)l->rec_split * l->rec_chunks) +
+                         2 * l->row_chunks) * CHUNK;
     return kl_spec_fail(err, s, KL_F_MAX_TOKENS,
                         "one-shot buffers would take %lld MiB per rank (3 x tp x max_tokens x "
-                        "(shard bytes + candidate records)), over the %lld MiB cap; max_tokens "
+                        "(shard bytes + candidate records) + staged rows), over the %lld MiB cap; max_tokens "
                         "<= %lld fits", (long long)(l->recv_bytes >> 20),
                         (long long)(KL_BUFFER_CAP >> 20), (long long)(KL_BUFFER_CAP / per_token));
   }

@@ -166,7 +166,7 @@ typedef enum kl_buf_id {
   KL_BUF_STAGE_IN,  /* an input copied where the kernels can read it */
   KL_BUF_STAGE_OUT, /* an output the kernels write aligned, copied after */
   KL_BUF_SAMPLE,    /* kl_sample's gathered rows, [tokens, vocab] of the out dtype */
-  KL_BUF_SAMPLE_PARTS, /* its split rows' parts, then their counters (kl_sample_parts_bytes) */
+  KL_BUF_SAMPLE_PARTS, /* its split rows' parts, counters, pending flags (kl_sample_parts_bytes) */
   KL_BUF_COUNT
 } kl_buf_id;
 typedef struct kl_buffer {
@@ -354,6 +354,8 @@ size_t kl_record_bytes(const kl_ctx *c, long long tokens);
 size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens);
 /* KL_BUF_SAMPLE_PARTS's bytes for `tokens` rows (sample.c). */
 size_t kl_sample_parts_bytes(const kl_ctx *c, long long tokens);
+/* Its rows' pending flags (the shard sampler's, with filters). */
+unsigned *kl_sample_pending(const kl_ctx *c);
 const char *kl_arg_name(kl_arg a);
 int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn);
 /* k->kin: the input itself when aligned for the kernels' vectors and apart

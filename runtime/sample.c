@@ -1,16 +1,20 @@
-/* kl_sample's route (docs/DESIGN.md "Sampling"). A call without filters
- * (top_k, top_p and min_p NULL) and without top-n logprobs goes to the shard
- * sampler (shards.cu.tmpl), a select kernel: its rows never move, only each
- * part's record does (select.c's paths). Every other call takes the wide
- * path, counted as a "wide" decline: the logits are gathered into the
- * context's scratch by the gather's own paths (one-shot, or NCCL and the
+/* kl_sample's route (docs/DESIGN.md "Sampling"). A call without top-n
+ * logprobs goes to the shard sampler (shards.cu.tmpl), a select kernel: its
+ * rows never move, only each part's record does (select.c's paths). With
+ * filters (top_k, top_p or min_p given) only the one-shot path serves it:
+ * the records carry each part's candidates, and a row they cannot decide is
+ * copied from every rank's staged rows into the context's scratch, where
+ * the row sampler (sample.cu.tmpl), launched after it, draws the rows left
+ * pending (counted on the device as a "wide" call). Every other call takes
+ * the wide path, counted as a "wide" decline: the logits are gathered into
+ * the scratch by the gather's own paths (one-shot, or NCCL and the
  * relayout; the layer chooses as for kl_gather, every rank alike), then the
- * row sampler (sample.cu.tmpl) draws each row's token there, a greedy or
- * plain-temperature row over up to the layout's sample_slices CTAs
- * (slices_for). Either way every rank draws with the same noise from the
- * same values, so every rank gets the same tokens, and both samplers give
- * the same ones. The choice depends on which arguments are NULL, which every
- * rank passes alike. */
+ * row sampler draws each row's token there, a greedy or plain-temperature
+ * row over up to the layout's sample_slices CTAs (slices_for). Either way
+ * every rank draws with the same noise from the same values, so every rank
+ * gets the same tokens, and both samplers give the same ones. The choice
+ * depends on which arguments are NULL and on the path, alike on every
+ * rank. */
 #include <stdint.h>
 
 #include "rt.h"
@@ -19,10 +23,22 @@ static size_t row_bytes(const kl_ctx *c) {
   return (size_t)c->spec.vocab_size * (size_t)c->layout.out_elem_bytes;
 }
 
-/* A split row's parts (kl_sample_part, one a slice), then its counter: the
- * parts of `rows` rows, then their counters. */
+/* A split row's parts (kl_sample_part, one a slice), its counter and its
+ * pending flag (the shard sampler's, with filters): the parts of `rows`
+ * rows, then their counters, then their flags. */
 static size_t part_row_bytes(const kl_ctx *c) {
-  return (size_t)c->layout.sample_slices * sizeof(kl_sample_part) + sizeof(unsigned);
+  return (size_t)c->layout.sample_slices * sizeof(kl_sample_part) + 2 * sizeof(unsigned);
+}
+
+/* Where the buffer's rows' counters and pending flags are. */
+static unsigned *counters(const kl_ctx *c) {
+  const kl_buffer *pb = &c->buf[KL_BUF_SAMPLE_PARTS];
+  const size_t rows = pb->bytes / part_row_bytes(c);
+  return (unsigned *)(pb->p + rows * (size_t)c->layout.sample_slices * sizeof(kl_sample_part));
+}
+unsigned *kl_sample_pending(const kl_ctx *c) {
+  const size_t rows = c->buf[KL_BUF_SAMPLE_PARTS].bytes / part_row_bytes(c);
+  return counters(c) + rows;
 }
 
 size_t kl_sample_parts_bytes(const kl_ctx *c, long long tokens) {
@@ -114,24 +130,23 @@ static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
   return n;
 }
 
-static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
+/* The row sampler over the scratch's rows: all of them, or (pending) those
+ * the shard sampler left pending. */
+static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int pending) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
-  /* the counters after the parts of as many rows as the buffer holds; with
-   * top-n logprobs no row is split (sample.cu.tmpl split_row), so none */
-  const kl_buffer *pb = &c->buf[KL_BUF_SAMPLE_PARTS];
-  const size_t rows = pb->bytes / part_row_bytes(c);
+  /* with top-n logprobs no row is split (sample.cu.tmpl split_row) */
   const int split = x->n_top == 0;
-  kl_sample_part *parts = split ? (kl_sample_part *)pb->p : NULL;
-  unsigned *arrived = split ? (unsigned *)(pb->p + rows * (size_t)c->layout.sample_slices *
-                                                       sizeof(kl_sample_part))
-                            : NULL;
+  kl_sample_part *parts = split ? (kl_sample_part *)c->buf[KL_BUF_SAMPLE_PARTS].p : NULL;
+  unsigned *arrived = split ? counters(c) : NULL;
   c->kern[KL_K_SAMPLE].prm.sample = (kl_sample_args){
       (const void *)c->buf[KL_BUF_SAMPLE].p, p->temperature, (const long long *)p->top_k,
       p->top_p, p->min_p, (const unsigned long long *)p->seed,
       (const unsigned long long *)p->offset, (long long *)k->out[0].p, k->out[1].p,
       (long long *)k->out[2].p, k->out[3].p, c->recv ? kl_fault_word(c) : NULL, parts, arrived,
-      k->tokens, x->n_top, 1, (long long)c->spec.vocab_size};
+      pending ? kl_sample_pending(c) : NULL,
+      pending && c->mirror ? (unsigned long long *)&c->mirror[1] : NULL, k->tokens, x->n_top, 1,
+      (long long)c->spec.vocab_size};
   kl_sample_args *a = &c->kern[KL_K_SAMPLE].prm.sample;
   if (split) a->slices = slices_for(c, k->tokens, &a->slice_cols);
   /* items: every row's slices (a row a CTA takes whole is one of them) */
@@ -141,28 +156,37 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
   return kl_rt_fail(KLRT_ECUDA, "launching the row sampler: %s", kl_cu_errstr(r));
 }
 
-/* Whether the shard sampler serves the call: no row can have a filter and
- * no top-n is asked for. Else the call gathers its rows. */
-static int by_shards(const kl_call *k) {
-  const kl_sample_call *x = k->extra;
-  return x->n_top == 0 && !x->p->top_k && !x->p->top_p && !x->p->min_p;
+static int has_filters(const kl_call *k) {
+  const kl_sampling *p = ((const kl_sample_call *)k->extra)->p;
+  return p->top_k || p->top_p || p->min_p;
 }
-static int gathers(const kl_call *k) { return !by_shards(k); }
+
+/* A call with top-n logprobs gathers: the shards' candidates are of t, the
+ * top-n of x. (A call with filters gathers only where the path is NCCL, a
+ * choice the crossover leaves alone: one-shot, it moves records.) */
+static int gathers(const kl_call *k) { return ((const kl_sample_call *)k->extra)->n_top > 0; }
 
 /* The wide path: the rows gathered by the gather route's path `oneshot`,
  * then drawn by the row sampler. */
 static kl_result wide(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   c->stats.declined[KL_DECLINE_WIDE]++;
   kl_result res = gather_rows(c, k, s, oneshot);
-  return res ? res : draw(c, k, s);
+  return res ? res : draw(c, k, s, 0);
 }
 
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
-  return by_shards(k) ? kl_select_oneshot(c, KL_K_SHARDS, k, s) : wide(c, k, s, 1);
+  if (gathers(k)) return wide(c, k, s, 1);
+  if (!has_filters(k)) return kl_select_oneshot(c, KL_K_SHARDS, k, s);
+  /* the scratch before the kernels that write and read it */
+  kl_result res = ensure_scratch(c, k, s);
+  if (!res) res = kl_select_oneshot(c, KL_K_SHARDS, k, s);
+  return res ? res : draw(c, k, s, 1);
 }
 
+/* Without the peers' staged rows, a row with filters needs the gather. */
 static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
-  return by_shards(k) ? kl_select_nccl(c, KL_K_SHARDS, k, s) : wide(c, k, s, 0);
+  if (gathers(k) || has_filters(k)) return wide(c, k, s, 0);
+  return kl_select_nccl(c, KL_K_SHARDS, k, s);
 }
 
 const kl_route kl_sample_route = {

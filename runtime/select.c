@@ -27,13 +27,23 @@ static kl_result launched(CUresult r, const char *what) {
  * and logprob (out[0], out[1]; out[2], top_index, is NULL for its calls). */
 static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mode) {
   kl_select_args *a = &c->kern[id].prm.select.a;
-  *a = (kl_select_args){(const void *)k->kin, (long long *)k->out[0].p, k->out[1].p, k->out[2].p,
-                        NULL, NULL, NULL, NULL, NULL, NULL, NULL, k->tokens, c->rank, 0, mode};
+  *a = (kl_select_args){.in = (const void *)k->kin, .index = (long long *)k->out[0].p,
+                        .value = k->out[1].p, .lse = k->out[2].p, .tokens = k->tokens,
+                        .rank = c->rank, .mode = mode};
   if (id == KL_K_SHARDS) {
     const kl_sampling *p = ((const kl_sample_call *)k->extra)->p;
     a->temperature = p->temperature;
     a->seed = (const unsigned long long *)p->seed;
     a->offset = (const unsigned long long *)p->offset;
+    /* filters only one-shot (sample.c): the rows they leave pending are
+     * copied into the sample scratch from the peers' staged rows */
+    if (mode == KL_SELECT_ONESHOT && (p->top_k || p->top_p || p->min_p)) {
+      a->top_k = (const long long *)p->top_k;
+      a->top_p = p->top_p;
+      a->min_p = p->min_p;
+      a->wide = (void *)c->buf[KL_BUF_SAMPLE].p;
+      a->pending = kl_sample_pending(c);
+    }
   }
   return a;
 }

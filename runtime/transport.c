@@ -67,10 +67,11 @@ static int alloc_buffers(kl_ctx *c, char *why) {
   size_t state_bytes = sizeof header + 8 * ((size_t)c->layout.max_ctas + (size_t)c->layout.sel_max_ctas);
   size_t recv_bytes = (size_t)c->layout.recv_bytes;
   void *mirror = NULL;
-  if ((r = cu->cuMemAllocHost(&mirror, sizeof(uint64_t))) == CUDA_SUCCESS) {
-    /* pinned memory is mapped at the same address on the device (UVA) */
+  if ((r = cu->cuMemAllocHost(&mirror, 2 * sizeof(uint64_t))) == CUDA_SUCCESS) {
+    /* pinned memory is mapped at the same address on the device (UVA); the
+     * second word counts kl_sample's calls that left rows to the row sampler */
     c->mirror = mirror;
-    *c->mirror = 0;
+    c->mirror[0] = c->mirror[1] = 0;
     header.mirror = (unsigned long long *)mirror;
   }
   if (r != CUDA_SUCCESS ||

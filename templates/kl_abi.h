@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 7
+#define KL_ABI_VERSION 8
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -75,8 +75,12 @@ typedef struct kl_relayout_args {
  * mode 1: reduce only, records to rec ([tokens, SPLIT] records); mode 2:
  * merge only, from rec ([TP, tokens, SPLIT] records: ncclAllGather's
  * layout). The shard sampler writes its tokens to index and their logprobs
- * to value ([tokens] each) and reads the rows' temperature, seed and offset
- * (kl_sample_args' arrays); the others leave those three NULL. */
+ * to value ([tokens] each) and reads the rows' parameters (kl_sample_args'
+ * arrays); the others leave them NULL. With wide (one-shot only) the call
+ * has filters: each part stages its rank row and sends its candidates too,
+ * and a row they cannot decide is copied whole from every rank's staged
+ * rows into wide, pending[row] 1 (0 for every other row), for the row
+ * sampler. */
 typedef struct kl_select_args {
   const void *in;            /* this rank's [tokens, SHARD] */
   long long *index;          /* [tokens, K] */
@@ -88,6 +92,10 @@ typedef struct kl_select_args {
   void *rec;                 /* modes 1 and 2 */
   const float *temperature;  /* the shard sampler's [tokens] */
   const unsigned long long *seed, *offset; /* the shard sampler's [tokens], or NULL (0) */
+  const long long *top_k;    /* the shard sampler's filters, [tokens] or NULL (off) */
+  const float *top_p, *min_p;
+  void *wide;                /* [tokens, VOCAB] (out dtype), or NULL: no filters */
+  unsigned *pending;         /* [tokens], with wide */
   int tokens, rank, nslots, mode;
 } kl_select_args;
 /* A shard sampler's record (shards.cu.tmpl), in 32-bit words: a part's
@@ -95,6 +103,13 @@ typedef struct kl_select_args {
  * none), its largest logit, and the double sum of exp(x - that) for the
  * logprob (two words, its last bit clear). */
 #define KL_SHARD_RECORD_WORDS 7
+/* With filters, word KL_SHARD_CAND_WORD on holds the part's first
+ * min(TOPK, VOCAB) columns in the key order of t, two words each (the
+ * logit, and the column + 1; 0: none, a part with fewer columns). Its
+ * first column word KL_SHARD_CAND_UNKNOWN: too many equal keys to rank,
+ * the row takes the wide path. */
+#define KL_SHARD_CAND_WORD 8
+#define KL_SHARD_CAND_UNKNOWN 0xfffffffeu
 #define KL_SELECT_ONESHOT 0
 #define KL_SELECT_REDUCE 1
 #define KL_SELECT_MERGE 2
@@ -127,6 +142,12 @@ typedef struct kl_sample_args {
   const unsigned long long *fault;
   kl_sample_part *parts;          /* [tokens, SAMPLE_SLICES], or NULL: no row is split */
   unsigned *arrived;              /* [tokens]: a split row's slices done */
+  /* [tokens], or NULL (every row): only the rows where it is nonzero are
+   * drawn, the others' token and logprob the shard sampler wrote */
+  const unsigned *pending;
+  /* host memory (pinned, mapped), with pending: one more for each call that
+   * drew a row here, by CTA 0 (the host's wide count) */
+  unsigned long long *wide_calls;
   int tokens, n_top;              /* n_top <= TOPK and <= VOCAB */
   /* a split row's slices this call: `slices` (1..SAMPLE_SLICES) of slice_cols
    * columns each (a multiple of 4), the last one maybe fewer, none empty */
@@ -138,8 +159,8 @@ KL_ABI_ASSERT(sizeof(kl_state) == 64, "kl_state is 64 bytes: the step slots foll
 KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit ABI");
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
-KL_ABI_ASSERT(sizeof(kl_select_args) == 104, "peers[] follow kl_select_args at byte 104");
+KL_ABI_ASSERT(sizeof(kl_select_args) == 144, "peers[] follow kl_select_args at byte 144");
 KL_ABI_ASSERT(sizeof(kl_sample_part) == 32, "kl_sample_part layout");
-KL_ABI_ASSERT(sizeof(kl_sample_args) == 136, "kl_sample_args layout");
+KL_ABI_ASSERT(sizeof(kl_sample_args) == 152, "kl_sample_args layout");
 
 #endif

@@ -1,7 +1,8 @@
 /* GPU test: a fault never looks like success. Two ranks as threads on one GPU
  * (CUDA_DEVICE_MAX_CONNECTIONS=32), a spec with timeout_ms = 200 (or argv[1]), and rank 1
  * skipping one call, for each of kl_gather, kl_argmax, kl_topk and kl_sample
- * (by the shards, and gathering: with a top_p array):
+ * (by the shards bare, by the shards with a top_p array, and gathering: with a
+ * top-n logprob):
  *
  *   - rank 0's call times out; it and the call rank 0 makes right after it
  *     (before the host can know) return KLRT_OK, and both write poison (NaN
@@ -28,9 +29,12 @@
 #define K 8
 #define SHARD (VOCAB / 2)
 
-enum { GATHER, ARGMAX, TOPK, SAMPLE, SAMPLE_WIDE };
+/* kl_sample three ways: no filter (the shard sampler), a filter (the shard
+ * sampler with candidates and staged rows), a top-n logprob (the gather
+ * and the row sampler) */
+enum { GATHER, ARGMAX, TOPK, SAMPLE, SAMPLE_FILTERED, SAMPLE_WIDE };
 static const char *const names[] = {"kl_gather", "kl_argmax", "kl_topk", "kl_sample",
-                                    "kl_sample (wide)"};
+                                    "kl_sample (filters)", "kl_sample (wide)"};
 
 typedef struct shared {
   const kl_cu *cu;
@@ -67,7 +71,7 @@ typedef struct outs {
 typedef struct bufs {
   CUdeviceptr shard;
   CUdeviceptr temperature; /* kl_sample's: 0.7 for every row */
-  CUdeviceptr top_p;       /* and 1 (off), for a call that gathers */
+  CUdeviceptr top_p;       /* and 1 (off), for a call with a filter array */
   outs o[2];
   CUstream s;
 } bufs;
@@ -79,11 +83,14 @@ static kl_result call(shared *sh, kl_ctx *c, const bufs *b, int set) {
   case ARGMAX:
     return kl_argmax(c, (void *)b->shard, (int64_t *)o->index, (float *)o->value, TOKENS, b->s);
   case SAMPLE:
-  case SAMPLE_WIDE: { /* the token in index, its logprob in value */
+  case SAMPLE_FILTERED:
+  case SAMPLE_WIDE: { /* the token in index, its logprob in value (top-n: index after them) */
     kl_sampling p = {(const float *)b->temperature, NULL, NULL, NULL, NULL, NULL};
-    if (sh->op == SAMPLE_WIDE) p.top_p = (const float *)b->top_p;
-    return kl_sample(c, (void *)b->shard, &p, (int64_t *)o->index, (float *)o->value, NULL, NULL,
-                     0, TOKENS, b->s);
+    if (sh->op == SAMPLE_FILTERED) p.top_p = (const float *)b->top_p;
+    const int n_top = sh->op == SAMPLE_WIDE;
+    int64_t *top = n_top ? (int64_t *)o->index + TOKENS : NULL;
+    return kl_sample(c, (void *)b->shard, &p, (int64_t *)o->index, (float *)o->value, top, NULL,
+                     n_top, TOKENS, b->s);
   }
   default:
     return kl_topk(c, (void *)b->shard, (int64_t *)o->index, (float *)o->value, (float *)o->lse,

@@ -417,21 +417,25 @@ static void api_misuse(kl_ctx *ctx, const api_bufs *b, int n) {
 }
 
 /* kl_sample's stats now and the calls it counted since `before`: one on
- * `path` (0 one-shot, 1 NCCL), and `wide` of them gathering. */
+ * `path` (0 one-shot, 1 NCCL), and `wide` of them gathering; -1: 0 or 1, as
+ * the device found (the shards with filters send only the rows their
+ * candidates cannot decide to the row sampler, and count the call if any).
+ * The caller has synchronized. */
 static void counted(kl_ctx *ctx, const kl_stats *before, int path, int wide, const char *what) {
   kl_stats st = KL_STATS_INIT;
   kl_ctx_stats(ctx, &st);
   CHECK(path ? st.nccl == before->nccl + 1 : st.oneshot == before->oneshot + 1,
         "%s: not one call on the %s path", what, path ? "NCCL" : "one-shot");
-  CHECK(st.declined[KL_DECLINE_WIDE] == before->declined[KL_DECLINE_WIDE] + (uint64_t)wide,
-        "%s: %llu wide declines, want %d more than %llu", what,
-        (unsigned long long)st.declined[KL_DECLINE_WIDE], wide,
+  const uint64_t more = st.declined[KL_DECLINE_WIDE] - before->declined[KL_DECLINE_WIDE];
+  CHECK(wide < 0 ? more <= 1 : more == (uint64_t)wide, "%s: %llu wide declines, want %d more than %llu",
+        what, (unsigned long long)st.declined[KL_DECLINE_WIDE], wide,
         (unsigned long long)before->declined[KL_DECLINE_WIDE]);
+  if (wide < 0) printf("%s: %s\n", what, more ? "rows left to the row sampler" : "every row decided");
 }
 
 /* The shard sampler: calls with no filter array and no top-n, on both paths
  * and replayed from a graph with new seeds, against the reference with the
- * rows' filters off; a call with the arrays gathers (a "wide" decline). */
+ * rows' filters off; then with the arrays (one-shot: the shards' candidates). */
 static void api_shards(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w, rng *r) {
   const int steps[] = {16, 20};
   long long keep_k[20];
@@ -448,16 +452,19 @@ static void api_shards(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w, rng *r) 
     kl_ctx_stats(ctx, &st);
     CHECK(api_call(ctx, b, &bare, 0, steps[k], NULL) == KLRT_OK, "kl_sample by the shards: %s",
           kl_last_error());
+    CU_CHECK(d->cu, cuCtxSynchronize());
     counted(ctx, &st, k, 0, "kl_sample by the shards");
     w->n = steps[k];
     api_results(d, w, b);
     for (int i = 0; i < steps[k]; i++)
       check_row(d, w, i, k ? "kl_sample by the shards (NCCL)" : "kl_sample by the shards", 0);
   }
-  kl_sampling all = api_params(b); /* the arrays given (rows' filters in them): gathered */
+  kl_sampling all = api_params(b); /* the arrays given (rows' filters in them) */
   kl_ctx_stats(ctx, &st);
-  CHECK(api_call(ctx, b, &all, 0, 16, NULL) == KLRT_OK, "kl_sample wide: %s", kl_last_error());
-  counted(ctx, &st, 0, 1, "kl_sample with filter arrays");
+  CHECK(api_call(ctx, b, &all, 0, 16, NULL) == KLRT_OK, "kl_sample with filters: %s",
+        kl_last_error());
+  CU_CHECK(d->cu, cuCtxSynchronize());
+  counted(ctx, &st, 0, -1, "kl_sample with filter arrays");
   /* done before the capture: a captured call is not ordered after the last
    * call's stream (nothing outside a graph can be), and this call's slowest
    * row, a radix search, would write its token over the replay's (seen under
@@ -524,7 +531,9 @@ static void api(dev *d) {
     kl_stats st0 = KL_STATS_INIT;
     kl_ctx_stats(ctx, &st0);
     CHECK(api_call(ctx, &b, &p, n_top, steps[k], NULL) == KLRT_OK, "kl_sample: %s", kl_last_error());
-    counted(ctx, &st0, k, 1, k ? "kl_sample past max_tokens" : "kl_sample"); /* filter arrays: wide */
+    CU_CHECK(d->cu, cuCtxSynchronize());
+    /* top-n, or filter arrays past max_tokens: gathered; else the shards' candidates */
+    counted(ctx, &st0, k, n_top || k ? 1 : -1, k ? "kl_sample past max_tokens" : "kl_sample");
     w.n = steps[k], w.n_top = n_top;
     api_results(d, &w, &b);
     for (int i = 0; i < steps[k]; i++)

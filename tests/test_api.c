@@ -129,7 +129,10 @@ static void generated(void) {
   g.source = old, g.source_len = strlen(old);
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "kernel ABI 2");
   /* with a topk, the row sampler's split the kernels were rendered for */
-  const char *split = "#define KL_ABI_VERSION 7\nstatic constexpr int SAMPLE_SLICES = 16;\n"
+#define STR_(x) #x
+#define STR(x) STR_(x)
+  const char *split = "#define KL_ABI_VERSION " STR(KL_ABI_VERSION) "\n"
+                      "static constexpr int SAMPLE_SLICES = 16;\n"
                       "static constexpr long long SAMPLE_SLICE_COLS = 10240;\n";
   g.source = split, g.source_len = strlen(split), g.topk = 8;
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "sampler slices 16/32 of 10240/5120");

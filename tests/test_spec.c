@@ -442,9 +442,14 @@ static void topk(void) {
   kl_layout lay;
   if (load_layout("return { name = 'k', vocab_size = 163840, tp = 8, dtype = 'bf16', "
                   "max_tokens = 64, topk = 8 }", &s, &lay) == 0)
-    CHECK(s.topk == 8 && lay.record_keys == 8 && lay.rec_chunks == 5 && lay.topk_split == 10 &&
-              lay.topk_thread_chunks == 1 && lay.recv_bytes == lay.total_bytes + 3 * lay.sel_buffer_bytes + 64 &&
-              lay.sel_buffer_bytes == 8LL * 64 * 10 * 5 * 16,
+    /* kl_topk's record is 5 chunks (8 keys, the partial); the stride 6, for
+     * the shard sampler's with its 8 candidates (8 + 16 words); its split is
+     * kl_topk's */
+    CHECK(s.topk == 8 && lay.record_keys == 8 && lay.rec_chunks == 6 && lay.topk_split == 10 &&
+              lay.topk_thread_chunks == 1 && lay.stage_offset == lay.total_bytes + 3 * lay.sel_buffer_bytes &&
+              lay.stage_buffer_bytes == 64LL * 20480 * 2 &&
+              lay.recv_bytes == lay.stage_offset + 2 * lay.stage_buffer_bytes + 64 &&
+              lay.sel_buffer_bytes == 8LL * 64 * 10 * 6 * 16,
           "topk 8 layout: k %d rec %d split %d cpt %d", lay.record_keys, lay.rec_chunks, lay.topk_split,
           lay.topk_thread_chunks);
   /* kl_sample splits a gathered row of 163840 columns over the most slices */
@@ -458,10 +463,11 @@ static void topk(void) {
             kl_layout_select_slots(&lay, 64, 400, 100, 1) == 320 &&
             kl_layout_select_slots(&lay, 64, 0, 0, 0) == 64 * 5,
         "select slots: %d", lay.sel_max_ctas);
-  /* top-1's record (4 words) leaves room for the shard sampler's 7 */
+  /* top-1's record (4 words) leaves room for the shard sampler's, its
+   * candidate after the header */
   if (load_layout("return { name = 'k', vocab_size = 163840, tp = 8, dtype = 'bf16', "
                   "max_tokens = 64, topk = 1 }", &s, &lay) == 0)
-    CHECK(lay.rec_chunks == (KL_SHARD_RECORD_WORDS + 3) / 4, "topk 1: rec %d", lay.rec_chunks);
+    CHECK(lay.rec_chunks == (KL_SHARD_CAND_WORD + 2 + 3) / 4, "topk 1: rec %d", lay.rec_chunks);
   /* no topk: argmax records (one chunk); a long row spreads over more chunks a thread */
   if (load_layout("return { name = 'k', vocab_size = 262144, tp = 1, dtype = 'fp32', "
                   "max_tokens = 4 }", &s, &lay) == 0)
@@ -490,10 +496,11 @@ static void topk(void) {
             (long long)m, (long long)cw);
     }
   }
-  /* the merge's records fit its shared memory at the largest k and tp */
+  /* kl_topk's merge's records (33 chunks) fit its shared memory at the
+   * largest k and tp; the stride is the shard sampler's 8 + 128 words */
   if (load_layout("return { name = 'k', vocab_size = 163840, tp = 64, dtype = 'bf16', "
                   "max_tokens = 4, topk = 64 }", &s, &lay) == 0)
-    CHECK(lay.rec_chunks == 33 && lay.topk_split == 1 && 64 * lay.rec_chunks * 16 <= 40960,
+    CHECK(lay.rec_chunks == 34 && lay.topk_split == 1 && 64 * 33 * 16 <= 40960,
           "tp 64 top-64: split %d rec %d", lay.topk_split, lay.rec_chunks);
   bad(SPEC(", topk = 0"), "t.lua:1: topk:", "out of range");
   bad(SPEC(", topk = -1"), "t.lua:1: topk:", "out of range");
