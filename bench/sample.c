@@ -1,8 +1,9 @@
 /* klbench --sample: kl_sample on the spec's per-rank shard (the spec with
  * topk = 64, the candidates' capacity) against what engines run today.
  * Variants:
- *   filtered    kl_sample, every row T 0.7, top_k 50, top_p 0.9 (gathered: the
- *               wide path)
+ *   filtered    kl_sample, every row T 0.7, top_k 50, top_p 0.9 (by the
+ *               shards' candidates on the one-shot path; top_k 50 <= 64
+ *               decides every row)
  *   plain T     kl_sample, every row T 0.7, no filter (by the shards)
  *   greedy      kl_sample, every row T 0 (by the shards)
  *   gather      kl_gather alone: where an engine's sampler starts
