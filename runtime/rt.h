@@ -114,6 +114,7 @@ typedef enum kl_kernel_id {
   KL_K_TOPK,     /* kl_topk, alike; only for a spec with topk */
   KL_K_SAMPLE,   /* kl_sample's row sampler, after a gather; only for a spec with topk */
   KL_K_SHARDS,   /* kl_sample's shard sampler, as the select kernels; only with topk */
+  KL_K_CANDIDATES, /* the same for calls with filters (one-shot only) */
   KL_K_COUNT
 } kl_kernel_id;
 /* A kernel's parameter (kl_abi.h): its args, then the peers' receive
@@ -373,7 +374,7 @@ kl_result kl_allgather(kl_ctx *c, CUdeviceptr mine, CUdeviceptr all, size_t byte
 extern const kl_route kl_gather_route, kl_argmax_route, kl_topk_route, kl_sample_route;
 /* A select kernel's two paths for a call (select.c): the kernel one-shot, or
  * reduce, NCCL all-gather, merge. The call's outputs are the kernel's index,
- * value and lse; kl_sample's parameters come from k->extra for KL_K_SHARDS. */
+ * value and lse; kl_sample's parameters come from k->extra for KL_K_SHARDS and KL_K_CANDIDATES. */
 kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s);
 kl_result kl_select_nccl(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s);
 

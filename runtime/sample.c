@@ -179,7 +179,7 @@ static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
   if (!has_filters(k)) return kl_select_oneshot(c, KL_K_SHARDS, k, s);
   /* the scratch before the kernels that write and read it */
   kl_result res = ensure_scratch(c, k, s);
-  if (!res) res = kl_select_oneshot(c, KL_K_SHARDS, k, s);
+  if (!res) res = kl_select_oneshot(c, KL_K_CANDIDATES, k, s);
   return res ? res : draw(c, k, s, 1);
 }
 

@@ -675,8 +675,10 @@ static void reference_selections(case_run *run, ref_step *ref, int tokens) {
 }
 
 /* Whether the step's kl_sample goes to the shard sampler (runtime/sample.c):
- * no filter array and no top-n. */
-static int sample_by_shards(const step_plan *p) { return (p->nulls & 7) == 7 && p->n_top == 0; }
+ * no top-n, and on the NCCL path no filter array. */
+static int sample_by_shards(const step_plan *p, int path) {
+  return p->n_top == 0 && (path == PATH_ONESHOT || (p->nulls & 7) == 7);
+}
 
 /* The path the dispatch rule gives (docs/DESIGN.md §8): the same on every rank. */
 static int expected_path(const case_run *run, int op, int tokens, long long crossover) {
@@ -684,7 +686,9 @@ static int expected_path(const case_run *run, int op, int tokens, long long cros
   if (c->disable || tokens > c->spec.max_tokens) return PATH_NCCL;
   int nccl_everywhere = run->tp == 1 || c->has_nccl;
   long long bytes = (long long)tokens * c->layout.shard_bytes;
-  int moves = op == OP_GATHER || (op == OP_SAMPLE && !sample_by_shards(&run->plan));
+  /* kl_sample moves its rows only with top-n (with filters one-shot, the
+   * crossover leaves it alone: runtime/sample.c gathers) */
+  int moves = op == OP_GATHER || (op == OP_SAMPLE && run->plan.n_top > 0);
   if (moves && nccl_everywhere && bytes > crossover) return PATH_NCCL;
   return PATH_ONESHOT;
 }
@@ -940,7 +944,8 @@ static void compare(case_run *run, const ref_step *ref, long long crossover, con
                             : check_selection(run, ref, rank, op, p->tokens, &poison, first,
                                               sizeof first);
       env->cov.sampled += op == OP_SAMPLE;
-      env->cov.by_shards += op == OP_SAMPLE && sample_by_shards(p);
+      env->cov.by_shards += op == OP_SAMPLE && sample_by_shards(p, want_path);
+      env->cov.filtered_shards += op == OP_SAMPLE && sample_by_shards(p, want_path) && (p->nulls & 7) != 7;
       env->cov.calls++;
       env->cov.path[want_path]++;
       int excused = (run->dead && poison == bad) || (run->standin_broke && want_path == PATH_NCCL);

@@ -42,6 +42,7 @@ typedef struct diff_slot {
 typedef struct diff_coverage {
   long cases_run, invalid, steps, calls, replays, graphs, wrap, disabled, topk, sampled;
   long by_shards; /* kl_sample calls the shard sampler served */
+  long filtered_shards; /* of them, with a filter array (its candidates, staged rows) */
   long path[2]; /* calls by path: one-shot, NCCL */
   long tp[DIFF_MAX_RANKS + 1];
 } diff_coverage;

@@ -547,11 +547,11 @@ static void summary(const diff_env *env, long run, long failed, double secs, dou
   printf("gpu_diff: seeds %llu..%llu: %ld cases in %.1f s (%.1f cases/min): %ld ran, %ld invalid "
          "specs refused, %ld steps, %ld calls (%ld one-shot, %ld NCCL), %ld graphs (%ld replays), "
          "%ld at the counters' wrap, %ld with KLGEN_DISABLE, %ld with topk, %ld calls of "
-         "kl_sample (%ld by the shards)\n",
+         "kl_sample (%ld by the shards, %ld of them with filters)\n",
          (unsigned long long)o->seed, (unsigned long long)(o->seed + (uint64_t)run - 1), run, secs,
          60.0 * (double)run / (secs > 0 ? secs : 1), v->cases_run, v->invalid, v->steps, v->calls,
          v->path[0], v->path[1], v->graphs, v->replays, v->wrap, v->disabled, v->topk,
-         v->sampled, v->by_shards);
+         v->sampled, v->by_shards, v->filtered_shards);
   printf("gpu_diff: tp");
   for (int t = 1; t <= DIFF_MAX_RANKS; t++)
     if (v->tp[t]) printf(" %d:%ld", t, v->tp[t]);
