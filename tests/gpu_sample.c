@@ -12,9 +12,10 @@
  * Then kl_sample itself on one rank: eager on both paths, in a replayed CUDA
  * graph (which reads the parameters of the replay), and the calls it must
  * refuse. Last, its distribution: 102,400 draws of fixed logits per case of
- * (temperature, top_k, top_p, min_p), at tp 2 and tp 4 (ranks as threads on
- * the GPU), against the exact filtered softmax by a chi-squared test; the
- * same seeds and offsets draw the same tokens again and at either tp.
+ * (temperature, top_k, top_p, min_p), at tp 2 gathered and tp 4 by the
+ * shards (ranks as threads on the GPU), against the exact filtered softmax
+ * by a chi-squared test; the same seeds and offsets draw the same tokens
+ * again and at either tp.
  *   gpu_sample SPECS [ROWS [--no-distribution]]   (exit 77 without a GPU) */
 #include <math.h>
 #include <pthread.h>
@@ -598,7 +599,8 @@ typedef struct chi_rank {
   CUcontext cuctx;
   const char *spec;
   sample_args a;
-  int bare; /* no filter arrays: the shard sampler */
+  int bare;     /* no filter arrays: the shard sampler */
+  int gathered; /* a top-n logprob asked for: the gather and the row sampler */
   const float *logits; /* [CHI_VOCAB], every row */
   int64_t *tokens;     /* [CHI_CALLS + 1, CHI_ROWS]: the draws, then call 0 again */
   kl_result rc;
@@ -640,7 +642,8 @@ static void *chi_rank_main(void *arg) {
   CU_CHECK(cu, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   CUdeviceptr dx = up(&d, x, 4 * rows * shard), dT = up(&d, T, 4 * rows), dP = up(&d, P, 4 * rows),
               dMP = up(&d, MP, 4 * rows), dK = up(&d, K, 8 * rows), dS = up(&d, S, 8 * rows),
-              dO = up(&d, O, 8 * calls * rows), dtok = up(&d, NULL, 8 * (calls + 1) * rows);
+              dO = up(&d, O, 8 * calls * rows), dtok = up(&d, NULL, 8 * (calls + 1) * rows),
+              dtop = up(&d, NULL, 8 * rows);
   /* A stream's first work waits for the GPU's work before it: were that a
    * peer's spinning grid, this rank's first step would wait out the poll
    * limit (seen on one H200: 9 of 27 groups timed out at step 1 without
@@ -657,13 +660,13 @@ static void *chi_rank_main(void *arg) {
                      (const float *)dMP, (const uint64_t *)dS,
                      (const uint64_t *)(dO + 8 * call * rows)};
     if (r->bare) p.top_k = NULL, p.top_p = NULL, p.min_p = NULL;
-    rc = kl_sample(ctx, (const void *)dx, &p, (int64_t *)(dtok + 8 * j * rows), NULL, NULL, NULL,
-                   0, CHI_ROWS, (kl_stream)s);
+    rc = kl_sample(ctx, (const void *)dx, &p, (int64_t *)(dtok + 8 * j * rows), NULL,
+                   r->gathered ? (int64_t *)dtop : NULL, NULL, r->gathered, CHI_ROWS, (kl_stream)s);
   }
   CU_CHECK(cu, cuStreamSynchronize(s));
   if (rc) chi_fail(r, rc);
   if (!rc) down(&d, r->tokens, dtok, 8 * (calls + 1) * rows);
-  CUdeviceptr all[] = {dx, dT, dP, dMP, dK, dS, dO};
+  CUdeviceptr all[] = {dx, dT, dP, dMP, dK, dS, dO, dtop};
   for (size_t j = 0; j < sizeof all / sizeof *all; j++) cu->cuMemFree(all[j]);
   free(x), free(T), free(P), free(MP), free(K), free(S), free(O);
   CU_CHECK(cu, cuStreamDestroy(s));
@@ -672,9 +675,11 @@ static void *chi_rank_main(void *arg) {
 }
 
 /* Rank 0's draws of every rank's group at tp (tokens [CHI_CALLS + 1, CHI_ROWS]);
- * bare: with no filter arrays (a has none), by the shard sampler. */
+ * bare: with no filter arrays (a has none), by the shard sampler; gathered:
+ * with a top-n logprob, by the gather and the row sampler; neither: by the
+ * shards' candidates (and the rows they leave, from the staged rows). */
 static int chi_draws(CUcontext cuctx, int tp, const float *logits, sample_args a, int bare,
-                     int64_t *tokens) {
+                     int gathered, int64_t *tokens) {
   char spec[200];
   snprintf(spec, sizeof spec, "return { name = 'chi_tp%d', vocab_size = %d, tp = %d, "
            "dtype = 'fp32', max_tokens = %d, topk = 8 }", tp, CHI_VOCAB, tp, CHI_ROWS);
@@ -684,8 +689,8 @@ static int chi_draws(CUcontext cuctx, int tp, const float *logits, sample_args a
   pthread_t th[4];
   const size_t n = (size_t)(CHI_CALLS + 1) * CHI_ROWS;
   for (int i = 0; i < tp; i++) {
-    r[i] = (chi_rank){i, tp, group, cuctx, spec, a, bare, logits, i ? xmalloc(8 * n) : tokens,
-                      KLRT_OK, ""};
+    r[i] = (chi_rank){i, tp, group, cuctx, spec, a, bare, gathered, logits,
+                      i ? xmalloc(8 * n) : tokens, KLRT_OK, ""};
     pthread_create(&th[i], NULL, chi_rank_main, &r[i]);
   }
   int ok = 1;
@@ -761,16 +766,17 @@ static void distribution(const dev *d) {
   const size_t n = (size_t)(CHI_CALLS + 1) * CHI_ROWS;
   int64_t *t2 = xmalloc(8 * n), *t4 = xmalloc(8 * n);
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-    /* without filters tp 4 draws by the shards, tp 2 from the gathered rows */
+    /* tp 4 draws by the shards (without filter arrays where the case has
+     * none), tp 2 from the gathered rows */
     const sample_args *a = &cases[k];
     const int bare = a->top_k == 0 && a->top_p == 1.f && a->min_p == 0.f;
-    if (!chi_draws(cuctx, 2, logits, *a, 0, t2) || !chi_draws(cuctx, 4, logits, *a, bare, t4))
+    if (!chi_draws(cuctx, 2, logits, *a, 0, 1, t2) || !chi_draws(cuctx, 4, logits, *a, bare, 0, t4))
       continue;
     chi_check(logits, *a, t2, 2);
     chi_check(logits, *a, t4, 4);
     /* the noise is keyed by the column: any split, either sampler, draws the same */
-    CHECK(memcmp(t2, t4, 8 * n) == 0, "case %zu: tp 2 and tp 4%s drew differently", k,
-          bare ? " (by the shards)" : "");
+    CHECK(memcmp(t2, t4, 8 * n) == 0, "case %zu: tp 2 gathered and tp 4 by the shards%s drew "
+          "differently", k, bare ? "" : "' candidates");
   }
   free(t2), free(t4);
 }
