@@ -103,8 +103,8 @@ static void derive_epilogue(const kl_spec *s, kl_layout *l) {
  * kl_argmax's record is one such key; kl_topk's is smaller when its values
  * are 16-bit (one-word keys and a one-word partial, templates/keys.cuh.tmpl);
  * the one-shot records of all three are packed at their own size inside
- * this stride. The split is kl_topk's: its merge holds a token's records in
- * shared memory (the shard sampler's merge does not). */
+ * this stride. The split is from kl_topk's record alone: its merge holds a
+ * token's records in shared memory (the shard samplers' merges do not). */
 static void derive_select(const kl_spec *s, kl_layout *l) {
   l->record_keys = s->topk > 0 ? s->topk : 1;
   int words = 2 * l->record_keys + (s->topk > 0 ? 2 : 0);

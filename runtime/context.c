@@ -673,7 +673,8 @@ kl_result kl_ctx_status(kl_ctx *c) {
 
 #ifdef KL_TESTING
 /* n step slots at dev: each one's step count moved to the largest value <=
- * near with the same residue modulo 3; the tokens of the last step kept. */
+ * near with the same residue modulo 6 (3: the rotating buffers; 2: kl_sample's
+ * staged rows); the tokens of the last step kept. */
 static kl_result move_slots(kl_ctx *c, CUdeviceptr dev, int n, uint32_t near, uint32_t *set) {
   uint64_t *slots = calloc((size_t)n, sizeof *slots);
   if (!slots) return kl_rt_fail(KLRT_ENOMEM, "out of memory");
@@ -685,7 +686,7 @@ static kl_result move_slots(kl_ctx *c, CUdeviceptr dev, int n, uint32_t near, ui
       free(slots);
       return kl_rt_fail(KLRT_ESTATE, "step slots disagree (%u, %u)", first, step);
     }
-    to = near - (uint32_t)((near % 3 + 3 - step % 3) % 3);
+    to = near - (uint32_t)((near % 6 + 6 - step % 6) % 6);
     slots[i] = (slots[i] & 0xffffffff00000000ull) | to;
   }
   /* from pageable memory cuMemcpyHtoD may return before the copy lands, and

@@ -13,7 +13,8 @@ extern "C" {
 
 /* Moves the context's step counters (the one-shot kernel's and the select
  * kernels', each on its own) to the largest value <= near that keeps its
- * residue modulo 3, so the three buffers keep their roles: tests start them
+ * residue modulo 6, so the three buffers (and kl_sample's two staged rows)
+ * keep their roles: tests start them
  * just below the point where they wrap. Waits for the context's work; call it
  * on every rank between the same two steps. *gather_step and *select_step
  * (NULL: not written) get the values set. */
