@@ -16,7 +16,10 @@ const char sample_test_kernels[] =
     "}\n"
     "extern \"C\" __global__ void row_decide(const Key *cand, Key best, float best_t, RowArgs r,\n"
     "                                        long long *token) {\n"
-    "  token[threadIdx.x] = decide_row(cand, best, best_t, r);\n"
+    "  __shared__ Key draws[CAND_N];\n"
+    "  for (int i = threadIdx.x; i < CAND_N; i += blockDim.x) draws[i] = draw_key(cand[i], r);\n"
+    "  __syncthreads();\n"
+    "  token[threadIdx.x] = decide_row(cand, draws, best, best_t, r);\n"
     "}\n";
 
 uint64_t sample_key(float v, int64_t column) {

@@ -6,8 +6,8 @@
  *     e[c] = expf(t[c] - m) (top-p's weights) and g[c] the noise of column c;
  *   row_decide(const Key *cand, Key best, float best_t, RowArgs r,
  *              long long *token)
- *     candidates.cuh.tmpl's decide_row by one warp, each lane's answer in
- *     token[lane].
+ *     candidates.cuh.tmpl's decide_row by one warp (the candidates' draws
+ *     made first, draw_key), each lane's answer in token[lane].
  * test_nvrtc compiles them for every spec with a topk; gpu_sample runs them. */
 #ifndef KL_SAMPLE_KERNELS_H
 #define KL_SAMPLE_KERNELS_H
