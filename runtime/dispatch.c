@@ -83,6 +83,34 @@ size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens) {
   return kl_record_bytes(c, tokens) * (size_t)(1 + c->nranks);
 }
 
+static size_t stage_in_bytes(const kl_ctx *c) {
+  return (size_t)c->spec.max_tokens * (size_t)c->layout.shard_bytes;
+}
+
+static size_t stage_out_bytes(const kl_ctx *c) {
+  return (size_t)c->spec.max_tokens * (size_t)c->spec.vocab_size * (size_t)c->layout.out_elem_bytes;
+}
+
+static size_t stage_bytes(const kl_ctx *c) { return stage_in_bytes(c) + stage_out_bytes(c); }
+
+/* Staging for max_tokens from the start too: a rank's first misaligned or
+ * overlapping call would otherwise allocate inside a step its peers are
+ * already polling for (an allocation that waits for the device, as under
+ * compute-sanitizer's initcheck, then waits for them until the time-out),
+ * and a graph captured with such buffers would need a step before capture. */
+static CUresult stage_alloc(kl_ctx *c) {
+  static const kl_buf_id ids[2] = {KL_BUF_STAGE_IN, KL_BUF_STAGE_OUT};
+  size_t sizes[2] = {stage_in_bytes(c), stage_out_bytes(c)};
+  for (int i = 0; i < 2; i++) {
+    kl_buffer *b = &c->buf[ids[i]];
+    CUresult r = c->cu->cuMemAlloc(&b->p, sizes[i]);
+    if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD8Async(b->p, 0, sizes[i], c->stream);
+    if (r != CUDA_SUCCESS) return r;
+    b->bytes = sizes[i];
+  }
+  return c->cu->cuStreamSynchronize(c->stream);
+}
+
 /* The NCCL paths (and kl_sample) need scratch for max_tokens from the start,
  * so that a graph captured at any size up to it needs no allocation. */
 kl_result kl_buffers_alloc(kl_ctx *c) {
@@ -100,6 +128,7 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
   if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
   if (r != CUDA_SUCCESS) return mem_fail(r, "NCCL scratch and records", bytes + sel);
   rec->bytes = sel;
+  if ((r = stage_alloc(c)) != CUDA_SUCCESS) return mem_fail(r, "staging", stage_bytes(c));
   /* kl_sample's gathered rows, for max_tokens: its first call may be captured */
   if (c->spec.topk) {
     kl_buffer *smp = &c->buf[KL_BUF_SAMPLE];
