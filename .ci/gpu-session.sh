@@ -15,30 +15,13 @@ logs=${2:-$root/build/gpu-session}
 mkdir -p "$logs" && logs=$(cd "$logs" && pwd)
 export CUDA_DEVICE_MAX_CONNECTIONS=32
 start=$SECONDS
-left() { echo $((budget - (SECONDS - start))); }
-part() { # name, seconds at most, then the command; prints rc and time
-  local name=$1 limit=$2 t0=$SECONDS
-  shift 2
-  [ "$limit" -gt "$(left)" ] && limit=$(left)
-  if [ "$limit" -le 5 ]; then echo "gpu-session: $name: no time left"; return; fi
-  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
-  echo "gpu-session: $name: rc $? in $((SECONDS - t0)) s (log: $logs/$name.log)"
-}
+source "$(dirname "$0")/gpu-parts.sh"
 nvidia-smi -L 2>/dev/null | sed 's/^/gpu-session: /'
 # 329 s on one H200 (2026-12-02; gpu_sample 113 s: ranks sharing the GPU
 # take a quarter share each)
 part ctest 390 bash "$root/.ci/gpu-tests.sh" -E gpu_diff
 grep -E "tests passed|Failed|\(Failed\)|\(Timeout\)" "$logs/ctest.log" | sed 's/^/  /'
-wheel=$(ls "$root"/dist/klgen-*.whl 2>/dev/null | head -1)
-if [ -n "$wheel" ]; then
-  python3 -m pip install -q --no-deps --force-reinstall --root-user-action=ignore "$wheel" \
-    >"$logs/pip.log" 2>&1
-  # from elsewhere than the tree: the installed klgen is what is imported
-  part pytest 240 bash -c "cd /tmp && python3 -m pytest -q -m gpu -rs $root/tests/python"
-  tail -3 "$logs/pytest.log" | sed 's/^/  /'
-else
-  echo "gpu-session: pytest: no wheel in dist/ (bash .ci/wheel.sh dist)"
-fi
+wheel_pytest 240
 part sanitize 300 env GPU_SANITIZE_LOGS="$logs/sanitize" bash "$root/.ci/gpu-sanitize.sh" 1
 grep -E "SUMMARY|gpu-sanitize:" "$logs/sanitize.log" | sed 's/^/  /'
 seed=${GPU_DIFF_SEED:-$(( $(date +%s) % 1000000 * 1000 ))}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# What only two GPUs of one host can check, in one sitting on such a machine
+# (nvidia-h200-x2), from a build/ and a wheel in dist/ made elsewhere:
+#   bash .ci/gpu-x2.sh [SECONDS] [LOGS]    (default 570 s, build/gpu-x2)
+# In order: the benches whose figures are two-GPU ones (klbench --select:
+# the plain gather at 1 token; klbench --sample and python -m klgen.bench
+# --sample: kl_sample at tp 2 against gather + vLLM's torch sampler and NCCL
+# pairs), the two-process ctest cases (gpu_tp2_*, gpu_select_tp2, the
+# example), the GPU pytest (its tp 2 processes), then gpu_diff with NCCL
+# itself (--nccl real: its NCCL cases on two GPUs) for what is left.
+set -uo pipefail
+source "$(dirname "$0")/gpu-env.sh"
+budget=${1:-570}
+logs=${2:-$root/build/gpu-x2}
+mkdir -p "$logs" && logs=$(cd "$logs" && pwd)
+start=$SECONDS
+source "$(dirname "$0")/gpu-parts.sh"
+gpus=$(nvidia-smi -L 2>/dev/null | tee /dev/stderr | grep -c '^GPU')
+if [ "$gpus" -lt 2 ]; then
+  echo "gpu-x2: needs 2 GPUs, found $gpus"
+  exit 77
+fi
+export KLGEN_CACHE_DIR="$root/build/test-cache"
+kimi="$root/specs/kimi_k3_tp8.lua"
+part select 90 "$root/build/klbench" "$kimi" --select --tokens 1,8,64
+tail -5 "$logs/select.log" | sed 's/^/  /'
+part sample 120 "$root/build/klbench" "$kimi" --sample --tokens 1,8,64
+tail -5 "$logs/sample.log" | sed 's/^/  /'
+part ctest 200 bash "$root/.ci/gpu-tests.sh" -R "tp2|tp_decode"
+grep -E "tests passed|Failed|\(Failed\)|\(Timeout\)" "$logs/ctest.log" | sed 's/^/  /'
+wheel_pytest 150 "$root/tests/python/test_gpu.py"
+# after the wheel is in: the Python bench of kl_sample (its torch sampler)
+part python_sample 120 bash -c "cd /tmp && python3 -m klgen.bench kimi_k3_tp8 --sample --tokens 1,8,64"
+tail -6 "$logs/python_sample.log" | sed 's/^/  /'
+seed=${GPU_DIFF_SEED:-$(( $(date +%s) % 1000000 * 1000 ))}
+minutes=$(awk -v s="$(left)" 'BEGIN { m = (s - 30) / 60; print (m > 0.2 ? m : 0.2) }')
+part gpu_diff "$(left)" "$root/build/tests/gpu_diff" --seed "$seed" --cases 100000 \
+  --minutes "$minutes" --nccl real
+grep -E "^FAIL|^STALL|^SKIP|gpu_diff: (seeds|tp|[0-9]+ passed)" "$logs/gpu_diff.log" | head -20 |
+  sed 's/^/  /'
