@@ -36,7 +36,9 @@ run() { # tool, then the command (the tool's own options in $flags)
   fi
 }
 for tool in $tools; do
-  run "$tool" "$t/gpu_diff" --seed 7000 --cases "$cases" --timeout-ms 60000 \
+  # a case hung under the tool is named with its stage before a caller's
+  # time limit ends the run unexplained
+  run "$tool" "$t/gpu_diff" --seed 7000 --cases "$cases" --timeout-ms 60000 --case-deadline 120 \
     --nccl "standin:$t/libkl_nccl_standin.so"
   run "$tool" "$t/gpu_fault" 5000
   # its misuse part passes host pointers on purpose: kl_check_ptr's query

@@ -1,7 +1,7 @@
 /* gpu_diff: the randomized differential suite.
  *
  *   gpu_diff [--seed N] [--cases M] [--minutes T] [--nccl standin:LIB | real | none]
- *            [--max-tp N] [--min-tp N] [--timeout-ms MS] [-v]
+ *            [--max-tp N] [--min-tp N] [--timeout-ms MS] [--case-deadline S] [-v]
  *
  * Case i of a run is the case of seed N + i (default N: 1): a random spec
  * (vocab 1..300000, tp 1..16, every dtype, padding up to whole ranks of it,
@@ -42,7 +42,6 @@
 #include "rt.h"
 
 #define WORKERS_MAX 32
-#define CASE_DEADLINE_S 240 /* a case past this hangs: report it and stop */
 
 typedef struct options {
   uint64_t seed;
@@ -51,8 +50,11 @@ typedef struct options {
   const char *lib;
   int verbose;
   int ce_copies, serial_ops;
+  int case_deadline_s; /* a case past this hangs: report it and stop */
   diff_knobs k;
 } options;
+
+static int case_deadline_s; /* options.case_deadline_s, for the watchdog */
 
 static double now_s(void) {
   struct timespec t;
@@ -63,12 +65,12 @@ static double now_s(void) {
 static int usage(void) {
   fprintf(stderr, "usage: gpu_diff [--seed N] [--cases M] [--minutes T] "
                   "[--nccl standin:LIB | real | none] [--max-tp N] [--min-tp N] [--timeout-ms MS] "
-                  "[--copies kernel | ce] [--serial-ops] [-v]\n");
+                  "[--case-deadline S] [--copies kernel | ce] [--serial-ops] [-v]\n");
   return 2;
 }
 
 static int parse(int argc, char **argv, options *o) {
-  *o = (options){1, 100, 0, NULL, 0, 0, 0, {1, NCCL_NONE, 16, 4000, 1}};
+  *o = (options){1, 100, 0, NULL, 0, 0, 0, 240, {1, NCCL_NONE, 16, 4000, 1}};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "-v")) o->verbose = 1;
@@ -78,6 +80,7 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--max-tp") && v) o->k.max_tp = atoi(v), i++;
     else if (!strcmp(a, "--min-tp") && v) o->k.min_tp = atoi(v), i++;
     else if (!strcmp(a, "--timeout-ms") && v) o->k.timeout_ms = atoi(v), i++;
+    else if (!strcmp(a, "--case-deadline") && v) o->case_deadline_s = atoi(v), i++;
     else if (!strcmp(a, "--copies") && v && (!strcmp(v, "ce") || !strcmp(v, "kernel")))
       o->ce_copies = !strcmp(v, "ce"), i++;
     else if (!strcmp(a, "--serial-ops")) o->serial_ops = 1;
@@ -90,7 +93,9 @@ static int parse(int argc, char **argv, options *o) {
     } else return usage();
   }
   if (o->k.nccl == NCCL_REAL) o->k.devices = 2;
-  int ok = o->cases > 0 && o->k.max_tp >= 1 && o->k.timeout_ms >= 1 && o->k.timeout_ms <= 600000;
+  case_deadline_s = o->case_deadline_s;
+  int ok = o->cases > 0 && o->case_deadline_s >= 1 && o->k.max_tp >= 1 && o->k.timeout_ms >= 1 &&
+           o->k.timeout_ms <= 600000;
   /* a tp the draw offers (1 2 3 4 6 8 16) must lie between the two */
   int some = 0;
   for (int tp = 1; tp <= 16; tp++)
@@ -229,7 +234,7 @@ static void *watchdog(void *arg) {
     double d = deadline;
     if (d > 0 && now_s() > d) {
       flush_report();
-      printf("FAIL case seed %llu hung (over %d s, at %s): %s\n", current_seed, CASE_DEADLINE_S,
+      printf("FAIL case seed %llu hung (over %d s, at %s): %s\n", current_seed, case_deadline_s,
              where, current_lua);
       printf("gpu_diff: 0 passed, 1 failed\n");
       fflush(stdout);
@@ -501,7 +506,7 @@ static int run_into(diff_env *env, const diff_case *c, char **buf) {
   *buf = NULL;
   report = env->report = open_memstream(buf, &n);
   report_buf = buf;
-  deadline = now_s() + CASE_DEADLINE_S;
+  deadline = now_s() + case_deadline_s;
   diff_run_case(env, c);
   deadline = 0;
   if (!env->report) return 0;
