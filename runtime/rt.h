@@ -353,9 +353,11 @@ kl_result kl_buffers_alloc(kl_ctx *c);
 size_t kl_record_bytes(const kl_ctx *c, long long tokens);
 /* KL_BUF_RECORDS's bytes for `tokens` rows: this rank's records, then all ranks'. */
 size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens);
-/* KL_BUF_SAMPLE_PARTS's bytes for `tokens` rows (sample.c). */
+/* KL_BUF_SAMPLE_PARTS's bytes for `tokens` rows. */
 size_t kl_sample_parts_bytes(const kl_ctx *c, long long tokens);
-/* Its rows' pending flags (the shard sampler's, with filters). */
+/* Its rows' counters (the row sampler's split rows), then their pending
+ * flags (the shard sampler's, with filters). */
+unsigned *kl_sample_counters(const kl_ctx *c);
 unsigned *kl_sample_pending(const kl_ctx *c);
 const char *kl_arg_name(kl_arg a);
 int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn);

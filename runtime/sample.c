@@ -23,28 +23,6 @@ static size_t row_bytes(const kl_ctx *c) {
   return (size_t)c->spec.vocab_size * (size_t)c->layout.out_elem_bytes;
 }
 
-/* A split row's parts (kl_sample_part, one a slice), its counter and its
- * pending flag (the shard sampler's, with filters): the parts of `rows`
- * rows, then their counters, then their flags. */
-static size_t part_row_bytes(const kl_ctx *c) {
-  return (size_t)c->layout.sample_slices * sizeof(kl_sample_part) + 2 * sizeof(unsigned);
-}
-
-/* Where the buffer's rows' counters and pending flags are. */
-static unsigned *counters(const kl_ctx *c) {
-  const kl_buffer *pb = &c->buf[KL_BUF_SAMPLE_PARTS];
-  const size_t rows = pb->bytes / part_row_bytes(c);
-  return (unsigned *)(pb->p + rows * (size_t)c->layout.sample_slices * sizeof(kl_sample_part));
-}
-unsigned *kl_sample_pending(const kl_ctx *c) {
-  const size_t rows = c->buf[KL_BUF_SAMPLE_PARTS].bytes / part_row_bytes(c);
-  return counters(c) + rows;
-}
-
-size_t kl_sample_parts_bytes(const kl_ctx *c, long long tokens) {
-  return (size_t)tokens * part_row_bytes(c);
-}
-
 /* token [tokens] int64, logprob [tokens] fp32, top_index and top_logprob
  * [tokens, n_top] int64 and fp32. Before check: an n_top it refuses sizes
  * nothing here. */
@@ -138,7 +116,7 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int pending) {
   /* with top-n logprobs no row is split (sample.cu.tmpl split_row) */
   const int split = x->n_top == 0;
   kl_sample_part *parts = split ? (kl_sample_part *)c->buf[KL_BUF_SAMPLE_PARTS].p : NULL;
-  unsigned *arrived = split ? counters(c) : NULL;
+  unsigned *arrived = split ? kl_sample_counters(c) : NULL;
   c->kern[KL_K_SAMPLE].prm.sample = (kl_sample_args){
       (const void *)c->buf[KL_BUF_SAMPLE].p, p->temperature, (const long long *)p->top_k,
       p->top_p, p->min_p, (const unsigned long long *)p->seed,

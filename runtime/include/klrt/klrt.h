@@ -207,9 +207,13 @@ typedef struct kl_sampling {
  * picks the sampler, every rank alike: with top_k, top_p and min_p NULL and
  * n_top 0 the rows never move (each rank reduces its shard to a few words a
  * row, exchanged as kl_topk's records, either path as kl_topk chooses);
- * otherwise the call takes the wide path, counted as a KL_DECLINE_WIDE: the
+ * with a filter and n_top 0, on the one-shot path, each rank adds its
+ * shard's first topk candidates, and only the rows they cannot decide are
+ * copied from the ranks' shards and sampled whole (a call with any such row
+ * counts as a KL_DECLINE_WIDE); otherwise (n_top > 0, or filters on the NCCL
+ * path) the call takes the wide path, counted as a KL_DECLINE_WIDE: the
  * logits are gathered (either path, as kl_gather chooses) into the
- * context's scratch and sampled there. Both give the same tokens. Pass NULL
+ * context's scratch and sampled there. All give the same tokens. Pass NULL
  * for a filter no row uses. Every rank must pass NULL for the same arrays and
  * the same n_top, as it passes the same tokens: ranks that differ run
  * different collectives (a one-shot step times out, NCCL's all-gather gets
