@@ -21,12 +21,14 @@ logs=${GPU_SANITIZE_LOGS:-$root/build/gpu-sanitize}
 mkdir -p "$logs"
 failed=0 tool_errors=0
 run() { # tool, then the command (the tool's own options in $flags)
-  local tool=$1 out
+  local tool=$1 out log
   shift
+  log="$logs/$tool-$(basename "$1").log"
+  # straight to the log: a run a caller's time limit ends keeps what it printed
   # shellcheck disable=SC2086
-  out=$("$san" --tool "$tool" --error-exitcode 86 --print-limit 20 ${flags:-} "$@" 2>&1)
+  "$san" --tool "$tool" --error-exitcode 86 --print-limit 20 ${flags:-} "$@" >"$log" 2>&1
   local rc=$?
-  printf '%s\n' "$out" >"$logs/$tool-$(basename "$1").log"
+  out=$(cat "$log")
   printf '%s\n' "$out" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_diff: [0-9]+ passed|gpu_fault:|^[0-9]+ passed|FAIL|STALL" | sed "s|^|$tool $(basename "$1"): |"
   if [ $rc -ne 0 ]; then
     failed=$((failed + 1))

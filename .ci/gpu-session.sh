@@ -20,14 +20,14 @@ nvidia-smi -L 2>/dev/null | sed 's/^/gpu-session: /'
 # 329 s on one H200 (2026-12-02; gpu_sample 113 s: ranks sharing the GPU
 # take a quarter share each)
 part ctest 390 bash "$root/.ci/gpu-tests.sh" -E gpu_diff
-grep -E "tests passed|Failed|\(Failed\)|\(Timeout\)" "$logs/ctest.log" | sed 's/^/  /'
+show ctest "tests passed|Failed|\(Failed\)|\(Timeout\)"
 wheel_pytest 240
 part sanitize 300 env GPU_SANITIZE_LOGS="$logs/sanitize" bash "$root/.ci/gpu-sanitize.sh" 1
-grep -E "SUMMARY|gpu-sanitize:" "$logs/sanitize.log" | sed 's/^/  /'
+show sanitize "SUMMARY|gpu-sanitize:"
 seed=${GPU_DIFF_SEED:-$(( $(date +%s) % 1000000 * 1000 ))}
 minutes=$(awk -v s="$(left)" 'BEGIN { m = (s - 30) / 60; print (m > 0.2 ? m : 0.2) }')
 # shellcheck disable=SC2086
 part gpu_diff "$(left)" "$root/build/tests/gpu_diff" --seed "$seed" --cases 100000 \
   --minutes "$minutes" --nccl "standin:$root/build/tests/libkl_nccl_standin.so" ${GPU_DIFF_ARGS:-}
-grep -E "^FAIL|^STALL|lost|gpu_diff: (seeds|tp|[0-9.]+ s of|[0-9]+ passed|[0-9]+ case\(s\) stalled)" "$logs/gpu_diff.log" |
-  head -20 | sed 's/^/  /'
+show gpu_diff "^FAIL|^STALL|lost|gpu_diff: (seeds|tp|[0-9.]+ s of|[0-9]+ passed|[0-9]+ case\(s\) stalled)"
+parts_status

@@ -15,7 +15,8 @@ logs=${2:-$root/build/gpu-x2}
 mkdir -p "$logs" && logs=$(cd "$logs" && pwd)
 start=$SECONDS
 source "$(dirname "$0")/gpu-parts.sh"
-gpus=$(nvidia-smi -L 2>/dev/null | tee /dev/stderr | grep -c '^GPU')
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+nvidia-smi -L 2>/dev/null | sed 's/^/gpu-x2: /'
 if [ "$gpus" -lt 2 ]; then
   echo "gpu-x2: needs 2 GPUs, found $gpus"
   exit 77
@@ -23,18 +24,21 @@ fi
 export KLGEN_CACHE_DIR="$root/build/test-cache"
 kimi="$root/specs/kimi_k3_tp8.lua"
 part select 90 "$root/build/klbench" "$kimi" --select --tokens 1,8,64
-tail -5 "$logs/select.log" | sed 's/^/  /'
+show select "^tokens|^[0-9]+ "
 part sample 120 "$root/build/klbench" "$kimi" --sample --tokens 1,8,64
-tail -5 "$logs/sample.log" | sed 's/^/  /'
-part ctest 200 bash "$root/.ci/gpu-tests.sh" -R "tp2|tp_decode"
-grep -E "tests passed|Failed|\(Failed\)|\(Timeout\)" "$logs/ctest.log" | sed 's/^/  /'
-wheel_pytest 150 "$root/tests/python/test_gpu.py"
-# after the wheel is in: the Python bench of kl_sample (its torch sampler)
-part python_sample 120 bash -c "cd /tmp && python3 -m klgen.bench kimi_k3_tp8 --sample --tokens 1,8,64"
-tail -6 "$logs/python_sample.log" | sed 's/^/  /'
+show sample "^tokens|^[0-9]+ "
+# the two-process tests alone (gpu_one_gpu_*_tp2 ran in gpu-session.sh)
+part ctest 200 bash "$root/.ci/gpu-tests.sh" -R '^(gpu_tp2_|gpu_select_tp2$|gpu_example_tp_decode$)'
+show ctest "tests passed|Failed|\(Failed\)|\(Timeout\)"
+# with the wheel in: the Python bench of kl_sample (against vLLM's torch sampler)
+if wheel_pytest 150 "$root/tests/python/test_gpu.py"; then
+  part python_sample 120 bash -c "cd /tmp && python3 -m klgen.bench kimi_k3_tp8 --sample --tokens 1,8,64"
+  show python_sample "^tokens|^[0-9]+ "
+fi
 seed=${GPU_DIFF_SEED:-$(( $(date +%s) % 1000000 * 1000 ))}
 minutes=$(awk -v s="$(left)" 'BEGIN { m = (s - 30) / 60; print (m > 0.2 ? m : 0.2) }')
+# shellcheck disable=SC2086
 part gpu_diff "$(left)" "$root/build/tests/gpu_diff" --seed "$seed" --cases 100000 \
-  --minutes "$minutes" --nccl real
-grep -E "^FAIL|^STALL|^SKIP|gpu_diff: (seeds|tp|[0-9]+ passed)" "$logs/gpu_diff.log" | head -20 |
-  sed 's/^/  /'
+  --minutes "$minutes" --nccl real ${GPU_DIFF_ARGS:-}
+show gpu_diff "^FAIL|^STALL|^SKIP|lost|gpu_diff: (seeds|tp|[0-9]+ passed|[0-9]+ case\(s\) stalled)"
+parts_status

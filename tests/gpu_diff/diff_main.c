@@ -20,7 +20,9 @@
  * is set to 32 here), and the NCCL path runs on the stand-in library
  * (--nccl standin:LIB, nccl_standin.c), because NCCL refuses two ranks on one
  * GPU. --nccl real: NCCL itself, ranks on two GPUs (tp 1 or 2). Exit 77
- * without a GPU; 0 when every case passed.
+ * without a GPU; 0 when every case passed. A case still running after
+ * --case-deadline seconds (default 240) hangs: it is reported with its seed
+ * and the stage it was at, and the run stops.
  *
  * Specs are compiled ahead by worker processes into the run's JIT cache (a
  * compile takes a second; a case runs in less), so the runtime finds them
