@@ -55,8 +55,9 @@ kl_result kl_ensure(kl_ctx *c, kl_buf_id b, size_t need, size_t size, CUstream s
   const char *what = buf_names[b];
   if (need <= buf->bytes) return KLRT_OK;
   if (capturing(c, s))
-    return kl_rt_fail(KLRT_EINVAL, "%s: %zu bytes needed while capturing a CUDA graph; run one "
-                      "step of this size before capture so the buffer exists", what, need);
+    return kl_rt_fail(KLRT_EINVAL, "%s: %zu bytes needed while capturing a CUDA graph (a step "
+                      "past max_tokens); run one step of this size before capture so the buffer "
+                      "exists", what, need);
   if (size < need) size = need;
   if (size < 2 * buf->bytes) size = 2 * buf->bytes;
   if (buf->p) {
@@ -101,37 +102,29 @@ unsigned *kl_sample_pending(const kl_ctx *c) {
   return kl_sample_counters(c) + rows;
 }
 
-
 size_t kl_sample_parts_bytes(const kl_ctx *c, long long tokens) {
   return (size_t)tokens * part_row_bytes(c);
 }
-
-static size_t stage_in_bytes(const kl_ctx *c) {
-  return (size_t)c->spec.max_tokens * (size_t)c->layout.shard_bytes;
-}
-
-static size_t stage_out_bytes(const kl_ctx *c) {
-  return (size_t)c->spec.max_tokens * (size_t)c->spec.vocab_size * (size_t)c->layout.out_elem_bytes;
-}
-
-static size_t stage_bytes(const kl_ctx *c) { return stage_in_bytes(c) + stage_out_bytes(c); }
 
 /* Staging for max_tokens from the start too: a rank's first misaligned or
  * overlapping call would otherwise allocate inside a step its peers are
  * already polling for (an allocation that waits for the device, as under
  * compute-sanitizer's initcheck, then waits for them until the time-out),
  * and a graph captured with such buffers would need a step before capture. */
-static CUresult stage_alloc(kl_ctx *c) {
+static kl_result stage_alloc(kl_ctx *c) {
   static const kl_buf_id ids[2] = {KL_BUF_STAGE_IN, KL_BUF_STAGE_OUT};
-  size_t sizes[2] = {stage_in_bytes(c), stage_out_bytes(c)};
+  const size_t rows = (size_t)c->spec.max_tokens;
+  const size_t sizes[2] = {rows * (size_t)c->layout.shard_bytes,
+                           rows * (size_t)c->spec.vocab_size * (size_t)c->layout.out_elem_bytes};
   for (int i = 0; i < 2; i++) {
     kl_buffer *b = &c->buf[ids[i]];
     CUresult r = c->cu->cuMemAlloc(&b->p, sizes[i]);
     if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD8Async(b->p, 0, sizes[i], c->stream);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS) return mem_fail(r, buf_names[ids[i]], sizes[i]);
     b->bytes = sizes[i];
   }
-  return c->cu->cuStreamSynchronize(c->stream);
+  CUresult r = c->cu->cuStreamSynchronize(c->stream);
+  return r == CUDA_SUCCESS ? KLRT_OK : mem_fail(r, "staging", sizes[0] + sizes[1]);
 }
 
 /* The NCCL paths (and kl_sample) need scratch for max_tokens from the start,
@@ -151,7 +144,8 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
   if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
   if (r != CUDA_SUCCESS) return mem_fail(r, "NCCL scratch and records", bytes + sel);
   rec->bytes = sel;
-  if ((r = stage_alloc(c)) != CUDA_SUCCESS) return mem_fail(r, "staging", stage_bytes(c));
+  kl_result res = stage_alloc(c);
+  if (res) return res;
   /* kl_sample's gathered rows, for max_tokens: its first call may be captured */
   if (c->spec.topk) {
     kl_buffer *smp = &c->buf[KL_BUF_SAMPLE];
