@@ -151,7 +151,7 @@ typedef struct kl_kernel {
 #define KL_RELAYOUT_CTAS_PER_SM 4 /* the relayout grid's cap: larger outputs loop */
 #define KL_SAMPLE_CTAS_PER_SM 4   /* the row sampler's (a CTA a row or slice): more loop */
 
-/* ---- dispatch.c: what kl_gather, kl_argmax and kl_topk share ---- */
+/* ---- dispatch.c: what kl_gather, kl_argmax, kl_topk and kl_sample share ---- */
 enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
 /* The pointer arguments of the calls: each one's name in messages and its
  * slot in the cache of pointers checked (c->checked). */
