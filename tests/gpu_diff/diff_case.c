@@ -305,6 +305,7 @@ static void run_ops(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report 
     kl_ctx_stats(ctx, &a);
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    diff_progress((int)(rep - run->rep), op_names[op]);
     rep->rc[op] = call_op(run, ctx, s, op, s->s);
     rep->host_ms[op] = ms_since(&t0);
     if (timed && run->env->serial_ops) cu_ok(rep, run->env->cu->cuStreamSynchronize(s->s), "stream");
@@ -321,17 +322,23 @@ static void run_ops(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report 
 static void capture(case_run *run, kl_ctx *ctx, const diff_slot *s, rank_report *rep,
                     CUgraphExec *ge) {
   const kl_cu *cu = run->env->cu;
+  const int rank = (int)(rep - run->rep);
+  diff_progress(rank, "capture: its stream's work before");
   cu_ok(rep, cu->cuStreamSynchronize(s->s), "stream");
+  diff_progress(rank, "capture: at the ranks' barrier before");
   pthread_barrier_wait(&run->ranks);
   CUgraph g = NULL;
   if (cu_ok(rep, cu->cuStreamBeginCapture(s->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture")) {
     run_ops(run, ctx, s, rep, 0);
     cu_ok(rep, cu->cuStreamEndCapture(s->s, &g), "end capture");
   }
-  for (int op = 0; op < OP_COUNT; op++) run->capture_rc[rep - run->rep][op] = rep->rc[op];
+  for (int op = 0; op < OP_COUNT; op++) run->capture_rc[rank][op] = rep->rc[op];
+  diff_progress(rank, "capture: at the ranks' barrier after");
   pthread_barrier_wait(&run->ranks);
+  diff_progress(rank, "cuGraphInstantiate");
   if (!g || !cu_ok(rep, cu->cuGraphInstantiate(ge, g, 0), "instantiate")) *ge = NULL;
   if (g) cu->cuGraphDestroy(g);
+  diff_progress(rank, "capture: at the ranks' barrier after instantiation");
   pthread_barrier_wait(&run->ranks);
 }
 
@@ -363,10 +370,12 @@ static void run_step(case_run *run, int rank, kl_ctx *ctx, CUgraphExec *ge) {
   const kl_cu *cu = run->env->cu;
   int timed = !p->replay;
   if (timed) cu_ok(rep, cu->cuEventRecord(s->ev[0], s->s), "event");
+  diff_progress(rank, "canary and upload");
   canary(run, s, rep);
   upload(run, s, rep);
   if (timed) cu_ok(rep, cu->cuEventRecord(s->ev[1], s->s), "event");
   if (p->replay) {
+    diff_progress(rank, "cuGraphLaunch");
     if (*ge) cu_ok(rep, cu->cuGraphLaunch(*ge, s->s), "graph launch");
     /* a call the capture refused (a dead group's KLRT_EDEVICE) wrote nothing */
     for (int i = 0; i < p->nops; i++) {
@@ -379,9 +388,11 @@ static void run_step(case_run *run, int rank, kl_ctx *ctx, CUgraphExec *ge) {
     run_ops(run, ctx, s, rep, 1);
     cu_ok(rep, cu->cuEventRecord(s->ev[1 + p->nops], s->s), "event");
   }
+  diff_progress(rank, "download (waits for the step's kernels)");
   download(run, s, rep);
   rep->step_ms = ms_since(&t0);
   device_times(run, s, rep);
+  diff_progress(rank, "kl_ctx_status");
   rep->status_rc = kl_ctx_status(ctx);
   if (rep->status_rc != KLRT_OK) snprintf(rep->status, sizeof rep->status, "%s", kl_last_error());
 }
@@ -403,6 +414,7 @@ static void *rank_main(void *arg) {
   cfg.cache_dir = env->cache_dir;
   cfg.crossover_bytes = c->crossover;
   kl_ctx *ctx = NULL;
+  diff_progress(rank, "kl_ctx_create_string");
   run->create_rc[rank] = kl_ctx_create_string(&ctx, c->lua, NULL, &cfg);
   if (run->create_rc[rank] != KLRT_OK)
     snprintf(run->create_err[rank], sizeof run->create_err[rank], "%s", kl_last_error());
@@ -410,12 +422,14 @@ static void *rank_main(void *arg) {
     kl_stats st = KL_STATS_INIT;
     if (kl_ctx_stats(ctx, &st) == KLRT_OK) run->crossover = st.crossover_bytes;
   }
+  diff_progress(rank, "at the barrier after creation");
   pthread_barrier_wait(&run->all);
   /* The first work on a stream after the group's contexts made theirs
    * could wait behind peers' spinning grids, as a new stream's first work
    * does (diff_main.c setup): at tp 16 on one H200, 7 first steps of 368
    * cases timed out so, 0 of 186 with an event recorded and waited for here
    * first (the next barrier waits for every rank's). */
+  diff_progress(rank, "its stream's first work after creation");
   CUresult fr = ctx ? env->cu->cuEventRecord(s->ev[0], s->s) : CUDA_SUCCESS;
   if (fr == CUDA_SUCCESS && ctx) fr = env->cu->cuStreamSynchronize(s->s);
   if (fr != CUDA_SUCCESS) {
@@ -432,9 +446,11 @@ static void *rank_main(void *arg) {
   pthread_barrier_wait(&run->all);
   CUgraphExec ge = NULL;
   for (;;) {
+    diff_progress(rank, "at the barrier before a step");
     pthread_barrier_wait(&run->all); /* the plan is out */
     if (run->done) break;
     if (ctx) run_step(run, rank, ctx, &ge);
+    diff_progress(rank, "at the barrier after its step (its results are in)");
     pthread_barrier_wait(&run->all); /* the results are in */
   }
   if (ge) env->cu->cuGraphExecDestroy(ge);
@@ -1083,6 +1099,7 @@ void diff_run_case(diff_env *env, const diff_case *c) {
   pthread_barrier_init(&run->ranks, NULL, (unsigned)run->tp);
   pthread_t th[DIFF_MAX_RANKS];
   rank_arg args[DIFF_MAX_RANKS];
+  diff_progress_reset();
   for (int k = 0; k < run->tp; k++) {
     args[k] = (rank_arg){run, k};
     pthread_create(&th[k], NULL, rank_main, &args[k]);

@@ -123,5 +123,10 @@ void diff_device_noise(diff_env *env, long long vocab, int rows);
 CUresult diff_move(const diff_env *env, CUdeviceptr dst, const void *src, int fill, size_t n,
                    CUstream s);
 void diff_watchdog_note(const char *where);
+/* What rank `rank`'s thread does from now on (a string that lives as long
+ * as the run), for the watchdog's report of a case that hangs: which rank
+ * waits where, and for how long. diff_progress_reset(): no rank yet. */
+void diff_progress(int rank, const char *what);
+void diff_progress_reset(void);
 
 #endif

@@ -21,8 +21,9 @@
  * (--nccl standin:LIB, nccl_standin.c), because NCCL refuses two ranks on one
  * GPU. --nccl real: NCCL itself, ranks on two GPUs (tp 1 or 2). Exit 77
  * without a GPU; 0 when every case passed. A case still running after
- * --case-deadline seconds (default 240) hangs: it is reported with its seed
- * and the stage it was at, and the run stops.
+ * --case-deadline seconds (default 240) hangs: it is reported with its seed,
+ * the stage it was at and where each rank's thread was (a host call that had
+ * not returned, or a wait on the device or the other ranks), and the run stops.
  *
  * Specs are compiled ahead by worker processes into the run's JIT cache (a
  * compile takes a second; a case runs in less), so the runtime finds them
@@ -227,6 +228,28 @@ void diff_watchdog_note(const char *w) {
   snprintf(where, sizeof where, "%s", w);
 }
 
+static const char *_Atomic progress_what[DIFF_MAX_RANKS];
+static _Atomic double progress_since[DIFF_MAX_RANKS];
+
+void diff_progress(int rank, const char *what) {
+  progress_since[rank] = now_s();
+  progress_what[rank] = what;
+}
+
+void diff_progress_reset(void) {
+  for (int r = 0; r < DIFF_MAX_RANKS; r++) progress_what[r] = NULL;
+}
+
+/* Each rank's last note: a host call that has not returned, or a wait on
+ * the device, a peer or the other ranks' threads. */
+static void print_progress(void) {
+  const double now = now_s();
+  for (int r = 0; r < DIFF_MAX_RANKS; r++) {
+    const char *what = progress_what[r];
+    if (what) printf("  rank %d: %s, for %.1f s\n", r, what, now - progress_since[r]);
+  }
+}
+
 static void flush_report(void);
 
 static void *watchdog(void *arg) {
@@ -238,6 +261,7 @@ static void *watchdog(void *arg) {
       flush_report();
       printf("FAIL case seed %llu hung (over %d s, at %s): %s\n", current_seed, case_deadline_s,
              where, current_lua);
+      print_progress();
       printf("gpu_diff: 0 passed, 1 failed\n");
       fflush(stdout);
       _exit(1);
