@@ -17,9 +17,10 @@ export CUDA_DEVICE_MAX_CONNECTIONS=32
 start=$SECONDS
 source "$(dirname "$0")/gpu-parts.sh"
 nvidia-smi -L 2>/dev/null | sed 's/^/gpu-session: /'
-# 329 s on one H200 (2026-12-02; gpu_sample 113 s: ranks sharing the GPU
-# take a quarter share each)
-part ctest 390 bash "$root/.ci/gpu-tests.sh" -E gpu_diff
+# 387 s on a fresh H200 (2026-12-03; gpu_select 180 s, gpu_sample 153 s:
+# ranks sharing the GPU take a quarter share each), the GPU pytest 163 s:
+# the two fill a 600 s call, the sanitizers and gpu_diff want one of their own
+part ctest 420 bash "$root/.ci/gpu-tests.sh" -E gpu_diff
 show ctest "tests passed|Failed|\(Failed\)|\(Timeout\)"
 wheel_pytest 240
 part sanitize 300 env GPU_SANITIZE_LOGS="$logs/sanitize" bash "$root/.ci/gpu-sanitize.sh" 1
