@@ -882,6 +882,24 @@ static int held_back(const case_run *run, float *ms) {
  * peer shows as the rank whose call blocked, or as none (then its kernel was
  * late on the GPU); a step that timed out in less wall time than the poll
  * limit was timed by a clock that jumped. */
+/* The copies each call staged by rank (an input or output misaligned, or
+ * the two overlapping: cuMemcpyAsync, which may wait in a copy engine's
+ * queue behind a peer's copy), or a line that none did. */
+static void staged_copies(const case_run *run, const char *label) {
+  int any = 0;
+  for (int i = 0; i < run->plan.nops; i++) {
+    int op = run->plan.ops[i];
+    long long n = 0;
+    for (int r = 0; r < run->tp; r++) n += run->rep[r].staged[op];
+    if (!n) continue;
+    any = 1;
+    fprintf(out, "  %s copies %s staged by rank:", label, op_names[op]);
+    for (int r = 0; r < run->tp; r++) fprintf(out, " %lld", run->rep[r].staged[op]);
+    fprintf(out, "\n");
+  }
+  if (!any) fprintf(out, "  %s no call staged a copy\n", label);
+}
+
 static void host_times(const case_run *run, const char *label) {
   fprintf(out, "  %s step wall ms by rank:", label);
   for (int r = 0; r < run->tp; r++) fprintf(out, " %.1f", run->rep[r].step_ms);
@@ -893,6 +911,7 @@ static void host_times(const case_run *run, const char *label) {
     fprintf(out, "\n");
   }
   if (run->plan.replay) return;
+  staged_copies(run, label);
   if (run->plan.late_rank >= 0)
     fprintf(out, "  %s rank %d slept %.1f ms on the host before its %s\n", label,
             run->plan.late_rank, run->plan.late_us / 1000.0,
