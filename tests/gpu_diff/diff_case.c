@@ -878,14 +878,10 @@ static int held_back(const case_run *run, float *ms) {
   return late;
 }
 
-/* Every rank's wall time for a failing step and host time per call: a late
- * peer shows as the rank whose call blocked, or as none (then its kernel was
- * late on the GPU); a step that timed out in less wall time than the poll
- * limit was timed by a clock that jumped. */
-/* The copies each call staged by rank (an input or output misaligned, or
- * the two overlapping: cuMemcpyAsync, which may wait in a copy engine's
- * queue behind a peer's copy), or a line that none did. */
-static void staged_copies(const case_run *run, const char *label) {
+/* Which calls staged by rank (kl_stats.staged: an input or output
+ * misaligned, or the two overlapping; cuMemcpyAsync, which may wait in a
+ * copy engine's queue behind a peer's copy), or a line that none did. */
+static void staged_calls(const case_run *run, const char *label) {
   int any = 0;
   for (int i = 0; i < run->plan.nops; i++) {
     int op = run->plan.ops[i];
@@ -893,13 +889,17 @@ static void staged_copies(const case_run *run, const char *label) {
     for (int r = 0; r < run->tp; r++) n += run->rep[r].staged[op];
     if (!n) continue;
     any = 1;
-    fprintf(out, "  %s copies %s staged by rank:", label, op_names[op]);
+    fprintf(out, "  %s %s staged by rank (calls):", label, op_names[op]);
     for (int r = 0; r < run->tp; r++) fprintf(out, " %lld", run->rep[r].staged[op]);
     fprintf(out, "\n");
   }
   if (!any) fprintf(out, "  %s no call staged a copy\n", label);
 }
 
+/* Every rank's wall time for a failing step and host time per call: a late
+ * peer shows as the rank whose call blocked, or as none (then its kernel was
+ * late on the GPU); a step that timed out in less wall time than the poll
+ * limit was timed by a clock that jumped. */
 static void host_times(const case_run *run, const char *label) {
   fprintf(out, "  %s step wall ms by rank:", label);
   for (int r = 0; r < run->tp; r++) fprintf(out, " %.1f", run->rep[r].step_ms);
@@ -911,7 +911,7 @@ static void host_times(const case_run *run, const char *label) {
     fprintf(out, "\n");
   }
   if (run->plan.replay) return;
-  staged_copies(run, label);
+  staged_calls(run, label);
   if (run->plan.late_rank >= 0)
     fprintf(out, "  %s rank %d slept %.1f ms on the host before its %s\n", label,
             run->plan.late_rank, run->plan.late_us / 1000.0,
