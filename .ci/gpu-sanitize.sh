@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer's four tools (memcheck, racecheck, synccheck, initcheck)
-# over the GPU tests with few steps (gpu_diff, gpu_fault, gpu_sample's rows),
+# over the GPU tests with few steps (gpu_diff, at one rank under initcheck;
+# gpu_fault; gpu_sample's rows),
 # on a machine with a GPU, from a build/ made elsewhere: every kernel klgen
 # generates, the tests' own and the NCCL stand-in's must report 0 errors.
 #   bash .ci/gpu-sanitize.sh [cases] [tools]   (random specs of gpu_diff per tool,
@@ -40,8 +41,15 @@ run() { # tool, then the command (the tool's own options in $flags)
 for tool in $tools; do
   # a case hung under the tool is named with its stage before a caller's
   # time limit ends the run unexplained
+  # initcheck: one rank. Under it a launch waited for the GPU's running
+  # kernels, and ranks sharing the GPU wait for each other's launches: at tp 4
+  # (seed 7001) calls returned after 60, 90 and 120 s, multiples of the poll
+  # limits, with the stand-in's and the kernels' time-outs between.
+  tp=""
+  [ "$tool" = initcheck ] && tp="--max-tp 1"
+  # shellcheck disable=SC2086
   run "$tool" "$t/gpu_diff" --seed 7000 --cases "$cases" --timeout-ms 60000 --case-deadline 120 \
-    --nccl "standin:$t/libkl_nccl_standin.so"
+    --nccl "standin:$t/libkl_nccl_standin.so" $tp
   run "$tool" "$t/gpu_fault" 5000
   # its misuse part passes host pointers on purpose: kl_check_ptr's query
   # fails for them as it should, which the tool would count as an error
