@@ -39,14 +39,14 @@ run() { # tool, then the command (the tool's own options in $flags)
   fi
 }
 for tool in $tools; do
-  # a case hung under the tool is named with its stage before a caller's
-  # time limit ends the run unexplained
   # initcheck: one rank. Under it a launch waited for the GPU's running
   # kernels, and ranks sharing the GPU wait for each other's launches: at tp 4
   # (seed 7001) calls returned after 60, 90 and 120 s, multiples of the poll
   # limits, with the stand-in's and the kernels' time-outs between.
   tp=""
   [ "$tool" = initcheck ] && tp="--max-tp 1"
+  # a case hung under the tool is named with its stage before a caller's
+  # time limit ends the run unexplained
   # shellcheck disable=SC2086
   run "$tool" "$t/gpu_diff" --seed 7000 --cases "$cases" --timeout-ms 60000 --case-deadline 120 \
     --nccl "standin:$t/libkl_nccl_standin.so" $tp

@@ -129,9 +129,9 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int pending) {
   if (split) a->slices = slices_for(c, k->tokens, &a->slice_cols);
   /* items: every row's slices (a row a CTA takes whole is one of them) */
   const int grid = kl_grid(c, KL_K_SAMPLE, k->tokens * a->slices, 1);
-  /* PDL: its launch hides behind the kernel before it, which lets it be
-   * scheduled early (the one-shot gather and the shard sampler); it waits
-   * for that kernel before it reads anything. */
+  /* PDL: launched while the kernel before it runs (the one-shot gather and
+   * the shard sampler let their dependents start), it waits for that kernel
+   * before it reads anything; its launch's latency hides behind that run. */
   CUresult r = kl_launch(c, KL_K_SAMPLE, grid, 1, s);
   if (r == CUDA_SUCCESS) return KLRT_OK;
   return kl_rt_fail(KLRT_ECUDA, "launching the row sampler: %s", kl_cu_errstr(r));
