@@ -84,22 +84,17 @@ size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens) {
   return kl_record_bytes(c, tokens) * (size_t)(1 + c->nranks);
 }
 
-/* A split row's parts (kl_sample_part, one a slice), its counter and its
- * pending flag (the shard sampler's, with filters): the parts of `rows`
- * rows, then their counters, then their flags. */
+/* A split row's parts (kl_sample_part, one a slice) and its counter: the
+ * parts of `rows` rows, then their counters. */
 static size_t part_row_bytes(const kl_ctx *c) {
-  return (size_t)c->layout.sample_slices * sizeof(kl_sample_part) + 2 * sizeof(unsigned);
+  return (size_t)c->layout.sample_slices * sizeof(kl_sample_part) + sizeof(unsigned);
 }
 
-/* Where the buffer's rows' counters and pending flags are. */
+/* Where the buffer's rows' counters are. */
 unsigned *kl_sample_counters(const kl_ctx *c) {
   const kl_buffer *pb = &c->buf[KL_BUF_SAMPLE_PARTS];
   const size_t rows = pb->bytes / part_row_bytes(c);
   return (unsigned *)(pb->p + rows * (size_t)c->layout.sample_slices * sizeof(kl_sample_part));
-}
-unsigned *kl_sample_pending(const kl_ctx *c) {
-  const size_t rows = c->buf[KL_BUF_SAMPLE_PARTS].bytes / part_row_bytes(c);
-  return kl_sample_counters(c) + rows;
 }
 
 size_t kl_sample_parts_bytes(const kl_ctx *c, long long tokens) {

@@ -167,7 +167,7 @@ typedef enum kl_buf_id {
   KL_BUF_STAGE_IN,  /* an input copied where the kernels can read it */
   KL_BUF_STAGE_OUT, /* an output the kernels write aligned, copied after */
   KL_BUF_SAMPLE,    /* kl_sample's gathered rows, [tokens, vocab] of the out dtype */
-  KL_BUF_SAMPLE_PARTS, /* its split rows' parts, counters, pending flags (kl_sample_parts_bytes) */
+  KL_BUF_SAMPLE_PARTS, /* its split rows' parts and counters (kl_sample_parts_bytes) */
   KL_BUF_COUNT
 } kl_buf_id;
 typedef struct kl_buffer {
@@ -355,10 +355,8 @@ size_t kl_record_bytes(const kl_ctx *c, long long tokens);
 size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens);
 /* KL_BUF_SAMPLE_PARTS's bytes for `tokens` rows. */
 size_t kl_sample_parts_bytes(const kl_ctx *c, long long tokens);
-/* Its rows' counters (the row sampler's split rows), then their pending
- * flags (the shard sampler's, with filters). */
+/* Its rows' counters (the row sampler's split rows). */
 unsigned *kl_sample_counters(const kl_ctx *c);
-unsigned *kl_sample_pending(const kl_ctx *c);
 const char *kl_arg_name(kl_arg a);
 int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn);
 /* k->kin: the input itself when aligned for the kernels' vectors and apart

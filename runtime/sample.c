@@ -3,9 +3,9 @@
  * rows never move, only each part's record does (select.c's paths). With
  * filters (top_k, top_p or min_p given) only the one-shot path serves it:
  * the records carry each part's candidates, and a row they cannot decide is
- * copied from every rank's staged rows into the context's scratch, where
- * the row sampler (sample.cu.tmpl), launched after it, draws the rows left
- * pending (counted on the device as a "wide" call). Every other call takes
+ * copied from every rank's staged rows into the context's scratch and
+ * sampled there by the CTA that merged it, as the row sampler would, in the
+ * same kernel (counted on the device as a "wide" call). Every other call takes
  * the wide path, counted as a "wide" decline: the logits are gathered into
  * the scratch by the gather's own paths (one-shot, or NCCL and the
  * relayout; the layer chooses as for kl_gather, every rank alike), then the
@@ -108,9 +108,8 @@ static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
   return n;
 }
 
-/* The row sampler over the scratch's rows: all of them, or (pending) those
- * the shard sampler left pending. */
-static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int pending) {
+/* The row sampler over the scratch's rows. */
+static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
   /* with top-n logprobs no row is split (sample.cu.tmpl split_row) */
@@ -122,16 +121,14 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int pending) {
       p->top_p, p->min_p, (const unsigned long long *)p->seed,
       (const unsigned long long *)p->offset, (long long *)k->out[0].p, k->out[1].p,
       (long long *)k->out[2].p, k->out[3].p, c->recv ? kl_fault_word(c) : NULL, parts, arrived,
-      pending ? kl_sample_pending(c) : NULL,
-      pending && c->mirror ? (unsigned long long *)&c->mirror[1] : NULL, k->tokens, x->n_top, 1,
-      (long long)c->spec.vocab_size};
+      k->tokens, x->n_top, 1, (long long)c->spec.vocab_size};
   kl_sample_args *a = &c->kern[KL_K_SAMPLE].prm.sample;
   if (split) a->slices = slices_for(c, k->tokens, &a->slice_cols);
   /* items: every row's slices (a row a CTA takes whole is one of them) */
   const int grid = kl_grid(c, KL_K_SAMPLE, k->tokens * a->slices, 1);
-  /* PDL: launched while the kernel before it runs (the one-shot gather and
-   * the shard sampler let their dependents start), it waits for that kernel
-   * before it reads anything; its launch's latency hides behind that run. */
+  /* PDL: launched while the kernel before it runs (the one-shot gather lets
+   * its dependents start), it waits for that kernel before it reads
+   * anything; its launch's latency hides behind that run. */
   CUresult r = kl_launch(c, KL_K_SAMPLE, grid, 1, s);
   if (r == CUDA_SUCCESS) return KLRT_OK;
   return kl_rt_fail(KLRT_ECUDA, "launching the row sampler: %s", kl_cu_errstr(r));
@@ -152,16 +149,15 @@ static int gathers(const kl_call *k) { return ((const kl_sample_call *)k->extra)
 static kl_result wide(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   c->stats.declined[KL_DECLINE_WIDE]++;
   kl_result res = gather_rows(c, k, s, oneshot);
-  return res ? res : draw(c, k, s, 0);
+  return res ? res : draw(c, k, s);
 }
 
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
   if (gathers(k)) return wide(c, k, s, 1);
   if (!has_filters(k)) return kl_select_oneshot(c, KL_K_SHARDS, k, s);
-  /* the scratch before the kernels that write and read it */
+  /* the scratch before the kernel that writes and reads it */
   kl_result res = ensure_scratch(c, k, s);
-  if (!res) res = kl_select_oneshot(c, KL_K_CANDIDATES, k, s);
-  return res ? res : draw(c, k, s, 1);
+  return res ? res : kl_select_oneshot(c, KL_K_CANDIDATES, k, s);
 }
 
 /* Without the peers' staged rows, a row with filters needs the gather. */

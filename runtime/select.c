@@ -35,14 +35,14 @@ static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mo
     a->temperature = p->temperature;
     a->seed = (const unsigned long long *)p->seed;
     a->offset = (const unsigned long long *)p->offset;
-    /* filters only one-shot (sample.c): the rows they leave pending are
-     * copied into the sample scratch from the peers' staged rows */
+    /* filters only one-shot (sample.c): the rows they cannot decide are
+     * copied into the sample scratch from the peers' staged rows and
+     * sampled there */
     if (id == KL_K_CANDIDATES) {
       a->top_k = (const long long *)p->top_k;
       a->top_p = p->top_p;
       a->min_p = p->min_p;
       a->wide = (void *)c->buf[KL_BUF_SAMPLE].p;
-      a->pending = kl_sample_pending(c);
     }
   }
   return a;

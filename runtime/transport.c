@@ -69,7 +69,8 @@ static int alloc_buffers(kl_ctx *c, char *why) {
   void *mirror = NULL;
   if ((r = cu->cuMemAllocHost(&mirror, 2 * sizeof(uint64_t))) == CUDA_SUCCESS) {
     /* pinned memory is mapped at the same address on the device (UVA); the
-     * second word counts kl_sample's calls that left rows to the row sampler */
+     * second word counts kl_sample's calls that sampled a row whole on the
+     * device (kl_abi.h's kl_state) */
     c->mirror = mirror;
     c->mirror[0] = c->mirror[1] = 0;
     header.mirror = (unsigned long long *)mirror;

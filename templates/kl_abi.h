@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 8
+#define KL_ABI_VERSION 9
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -21,10 +21,16 @@
  * captured CUDA graph replays with no host involvement. */
 typedef struct kl_state {
   unsigned long long timeout_ns; /* poll limit, set by the host */
-  /* Host memory (pinned, mapped): the kernels copy the group's fault word
-   * (below) here, so the host reads it with a load, never a device sync. */
+  /* Host memory (pinned, mapped), two words: the kernels copy the group's
+   * fault word (below) into the first, so the host reads it with a load,
+   * never a device sync; the second counts kl_sample's calls that sampled a
+   * row whole on the device (the stats' wide count). */
   unsigned long long *mirror;
-  unsigned long long reserved[6];
+  /* The step + 1 of the last call counted there: the first CTA of a call
+   * to sample a row whole swaps its own in, and counts the call if the word
+   * held another. */
+  unsigned long long wide_step;
+  unsigned long long reserved[5];
 } kl_state;
 
 /* Step counters wrap here, a multiple of 3, so the three rotating buffers
@@ -79,8 +85,7 @@ typedef struct kl_relayout_args {
  * arrays); the others leave them NULL. With wide (one-shot only) the call
  * has filters: each part stages its rank row and sends its candidates too,
  * and a row they cannot decide is copied whole from every rank's staged
- * rows into wide, pending[row] 1 (0 for every other row), for the row
- * sampler. */
+ * rows into wide, where the CTA that merged it samples it. */
 typedef struct kl_select_args {
   const void *in;            /* this rank's [tokens, SHARD] */
   long long *index;          /* [tokens, K] */
@@ -95,7 +100,6 @@ typedef struct kl_select_args {
   const long long *top_k;    /* the shard sampler's filters, [tokens] or NULL (off) */
   const float *top_p, *min_p;
   void *wide;                /* [tokens, VOCAB] (out dtype), or NULL: no filters */
-  unsigned *pending;         /* [tokens], with wide */
   int tokens, rank, nslots, mode;
 } kl_select_args;
 /* A shard sampler's record (shards.cu.tmpl), in 32-bit words: a part's
@@ -142,12 +146,6 @@ typedef struct kl_sample_args {
   const unsigned long long *fault;
   kl_sample_part *parts;          /* [tokens, SAMPLE_SLICES], or NULL: no row is split */
   unsigned *arrived;              /* [tokens]: a split row's slices done */
-  /* [tokens], or NULL (every row): only the rows where it is nonzero are
-   * drawn, the others' token and logprob the shard sampler wrote */
-  const unsigned *pending;
-  /* host memory (pinned, mapped), with pending: one more for each call that
-   * drew a row here, by CTA 0 (the host's wide count) */
-  unsigned long long *wide_calls;
   int tokens, n_top;              /* n_top <= TOPK and <= VOCAB */
   /* a split row's slices this call: `slices` (1..SAMPLE_SLICES) of slice_cols
    * columns each (a multiple of 4), the last one maybe fewer, none empty */
@@ -159,8 +157,8 @@ KL_ABI_ASSERT(sizeof(kl_state) == 64, "kl_state is 64 bytes: the step slots foll
 KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit ABI");
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
-KL_ABI_ASSERT(sizeof(kl_select_args) == 144, "peers[] follow kl_select_args at byte 144");
+KL_ABI_ASSERT(sizeof(kl_select_args) == 136, "peers[] follow kl_select_args at byte 136");
 KL_ABI_ASSERT(sizeof(kl_sample_part) == 32, "kl_sample_part layout");
-KL_ABI_ASSERT(sizeof(kl_sample_args) == 152, "kl_sample_args layout");
+KL_ABI_ASSERT(sizeof(kl_sample_args) == 136, "kl_sample_args layout");
 
 #endif

@@ -215,8 +215,9 @@ static void check_candidates(dev *d, const rows *w, int i, const float *t, const
 }
 
 /* Row i against the reference, with the device's noise and expf; the
- * shards' candidates too if `candidates`. */
-static void check_row(dev *d, const rows *w, int i, const char *name, int candidates) {
+ * shards' candidates too if `candidates`. Returns how many columns its
+ * filters keep (1 for an argmax row, 0 for one outside the domain). */
+static int64_t check_row(dev *d, const rows *w, int i, const char *name, int candidates) {
   const long long v = w->vocab;
   float *x = malloc(sizeof(float) * (size_t)v), *t = malloc(sizeof(float) * (size_t)v);
   float *e = malloc(sizeof(float) * (size_t)v), *g = malloc(sizeof(float) * (size_t)v);
@@ -233,7 +234,8 @@ static void check_row(dev *d, const rows *w, int i, const char *name, int candid
   CU_CHECK(d->cu, cuMemFree(dt));
   sample_args a = {w->temperature[i], w->top_k[i] >= v ? 0 : w->top_k[i], w->top_p[i], w->min_p[i]};
   const int ok = valid(w, i);
-  const int64_t want = ok ? sample_token(t, m, v, &a, e, g, NULL) : -1;
+  int64_t kept = 0;
+  const int64_t want = ok ? sample_token(t, m, v, &a, e, g, &kept) : -1;
   if (ok && candidates) check_candidates(d, w, i, t, e, g, &a, want, name);
   CHECK(w->token[i] == want, "%s row %d (T %g, k %lld, p %g, min_p %g): token %lld, want %lld",
         name, i, (double)a.temperature, (long long)w->top_k[i], (double)a.top_p, (double)a.min_p,
@@ -253,6 +255,7 @@ static void check_row(dev *d, const rows *w, int i, const char *name, int candid
           (double)w->top_logprob[(size_t)i * w->n_top + j], wi, (double)wl);
   }
   free(x), free(t), free(e), free(g);
+  return kept;
 }
 
 static void *xmalloc(size_t n) {
@@ -419,9 +422,9 @@ static void api_misuse(kl_ctx *ctx, const api_bufs *b, int n) {
 
 /* kl_sample's stats now and the calls it counted since `before`: one on
  * `path` (0 one-shot, 1 NCCL), and `wide` of them gathering; -1: 0 or 1, as
- * the device found (the shards with filters send only the rows their
- * candidates cannot decide to the row sampler, and count the call if any).
- * The caller has synchronized. */
+ * the device found (the shards with filters sample whole only the rows
+ * their candidates cannot decide, and count the call if any). The caller
+ * has synchronized. */
 static void counted(kl_ctx *ctx, const kl_stats *before, int path, int wide, const char *what) {
   kl_stats st = KL_STATS_INIT;
   kl_ctx_stats(ctx, &st);
@@ -431,7 +434,47 @@ static void counted(kl_ctx *ctx, const kl_stats *before, int path, int wide, con
   CHECK(wide < 0 ? more <= 1 : more == (uint64_t)wide, "%s: %llu wide declines, want %d more than %llu",
         what, (unsigned long long)st.declined[KL_DECLINE_WIDE], wide,
         (unsigned long long)before->declined[KL_DECLINE_WIDE]);
-  if (wide < 0) printf("%s: %s\n", what, more ? "rows left to the row sampler" : "every row decided");
+  if (wide < 0) printf("%s: %s\n", what, more ? "rows sampled whole" : "every row decided");
+}
+
+/* The wide count of calls with filters, exactly where it is known. Rows with
+ * top-k alone are decided by the shards' candidates in this spec (0): a part
+ * has one chunk a thread, so at most 8 x 8 keys reach its threshold, and the
+ * merge sees 3 x 8, both far below the caps past which a row goes whole (a
+ * spec with more columns a thread may send a row of many ties whole). A row
+ * whose top-p alone keeps more columns than the candidates hold cannot be
+ * decided by them (1: the call sampled a row whole, in the kernel that
+ * merged it); such a call twice counts twice. The rows' own filters are put
+ * back after. */
+static void api_wide(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w) {
+  const int n = 16;
+  long long keep_k[16];
+  float keep_p[16], keep_mp[16];
+  kl_sampling all = api_params(b);
+  for (int pass = 0; pass < 3; pass++) {
+    for (int i = 0; i < n; i++) {
+      if (pass == 0) keep_k[i] = w->top_k[i], keep_p[i] = w->top_p[i], keep_mp[i] = w->min_p[i];
+      w->top_k[i] = pass ? 0 : 1 + i % w->topk, w->top_p[i] = pass ? 0.99999f : 1.f, w->min_p[i] = 0.f;
+    }
+    CU_CHECK(d->cu, cuMemcpyHtoD(b->K, w->top_k, 8 * (size_t)n));
+    CU_CHECK(d->cu, cuMemcpyHtoD(b->P, w->top_p, 4 * (size_t)n));
+    CU_CHECK(d->cu, cuMemcpyHtoD(b->MP, w->min_p, 4 * (size_t)n));
+    kl_stats st = KL_STATS_INIT;
+    kl_ctx_stats(ctx, &st);
+    const char *what = pass ? "kl_sample, top-p 0.99999 alone" : "kl_sample, top-k alone";
+    CHECK(api_call(ctx, b, &all, 0, n, NULL) == KLRT_OK, "%s: %s", what, kl_last_error());
+    w->n = n, w->n_top = 0;
+    api_results(d, w, b);
+    int past = 0; /* rows whose kept set is past the candidates */
+    for (int i = 0; i < n; i++) past |= check_row(d, w, i, what, 0) > w->topk;
+    CHECK(pass == 0 || past, "%s: no row keeps more than %d columns: the test's rows changed", what,
+          w->topk);
+    counted(ctx, &st, 0, pass == 0 ? 0 : 1, what);
+  }
+  for (int i = 0; i < n; i++) w->top_k[i] = keep_k[i], w->top_p[i] = keep_p[i], w->min_p[i] = keep_mp[i];
+  CU_CHECK(d->cu, cuMemcpyHtoD(b->K, w->top_k, 8 * (size_t)n));
+  CU_CHECK(d->cu, cuMemcpyHtoD(b->P, w->top_p, 4 * (size_t)n));
+  CU_CHECK(d->cu, cuMemcpyHtoD(b->MP, w->min_p, 4 * (size_t)n));
 }
 
 /* The shard sampler: calls with no filter array and no top-n, on both paths
@@ -541,6 +584,7 @@ static void api(dev *d) {
       check_row(d, &w, i, k ? "kl_sample (NCCL)" : "kl_sample", n_top > 0);
   }
   api_shards(d, ctx, &b, &w, &r);
+  api_wide(d, ctx, &b, &w);
   w.n = 16, w.n_top = 8;
   api_misuse(ctx, &b, 16);
   /* captured: a replay reads the parameters as they are then (new seeds) */
