@@ -72,13 +72,15 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
   return KLRT_OK;
 }
 
-/* The gathered rows and the split rows' parts, for k's tokens, before the
- * gather is queued (only a staged input's copy may precede it). */
-static kl_result ensure_scratch(kl_ctx *c, const kl_call *k, CUstream s) {
+/* The scratch rows for k's tokens (gathered, or a row the candidates cannot
+ * decide), before the kernel that writes them is queued (only a staged
+ * input's copy may precede it); with `parts`, the split rows' parts too
+ * (the row sampler's). */
+static kl_result ensure_scratch(kl_ctx *c, const kl_call *k, CUstream s, int parts) {
   const long long most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
   kl_result res = kl_ensure(c, KL_BUF_SAMPLE, (size_t)k->tokens * row_bytes(c),
                             (size_t)most * row_bytes(c), s);
-  if (res) return res;
+  if (res || !parts) return res;
   return kl_ensure(c, KL_BUF_SAMPLE_PARTS, kl_sample_parts_bytes(c, k->tokens),
                    kl_sample_parts_bytes(c, most), s);
 }
@@ -86,7 +88,7 @@ static kl_result ensure_scratch(kl_ctx *c, const kl_call *k, CUstream s) {
 /* The gathered rows in the scratch, by the gather route's path `oneshot`. */
 static kl_result gather_rows(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   const size_t need = (size_t)k->tokens * row_bytes(c);
-  kl_result res = ensure_scratch(c, k, s);
+  kl_result res = ensure_scratch(c, k, s, 1);
   if (res) return res;
   kl_call g = {.route = &kl_gather_route, .in = (const void *)k->kin, .tokens = k->tokens,
                .out = {{(void *)c->buf[KL_BUF_SAMPLE].p, need, KL_ARG_OUT}},
@@ -156,7 +158,7 @@ static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
   if (gathers(k)) return wide(c, k, s, 1);
   if (!has_filters(k)) return kl_select_oneshot(c, KL_K_SHARDS, k, s);
   /* the scratch before the kernel that writes and reads it */
-  kl_result res = ensure_scratch(c, k, s);
+  kl_result res = ensure_scratch(c, k, s, 0);
   return res ? res : kl_select_oneshot(c, KL_K_CANDIDATES, k, s);
 }
 

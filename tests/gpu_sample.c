@@ -420,6 +420,30 @@ static void api_misuse(kl_ctx *ctx, const api_bufs *b, int n) {
   refused(api_call(ctx, b, &p, 8, 0, NULL), "tokens is 0");
 }
 
+/* The first 20 rows' filters, kept while a test puts its own in w. */
+typedef struct filters {
+  long long top_k[20];
+  float top_p[20], min_p[20];
+} filters;
+static filters keep_filters(const rows *w) {
+  filters f;
+  memcpy(f.top_k, w->top_k, sizeof f.top_k);
+  memcpy(f.top_p, w->top_p, sizeof f.top_p);
+  memcpy(f.min_p, w->min_p, sizeof f.min_p);
+  return f;
+}
+static void put_filters(rows *w, const filters *f) {
+  memcpy(w->top_k, f->top_k, sizeof f->top_k);
+  memcpy(w->top_p, f->top_p, sizeof f->top_p);
+  memcpy(w->min_p, f->min_p, sizeof f->min_p);
+}
+/* w's first n filters to the device's parameter arrays. */
+static void upload_filters(const dev *d, const api_bufs *b, const rows *w, int n) {
+  CU_CHECK(d->cu, cuMemcpyHtoD(b->K, w->top_k, 8 * (size_t)n));
+  CU_CHECK(d->cu, cuMemcpyHtoD(b->P, w->top_p, 4 * (size_t)n));
+  CU_CHECK(d->cu, cuMemcpyHtoD(b->MP, w->min_p, 4 * (size_t)n));
+}
+
 /* kl_sample's stats now and the calls it counted since `before`: one on
  * `path` (0 one-shot, 1 NCCL), and `wide` of them gathering; -1: 0 or 1, as
  * the device found (the shards with filters sample whole only the rows
@@ -448,17 +472,12 @@ static void counted(kl_ctx *ctx, const kl_stats *before, int path, int wide, con
  * back after. */
 static void api_wide(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w) {
   const int n = 16;
-  long long keep_k[16];
-  float keep_p[16], keep_mp[16];
+  const filters kept = keep_filters(w);
   kl_sampling all = api_params(b);
   for (int pass = 0; pass < 3; pass++) {
-    for (int i = 0; i < n; i++) {
-      if (pass == 0) keep_k[i] = w->top_k[i], keep_p[i] = w->top_p[i], keep_mp[i] = w->min_p[i];
+    for (int i = 0; i < n; i++)
       w->top_k[i] = pass ? 0 : 1 + i % w->topk, w->top_p[i] = pass ? 0.99999f : 1.f, w->min_p[i] = 0.f;
-    }
-    CU_CHECK(d->cu, cuMemcpyHtoD(b->K, w->top_k, 8 * (size_t)n));
-    CU_CHECK(d->cu, cuMemcpyHtoD(b->P, w->top_p, 4 * (size_t)n));
-    CU_CHECK(d->cu, cuMemcpyHtoD(b->MP, w->min_p, 4 * (size_t)n));
+    upload_filters(d, b, w, n);
     kl_stats st = KL_STATS_INIT;
     kl_ctx_stats(ctx, &st);
     const char *what = pass ? "kl_sample, top-p 0.99999 alone" : "kl_sample, top-k alone";
@@ -471,10 +490,8 @@ static void api_wide(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w) {
           w->topk);
     counted(ctx, &st, 0, pass == 0 ? 0 : 1, what);
   }
-  for (int i = 0; i < n; i++) w->top_k[i] = keep_k[i], w->top_p[i] = keep_p[i], w->min_p[i] = keep_mp[i];
-  CU_CHECK(d->cu, cuMemcpyHtoD(b->K, w->top_k, 8 * (size_t)n));
-  CU_CHECK(d->cu, cuMemcpyHtoD(b->P, w->top_p, 4 * (size_t)n));
-  CU_CHECK(d->cu, cuMemcpyHtoD(b->MP, w->min_p, 4 * (size_t)n));
+  put_filters(w, &kept);
+  upload_filters(d, b, w, n);
 }
 
 /* The shard sampler: calls with no filter array and no top-n, on both paths
@@ -482,12 +499,8 @@ static void api_wide(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w) {
  * rows' filters off; then with the arrays (one-shot: the shards' candidates). */
 static void api_shards(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w, rng *r) {
   const int steps[] = {16, 20};
-  long long keep_k[20];
-  float keep_p[20], keep_mp[20];
-  for (int i = 0; i < 20; i++) {
-    keep_k[i] = w->top_k[i], keep_p[i] = w->top_p[i], keep_mp[i] = w->min_p[i];
-    w->top_k[i] = 0, w->top_p[i] = 1.f, w->min_p[i] = 0.f; /* what NULL means */
-  }
+  const filters kept = keep_filters(w);
+  for (int i = 0; i < 20; i++) w->top_k[i] = 0, w->top_p[i] = 1.f, w->min_p[i] = 0.f; /* what NULL means */
   kl_sampling bare = api_params(b);
   bare.top_k = NULL, bare.top_p = NULL, bare.min_p = NULL;
   kl_stats st = KL_STATS_INIT;
@@ -535,7 +548,7 @@ static void api_shards(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w, rng *r) 
   CU_CHECK(d->cu, cuGraphExecDestroy(ge));
   CU_CHECK(d->cu, cuGraphDestroy(g));
   CU_CHECK(d->cu, cuStreamDestroy(s));
-  for (int i = 0; i < 20; i++) w->top_k[i] = keep_k[i], w->top_p[i] = keep_p[i], w->min_p[i] = keep_mp[i];
+  put_filters(w, &kept);
 }
 
 static void api(dev *d) {
