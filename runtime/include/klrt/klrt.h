@@ -202,7 +202,8 @@ typedef struct kl_sampling {
  * of those logits' columns (kl_topk's order) and log-probabilities. A row whose parameters are outside the
  * domain gets token -1 and NaN logprobs (checked on the device, where the
  * values are). Outputs aligned for their type, apart from each other and
- * from the parameters. Collective, enqueued, capturable and ordered as
+ * from the parameters, and each rank's own (ranks that share a GPU do not
+ * share outputs: the kernel leaves marks in them while it runs). Collective, enqueued, capturable and ordered as
  * kl_gather; KLRT_EINVAL for a spec without topk. Which arguments are NULL
  * picks the sampler, every rank alike: with top_k, top_p and min_p NULL and
  * n_top 0 the rows never move (each rank reduces its shard to a few words a
