@@ -203,11 +203,12 @@ typedef struct kl_sampling {
  * domain gets token -1 and NaN logprobs (checked on the device, where the
  * values are). Outputs aligned for their type, apart from each other and
  * from the parameters, and each rank's own (ranks that share a GPU do not
- * share outputs: the kernel leaves marks in them while it runs). Collective, enqueued, capturable and ordered as
- * kl_gather; KLRT_EINVAL for a spec without topk. Which arguments are NULL
- * picks the sampler, every rank alike: with top_k, top_p and min_p NULL and
- * n_top 0 the rows never move (each rank reduces its shard to a few words a
- * row, exchanged as kl_topk's records, either path as kl_topk chooses);
+ * share outputs: the kernel leaves marks in them while it runs).
+ * Collective, enqueued, capturable and ordered as kl_gather; KLRT_EINVAL
+ * for a spec without topk. Which arguments are NULL picks the sampler, every
+ * rank alike: with top_k, top_p and min_p NULL and n_top 0 the rows never
+ * move (each rank reduces its shard to a few words a row, exchanged as
+ * kl_topk's records, either path as kl_topk chooses);
  * with a filter and n_top 0, on the one-shot path, each rank adds its
  * shard's first topk candidates, and only the rows they cannot decide are
  * copied from the ranks' shards and sampled whole (a call with any such row
