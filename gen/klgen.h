@@ -113,7 +113,9 @@ typedef struct kl_layout {
   int64_t sel_buffer_bytes; /* one of three: tp slots */
   int64_t stage_offset; /* byte offset of kl_sample's staged rows (total_bytes + 3 x sel_buffer_bytes) */
   int64_t stage_buffer_bytes; /* one of their 2 buffers: max_tokens shard rows (0 without topk) */
-  int64_t fault_offset; /* byte offset of the group's fault word (stage_offset + 2 x stage_buffer_bytes) */
+  int64_t mark_offset;  /* byte offset of the staged rows' marks (stage_offset + 2 x stage_buffer_bytes) */
+  int64_t mark_buffer_bytes; /* one of their 2 buffers: a word per part of max_tokens rows, to 16 bytes */
+  int64_t fault_offset; /* byte offset of the group's fault word (mark_offset + 2 x mark_buffer_bytes) */
   int64_t recv_bytes;   /* fault_offset + KL_FAULT_BYTES: what each rank allocates */
   int sel_max_ctas;     /* select CTAs at max_tokens (before residency caps) */
   /* kl_sample's row sampler (sample.cu.tmpl): a greedy or plain-temperature

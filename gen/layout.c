@@ -139,8 +139,12 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
    * candidates cannot decide (shards.cu.tmpl); two buffers, by step parity */
   l->stage_offset = l->total_bytes + 3 * l->sel_buffer_bytes;
   l->stage_buffer_bytes = s->topk > 0 ? s->max_tokens * l->row_chunks * CHUNK : 0;
+  /* and their marks: a word a part, the step whose staged chunks the peers
+   * may read (shards.cu.tmpl: the fence is off the records' path) */
+  l->mark_offset = l->stage_offset + 2 * l->stage_buffer_bytes;
+  l->mark_buffer_bytes = s->topk > 0 ? round_up(s->max_tokens * l->topk_split * 4, CHUNK) : 0;
   /* the group's fault word (kl_abi.h) after the buffers, where peers can write it */
-  l->fault_offset = l->stage_offset + 2 * l->stage_buffer_bytes;
+  l->fault_offset = l->mark_offset + 2 * l->mark_buffer_bytes;
   l->recv_bytes = l->fault_offset + KL_FAULT_BYTES;
   l->sel_max_ctas = kl_layout_select_slots(l, (int)s->max_tokens, 0, 0, s->topk > 0);
 }

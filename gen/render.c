@@ -149,6 +149,8 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_int(L, "RECV_BYTES", l->recv_bytes);
   set_int(L, "STAGE_OFFSET", l->stage_offset);
   set_int(L, "STAGE_BUFFER_BYTES", l->stage_buffer_bytes);
+  set_int(L, "MARK_OFFSET", l->mark_offset);
+  set_int(L, "MARK_BUFFER_BYTES", l->mark_buffer_bytes);
   set_int(L, "FAULT_OFFSET", l->fault_offset);
   set_int(L, "SAMPLE_SLICES", l->sample_slices);
   set_int(L, "SAMPLE_SLICE_COLS", l->sample_slice_cols);

@@ -448,7 +448,9 @@ static void topk(void) {
     CHECK(s.topk == 8 && lay.record_keys == 8 && lay.rec_chunks == 6 && lay.topk_split == 10 &&
               lay.topk_thread_chunks == 1 && lay.stage_offset == lay.total_bytes + 3 * lay.sel_buffer_bytes &&
               lay.stage_buffer_bytes == 64LL * 20480 * 2 &&
-              lay.recv_bytes == lay.stage_offset + 2 * lay.stage_buffer_bytes + 64 &&
+              lay.mark_offset == lay.stage_offset + 2 * lay.stage_buffer_bytes &&
+              lay.mark_buffer_bytes == 64LL * 10 * 4 &&
+              lay.recv_bytes == lay.mark_offset + 2 * lay.mark_buffer_bytes + 64 &&
               lay.sel_buffer_bytes == 8LL * 64 * 10 * 6 * 16,
           "topk 8 layout: k %d rec %d split %d cpt %d", lay.record_keys, lay.rec_chunks, lay.topk_split,
           lay.topk_thread_chunks);
