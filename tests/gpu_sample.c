@@ -73,6 +73,11 @@ static void draw_params(rng *r, rows *w, int i) {
     }
 }
 
+/* Whether row i's filters may drop columns (its top-k below the vocabulary). */
+static int filtered(const rows *w, int i) {
+  return (w->top_k[i] > 0 && w->top_k[i] < w->vocab) || w->top_p[i] < 1.f || w->min_p[i] > 0.f;
+}
+
 /* The domain: as check_sampling_args with max_top_k the spec's topk (n_top here). */
 static int valid(const rows *w, int i) {
   const long long k = w->top_k[i] >= w->vocab ? 0 : w->top_k[i];
@@ -308,6 +313,12 @@ static void spec_rows(dev *d, const kl_spec *s, int n, uint64_t seed) {
   if (kl_layout_derive(s, &l, &e) == 0) {
     rows w1 = w;
     w1.n_top = 0;
+    /* about a row in four is split: with few rows there may be none, and
+     * then row 0 is made one (greedy, no filter), so the split path runs */
+    int any = 0;
+    for (int i = 0; i < n; i++)
+      any |= valid(&w1, i) && (w1.temperature[i] == 0.f || !filtered(&w1, i));
+    if (!any) w1.temperature[0] = 0.f, w1.top_k[0] = 0, w1.top_p[0] = 1.f, w1.min_p[0] = 0.f;
     const int64_t tries[3] = {l.sample_slices, (l.sample_slices + 1) / 2, 1};
     for (int t = 0; t < 3; t++) {
       int64_t cols = 0;
@@ -316,9 +327,7 @@ static void spec_rows(dev *d, const kl_spec *s, int n, uint64_t seed) {
       int split = 0;
       for (int i = 0; i < n; i++) {
         check_row(d, &w1, i, s->name, 0);
-        const int filter = (w1.top_k[i] > 0 && w1.top_k[i] < w1.vocab) || w1.top_p[i] < 1.f ||
-                           w1.min_p[i] > 0.f;
-        split += valid(&w1, i) && (w1.temperature[i] == 0.f || !filter);
+        split += valid(&w1, i) && (w1.temperature[i] == 0.f || !filtered(&w1, i));
       }
       CHECK(split > 0, "%s: no row to split among %d", s->name, n);
     }
