@@ -197,13 +197,16 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   derive_select(s, l);
   derive_sample(s, l);
   if (l->recv_bytes > KL_BUFFER_CAP) {
+    /* a token's bytes, the staged rows' marks too; what does not grow with
+     * max_tokens is at most the fault word and the marks' rounding */
     int64_t per_token = (3 * s->tp * (l->row_chunks + (int64_t)l->rec_split * l->rec_chunks) +
-                         2 * l->row_chunks) * CHUNK;
+                         2 * l->row_chunks) * CHUNK + (s->topk > 0 ? 2 * 4 * (int64_t)l->topk_split : 0);
+    int64_t fixed = KL_FAULT_BYTES + 2 * CHUNK;
     return kl_spec_fail(err, s, KL_F_MAX_TOKENS,
                         "one-shot buffers would take %lld MiB per rank (3 x tp x max_tokens x "
-                        "(shard bytes + candidate records) + staged rows), over the %lld MiB cap; max_tokens "
-                        "<= %lld fits", (long long)(l->recv_bytes >> 20),
-                        (long long)(KL_BUFFER_CAP >> 20), (long long)(KL_BUFFER_CAP / per_token));
+                        "(shard bytes + candidate records) + staged rows and their marks), over the "
+                        "%lld MiB cap; max_tokens <= %lld fits", (long long)(l->recv_bytes >> 20),
+                        (long long)(KL_BUFFER_CAP >> 20), (long long)((KL_BUFFER_CAP - fixed) / per_token));
   }
   l->block = BLOCK;
   l->relayout_block = RELAYOUT_BLOCK;

@@ -547,6 +547,9 @@ static void ranges(void) {
       "max_tokens = 1 }", "t.lua:1: tp:", "padded_vocab = 1002 would work");
   bad("return { name = 'm', vocab_size = 163840, tp = 8, dtype = 'fp32', max_tokens = 65536 }",
       "t.lua:1: max_tokens:", "over the 1024 MiB cap; max_tokens <= 546 fits");
+  /* with topk: the bound counts the staged rows' marks (949 fits, 950 does not) */
+  bad("return { name = 'k', vocab_size = 163840, tp = 8, dtype = 'bf16', topk = 64, max_tokens = 950 }",
+      "t.lua:1: max_tokens:", "staged rows and their marks), over the 1024 MiB cap; max_tokens <= 949 fits");
 }
 
 int main(void) {
