@@ -720,6 +720,14 @@ kl_result kl_testing_set_steps(kl_ctx *c, uint32_t near, uint32_t *gather_step,
   ctx_release(c);
   return res;
 }
+
+kl_result kl_testing_marks(kl_ctx *c, void **marks, size_t *bytes) {
+  if (!c || !marks || !bytes) return kl_rt_fail(KLRT_EINVAL, "kl_testing_marks: a NULL argument");
+  if (!c->recv) return kl_rt_fail(KLRT_ESTATE, "the one-shot path has no buffers here");
+  *marks = (void *)(uintptr_t)(c->recv + (CUdeviceptr)c->layout.mark_offset);
+  *bytes = 2 * (size_t)c->layout.mark_buffer_bytes;
+  return KLRT_OK;
+}
 #endif
 
 kl_result kl_ctx_destroy(kl_ctx *c) {

@@ -14,27 +14,38 @@
  *     its memory, writes poison in its next call and fails the call after;
  *   - a CUDA graph captured before the fault replays into poison;
  *   - nothing hangs, and destroy works.
+ *
+ * And once with no rank skipping: kl_sample with top_p 0.5, whose rows
+ * (all equal) are sampled whole from the ranks' staged rows, where rank 1's
+ * marks of a step are cleared (klrt_testing) once its kernel wrote them and
+ * before rank 0 starts its own: both ranks' waits for those marks time out,
+ * and the step goes as above for rank 0; rank 1's call of that step writes
+ * poison too, and its next call fails.
  * Exit 77 without a GPU. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpu_util.h"
 #include "klrt/klrt.h"
+#include "klrt_testing.h"
 
 #define VOCAB 4096
 #define TOKENS 2
 #define K 8
 #define SHARD (VOCAB / 2)
 
-/* kl_sample three ways: no filter (the shard sampler), a filter (the shard
- * sampler with candidates and staged rows), a top-n logprob (the gather
- * and the row sampler) */
-enum { GATHER, ARGMAX, TOPK, SAMPLE, SAMPLE_FILTERED, SAMPLE_WIDE };
+/* kl_sample four ways: no filter (the shard sampler), a filter that is off
+ * (the shard sampler with candidates), a top-n logprob (the gather and the
+ * row sampler), and top_p 0.5 (rows sampled whole from the staged rows, a
+ * peer's marks lost) */
+enum { GATHER, ARGMAX, TOPK, SAMPLE, SAMPLE_FILTERED, SAMPLE_WIDE, SAMPLE_MARKS };
 static const char *const names[] = {"kl_gather", "kl_argmax", "kl_topk", "kl_sample",
-                                    "kl_sample (filters)", "kl_sample (wide)"};
+                                    "kl_sample (filters)", "kl_sample (wide)",
+                                    "kl_sample (a peer's marks lost)"};
 
 typedef struct shared {
   const kl_cu *cu;
@@ -72,6 +83,7 @@ typedef struct bufs {
   CUdeviceptr shard;
   CUdeviceptr temperature; /* kl_sample's: 0.7 for every row */
   CUdeviceptr top_p;       /* and 1 (off), for a call with a filter array */
+  CUdeviceptr top_p_half;  /* and 0.5: every row is sampled whole */
   outs o[2];
   CUstream s;
 } bufs;
@@ -87,6 +99,7 @@ static kl_result call(shared *sh, kl_ctx *c, const bufs *b, int set) {
   case SAMPLE_WIDE: { /* the token in index, its logprob in value (top-n: index after them) */
     kl_sampling p = {(const float *)b->temperature, NULL, NULL, NULL, NULL, NULL};
     if (sh->op == SAMPLE_FILTERED) p.top_p = (const float *)b->top_p;
+    if (sh->op == SAMPLE_MARKS) p.top_p = (const float *)b->top_p_half;
     const int n_top = sh->op == SAMPLE_WIDE;
     int64_t *top = n_top ? (int64_t *)o->index + TOKENS : NULL;
     return kl_sample(c, (void *)b->shard, &p, (int64_t *)o->index, (float *)o->value, top, NULL,
@@ -150,6 +163,44 @@ static void expect_rc(shared *sh, int rank, kl_result got, kl_result want, const
     failf(sh, rank, "%s: the message does not name the ranks: %s", when, kl_last_error());
 }
 
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* Rank 1's step whose marks are lost: the call, then, once its kernel has
+ * written this step's marks (polled from another stream while it runs: it
+ * waits for rank 0's records), every mark back to the sentinel. */
+static void lose_marks(shared *sh, kl_ctx *c, const bufs *b) {
+  const kl_cu *cu = sh->cu;
+  void *marks;
+  size_t bytes;
+  if (kl_testing_marks(c, &marks, &bytes) != KLRT_OK || bytes == 0 || bytes % 4) {
+    failf(sh, 1, "kl_testing_marks: %s (%zu bytes)", kl_last_error(), bytes);
+    return;
+  }
+  CUdeviceptr m = (CUdeviceptr)(uintptr_t)marks;
+  uint32_t *host = malloc(bytes);
+  CUstream side;
+  CU_CHECK(cu, cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+  CU_CHECK(cu, cuMemsetD32(m, 0xffffffffu, bytes / 4)); /* idle: no step reads them */
+  CU_CHECK(cu, cuCtxSynchronize());
+  expect_rc(sh, 1, call(sh, c, b, 0), KLRT_OK, "the call whose marks are lost");
+  int seen = 0;
+  for (int ms = 0; ms < 60000 && !seen; ms += 1) {
+    CU_CHECK(cu, cuMemcpyDtoHAsync(host, m, bytes, side));
+    CU_CHECK(cu, cuStreamSynchronize(side));
+    for (size_t i = 0; i < bytes / 4; i++) seen |= host[i] != 0xffffffffu;
+    if (!seen) sleep_ms(1);
+  }
+  if (!seen) failf(sh, 1, "rank 1's kernel wrote no mark in 60 s");
+  sleep_ms(100); /* every CTA marks within microseconds of the first */
+  CU_CHECK(cu, cuMemsetD32Async(m, 0xffffffffu, bytes / 4, side));
+  CU_CHECK(cu, cuStreamSynchronize(side));
+  CU_CHECK(cu, cuStreamDestroy(side));
+  free(host);
+}
+
 static void *rank_main(void *arg) {
   rank_arg *ra = arg;
   shared *sh = ra->sh;
@@ -164,6 +215,8 @@ static void *rank_main(void *arg) {
   CU_CHECK(cu, cuMemsetD32(b.temperature, 0x3f333333u, TOKENS)); /* 0.7f */
   CU_CHECK(cu, cuMemAlloc(&b.top_p, TOKENS * 4));
   CU_CHECK(cu, cuMemsetD32(b.top_p, 0x3f800000u, TOKENS)); /* 1.0f */
+  CU_CHECK(cu, cuMemAlloc(&b.top_p_half, TOKENS * 4));
+  CU_CHECK(cu, cuMemsetD32(b.top_p_half, 0x3f000000u, TOKENS)); /* 0.5f */
   CU_CHECK(cu, cuCtxSynchronize()); /* the legacy stream's memsets, before any kernel reads */
   for (int i = 0; i < 2; i++) {
     CU_CHECK(cu, cuMemAlloc(&b.o[i].out, TOKENS * VOCAB * 2));
@@ -185,6 +238,12 @@ static void *rank_main(void *arg) {
   canary(sh, &b, 0);
   expect_rc(sh, rank, call(sh, c, &b, 0), KLRT_OK, "a good step");
   if (!outputs_are(sh, &b, 0, 0)) failf(sh, rank, "a good step's outputs are wrong");
+  if (sh->op == SAMPLE_MARKS) { /* its rows were sampled whole: the marks were waited for */
+    kl_stats st = KL_STATS_INIT;
+    if (kl_ctx_stats(c, &st) != KLRT_OK || st.declined[KL_DECLINE_WIDE] != 1 || st.oneshot != 1)
+      failf(sh, rank, "a good step: %llu wide calls of %llu one-shot, want 1 of 1",
+            (unsigned long long)st.declined[KL_DECLINE_WIDE], (unsigned long long)st.oneshot);
+  }
   pthread_barrier_wait(&sh->bar);
   CUgraph g;
   CUgraphExec ge;
@@ -193,6 +252,11 @@ static void *rank_main(void *arg) {
   CU_CHECK(cu, cuStreamEndCapture(b.s, &g));
   pthread_barrier_wait(&sh->bar);
   CU_CHECK(cu, cuGraphInstantiate(&ge, g, 0));
+  pthread_barrier_wait(&sh->bar);
+  if (rank == 1 && sh->op == SAMPLE_MARKS) {
+    canary(sh, &b, 0);
+    lose_marks(sh, c, &b);
+  }
   pthread_barrier_wait(&sh->bar);
   if (rank == 0) {
     /* rank 1 skips this call: it times out. The call right after it is made
@@ -213,7 +277,13 @@ static void *rank_main(void *arg) {
     if (!outputs_are(sh, &b, 1, 1)) failf(sh, rank, "a graph replayed after is not poison");
   }
   pthread_barrier_wait(&sh->bar); /* rank 0 has timed out */
-  if (rank == 1) {
+  if (rank == 1 && sh->op == SAMPLE_MARKS) {
+    /* its own wait for its marks timed out too: its host knows once the
+     * call is done */
+    if (!outputs_are(sh, &b, 0, 1)) failf(sh, rank, "the timed-out step's outputs are not poison");
+    expect_rc(sh, rank, call(sh, c, &b, 1), KLRT_EDEVICE, "the call after");
+    printf("rank 1, %s: %s\n", names[sh->op], kl_last_error());
+  } else if (rank == 1) {
     /* the fault is in this rank's memory (rank 0 wrote it), not yet in its
      * host's mirror: this call returns KLRT_OK and writes poison */
     canary(sh, &b, 0);
@@ -229,6 +299,7 @@ static void *rank_main(void *arg) {
   cu->cuMemFree(b.shard);
   cu->cuMemFree(b.temperature);
   cu->cuMemFree(b.top_p);
+  cu->cuMemFree(b.top_p_half);
   for (int i = 0; i < 2; i++) {
     cu->cuMemFree(b.o[i].out), cu->cuMemFree(b.o[i].index);
     cu->cuMemFree(b.o[i].value), cu->cuMemFree(b.o[i].lse);
@@ -246,7 +317,7 @@ int main(int argc, char **argv) {
   CU_CHECK(sh.cu, cuDeviceGet(&dev, 0));
   CU_CHECK(sh.cu, cuDevicePrimaryCtxRetain(&sh.cuctx, dev));
   pthread_mutex_init(&sh.m, NULL);
-  for (sh.op = GATHER; sh.op <= SAMPLE_WIDE; sh.op++) {
+  for (sh.op = GATHER; sh.op <= SAMPLE_MARKS; sh.op++) {
     if (kl_group_create(&sh.group, 2) != KLRT_OK) return 1;
     pthread_barrier_init(&sh.bar, NULL, 2);
     pthread_t th[2];
