@@ -96,7 +96,8 @@ static kl_result call(shared *sh, kl_ctx *c, const bufs *b, int set) {
     return kl_argmax(c, (void *)b->shard, (int64_t *)o->index, (float *)o->value, TOKENS, b->s);
   case SAMPLE:
   case SAMPLE_FILTERED:
-  case SAMPLE_WIDE: { /* the token in index, its logprob in value (top-n: index after them) */
+  case SAMPLE_WIDE:
+  case SAMPLE_MARKS: { /* the token in index, its logprob in value (top-n: index after them) */
     kl_sampling p = {(const float *)b->temperature, NULL, NULL, NULL, NULL, NULL};
     if (sh->op == SAMPLE_FILTERED) p.top_p = (const float *)b->top_p;
     if (sh->op == SAMPLE_MARKS) p.top_p = (const float *)b->top_p_half;
@@ -139,8 +140,11 @@ static int outputs_are(shared *sh, const bufs *b, int set, int poison) {
     for (int t = 0; t < TOKENS; t++) {
       float lp;
       memcpy(&lp, &value[t], 4);
-      ok &= poison ? index[t] == -1 && (value[t] & 0x7fffffffu) > 0x7f800000u
-                   : index[t] >= 0 && index[t] < VOCAB && lp > -8.32f && lp < -8.31f;
+      const int good = poison ? index[t] == -1 && (value[t] & 0x7fffffffu) > 0x7f800000u
+                              : index[t] >= 0 && index[t] < VOCAB && lp > -8.32f && lp < -8.31f;
+      if (!good) printf("token %d: index %lld, logprob %g (0x%08x)\n", t, (long long)index[t], lp,
+                        value[t]);
+      ok &= good;
     }
   else if (sh->op == GATHER)
     for (int i = 0; i < TOKENS * VOCAB; i++)
@@ -175,27 +179,33 @@ static void lose_marks(shared *sh, kl_ctx *c, const bufs *b) {
   const kl_cu *cu = sh->cu;
   void *marks;
   size_t bytes;
-  if (kl_testing_marks(c, &marks, &bytes) != KLRT_OK || bytes == 0 || bytes % 4) {
+  uint32_t sentinel;
+  if (kl_testing_marks(c, &marks, &bytes, &sentinel) != KLRT_OK || bytes == 0 || bytes % 4) {
     failf(sh, 1, "kl_testing_marks: %s (%zu bytes)", kl_last_error(), bytes);
     return;
   }
   CUdeviceptr m = (CUdeviceptr)(uintptr_t)marks;
   uint32_t *host = malloc(bytes);
+  if (!host) {
+    failf(sh, 1, "out of memory");
+    return;
+  }
   CUstream side;
   CU_CHECK(cu, cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
-  CU_CHECK(cu, cuMemsetD32(m, 0xffffffffu, bytes / 4)); /* idle: no step reads them */
+  CU_CHECK(cu, cuMemsetD32(m, sentinel, bytes / 4)); /* idle: no step reads them */
   CU_CHECK(cu, cuCtxSynchronize());
   expect_rc(sh, 1, call(sh, c, b, 0), KLRT_OK, "the call whose marks are lost");
   int seen = 0;
-  for (int ms = 0; ms < 60000 && !seen; ms += 1) {
+  const int limit_ms = 1000 + 10 * sh->timeout_ms; /* under a tool too */
+  for (int ms = 0; ms < limit_ms && !seen; ms += 1) {
     CU_CHECK(cu, cuMemcpyDtoHAsync(host, m, bytes, side));
     CU_CHECK(cu, cuStreamSynchronize(side));
-    for (size_t i = 0; i < bytes / 4; i++) seen |= host[i] != 0xffffffffu;
+    for (size_t i = 0; i < bytes / 4; i++) seen |= host[i] != sentinel;
     if (!seen) sleep_ms(1);
   }
-  if (!seen) failf(sh, 1, "rank 1's kernel wrote no mark in 60 s");
+  if (!seen) failf(sh, 1, "rank 1's kernel wrote no mark in %d ms", limit_ms);
   sleep_ms(100); /* every CTA marks within microseconds of the first */
-  CU_CHECK(cu, cuMemsetD32Async(m, 0xffffffffu, bytes / 4, side));
+  CU_CHECK(cu, cuMemsetD32Async(m, sentinel, bytes / 4, side));
   CU_CHECK(cu, cuStreamSynchronize(side));
   CU_CHECK(cu, cuStreamDestroy(side));
   free(host);
@@ -311,6 +321,7 @@ static void *rank_main(void *arg) {
 int main(int argc, char **argv) {
   shared sh;
   memset(&sh, 0, sizeof sh);
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a line as it happens: a run cut short shows where */
   sh.timeout_ms = argc > 1 ? atoi(argv[1]) : 200; /* longer under compute-sanitizer */
   sh.cu = gpu_require(1);
   CUdevice dev;
