@@ -721,13 +721,15 @@ kl_result kl_testing_set_steps(kl_ctx *c, uint32_t near, uint32_t *gather_step,
   return res;
 }
 
-kl_result kl_testing_marks(kl_ctx *c, void **marks, size_t *bytes, uint32_t *sentinel) {
-  if (!c || !marks || !bytes || !sentinel)
+kl_result kl_testing_marks(kl_ctx *c, void **marks, size_t *bytes, uint32_t *sentinel,
+                           int *per_token) {
+  if (!c || !marks || !bytes || !sentinel || !per_token)
     return kl_rt_fail(KLRT_EINVAL, "kl_testing_marks: a NULL argument");
   if (!c->recv) return kl_rt_fail(KLRT_ESTATE, "the one-shot path has no buffers here");
   *marks = (void *)(uintptr_t)(c->recv + (CUdeviceptr)c->layout.mark_offset);
   *bytes = 2 * (size_t)c->layout.mark_buffer_bytes;
   *sentinel = c->layout.sentinel32;
+  *per_token = c->layout.topk_split;
   return KLRT_OK;
 }
 #endif

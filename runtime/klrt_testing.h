@@ -23,11 +23,13 @@ kl_result kl_testing_set_steps(kl_ctx *ctx, uint32_t near, uint32_t *gather_step
 
 /* Where this rank's staged-row marks are (kl_sample with filters): *marks,
  * device memory of the context's device that its peers read, *bytes both
- * buffers together (0: the spec has none), and *sentinel the word they hold
- * until a step marks them. A test that fills them with the sentinel while a
- * step is in flight makes the step's rows sampled whole wait for marks that
- * never come: the marks' time-out. */
-kl_result kl_testing_marks(kl_ctx *ctx, void **marks, size_t *bytes, uint32_t *sentinel);
+ * buffers together (0: the spec has none), *sentinel the word they hold
+ * until a step marks them, and *per_token the marks a token has (its parts:
+ * a step of n tokens writes n x *per_token). A test that fills them with the
+ * sentinel while a step is in flight makes the step's rows sampled whole
+ * wait for marks that never come: the marks' time-out. */
+kl_result kl_testing_marks(kl_ctx *ctx, void **marks, size_t *bytes, uint32_t *sentinel,
+                           int *per_token);
 
 #ifdef __cplusplus
 }

@@ -35,8 +35,10 @@ typedef struct kl_state {
 
 /* Step counters wrap here, a multiple of 3, so the three rotating buffers
  * keep their roles across the wrap (at 2^32, which 3 does not divide, two
- * steps in a row would use one buffer). */
+ * steps in a row would use one buffer), and even, so the two by the step's
+ * parity (kl_sample's staged rows and their marks) keep theirs. */
 #define KL_STEP_WRAP 3221225472u /* 3 << 30 */
+KL_ABI_ASSERT(KL_STEP_WRAP % 6 == 0, "the step's buffers, three and two, keep their roles at the wrap");
 
 /* The group's fault word: in every rank's receive memory, after its buffers
  * (KL_FAULT_BYTES at the layout's fault_offset), where its peers can write

@@ -180,7 +180,9 @@ static void lose_marks(shared *sh, kl_ctx *c, const bufs *b) {
   void *marks;
   size_t bytes;
   uint32_t sentinel;
-  if (kl_testing_marks(c, &marks, &bytes, &sentinel) != KLRT_OK || bytes == 0 || bytes % 4) {
+  int per_token;
+  if (kl_testing_marks(c, &marks, &bytes, &sentinel, &per_token) != KLRT_OK || bytes == 0 ||
+      bytes % 4 || per_token < 1) {
     failf(sh, 1, "kl_testing_marks: %s (%zu bytes)", kl_last_error(), bytes);
     return;
   }
@@ -195,16 +197,20 @@ static void lose_marks(shared *sh, kl_ctx *c, const bufs *b) {
   CU_CHECK(cu, cuMemsetD32(m, sentinel, bytes / 4)); /* idle: no step reads them */
   CU_CHECK(cu, cuCtxSynchronize());
   expect_rc(sh, 1, call(sh, c, b, 0), KLRT_OK, "the call whose marks are lost");
-  int seen = 0;
+  /* every mark of the step, none left to land after the fill below (the
+   * buffers held only the sentinel before the call) */
+  const size_t want = (size_t)TOKENS * (size_t)per_token;
+  size_t seen = 0;
   const int limit_ms = 1000 + 10 * sh->timeout_ms; /* under a tool too */
-  for (int ms = 0; ms < limit_ms && !seen; ms += 1) {
+  for (int ms = 0; ms < limit_ms && seen < want; ms += 1) {
     CU_CHECK(cu, cuMemcpyDtoHAsync(host, m, bytes, side));
     CU_CHECK(cu, cuStreamSynchronize(side));
-    for (size_t i = 0; i < bytes / 4; i++) seen |= host[i] != sentinel;
-    if (!seen) sleep_ms(1);
+    seen = 0;
+    for (size_t i = 0; i < bytes / 4; i++) seen += host[i] != sentinel;
+    if (seen < want) sleep_ms(1);
   }
-  if (!seen) failf(sh, 1, "rank 1's kernel wrote no mark in %d ms", limit_ms);
-  sleep_ms(100); /* every CTA marks within microseconds of the first */
+  if (seen != want)
+    failf(sh, 1, "rank 1's kernel wrote %zu marks in %d ms, want %zu", seen, limit_ms, want);
   CU_CHECK(cu, cuMemsetD32Async(m, sentinel, bytes / 4, side));
   CU_CHECK(cu, cuStreamSynchronize(side));
   CU_CHECK(cu, cuStreamDestroy(side));
