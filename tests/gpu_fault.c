@@ -31,7 +31,6 @@
 
 #include "gpu_util.h"
 #include "klrt/klrt.h"
-#include "klrt_testing.h"
 
 #define VOCAB 4096
 #define TOKENS 2
@@ -177,44 +176,22 @@ static void sleep_ms(long ms) {
  * waits for rank 0's records), every mark back to the sentinel. */
 static void lose_marks(shared *sh, kl_ctx *c, const bufs *b) {
   const kl_cu *cu = sh->cu;
-  void *marks;
-  size_t bytes;
-  uint32_t sentinel;
-  int per_token;
-  if (kl_testing_marks(c, &marks, &bytes, &sentinel, &per_token) != KLRT_OK || bytes == 0 ||
-      bytes % 4 || per_token < 1) {
-    failf(sh, 1, "kl_testing_marks: %s (%zu bytes)", kl_last_error(), bytes);
-    return;
-  }
-  CUdeviceptr m = (CUdeviceptr)(uintptr_t)marks;
-  uint32_t *host = malloc(bytes);
-  if (!host) {
-    failf(sh, 1, "out of memory");
-    return;
-  }
+  const gpu_marks m = gpu_marks_of(c);
   CUstream side;
   CU_CHECK(cu, cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
-  CU_CHECK(cu, cuMemsetD32(m, sentinel, bytes / 4)); /* idle: no step reads them */
-  CU_CHECK(cu, cuCtxSynchronize());
+  gpu_marks_clear(cu, &m, side); /* idle: no step reads them */
   expect_rc(sh, 1, call(sh, c, b, 0), KLRT_OK, "the call whose marks are lost");
   /* every mark of the step, none left to land after the fill below (the
    * buffers held only the sentinel before the call) */
-  const size_t want = (size_t)TOKENS * (size_t)per_token;
+  const size_t want = (size_t)TOKENS * (size_t)m.per_token;
   size_t seen = 0;
   const int limit_ms = 1000 + 10 * sh->timeout_ms; /* under a tool too */
-  for (int ms = 0; ms < limit_ms && seen < want; ms += 1) {
-    CU_CHECK(cu, cuMemcpyDtoHAsync(host, m, bytes, side));
-    CU_CHECK(cu, cuStreamSynchronize(side));
-    seen = 0;
-    for (size_t i = 0; i < bytes / 4; i++) seen += host[i] != sentinel;
-    if (seen < want) sleep_ms(1);
-  }
+  for (int ms = 0; ms < limit_ms && (seen = gpu_marks_set(cu, &m, side)) < want; ms++)
+    sleep_ms(1);
   if (seen != want)
     failf(sh, 1, "rank 1's kernel wrote %zu marks in %d ms, want %zu", seen, limit_ms, want);
-  CU_CHECK(cu, cuMemsetD32Async(m, sentinel, bytes / 4, side));
-  CU_CHECK(cu, cuStreamSynchronize(side));
+  gpu_marks_clear(cu, &m, side);
   CU_CHECK(cu, cuStreamDestroy(side));
-  free(host);
 }
 
 static void *rank_main(void *arg) {

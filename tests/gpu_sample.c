@@ -31,7 +31,6 @@
 #include "gpu_util.h"
 #include "kl_abi.h"
 #include "klrt/klrt.h"
-#include "klrt_testing.h"
 
 typedef struct dev {
   const kl_cu *cu;
@@ -504,24 +503,6 @@ static void api_wide(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w) {
   upload_filters(d, b, w, n);
 }
 
-/* How many of this rank's staged-row marks (both buffers) are set. */
-static size_t marks_set(const dev *d, kl_ctx *ctx, size_t *words) {
-  void *m;
-  size_t bytes;
-  uint32_t sentinel;
-  int per_token;
-  CHECK(kl_testing_marks(ctx, &m, &bytes, &sentinel, &per_token) == KLRT_OK && bytes > 0,
-        "kl_testing_marks: %s", kl_last_error());
-  uint32_t *host = xmalloc(bytes);
-  CU_CHECK(d->cu, cuCtxSynchronize());
-  CU_CHECK(d->cu, cuMemcpyDtoH(host, (CUdeviceptr)(uintptr_t)m, bytes));
-  size_t set = 0;
-  for (size_t i = 0; i < bytes / 4; i++) set += host[i] != sentinel;
-  free(host);
-  *words = (size_t)per_token;
-  return set;
-}
-
 /* The marks a select step does not write itself go back to the sentinel,
  * so a mark left from an earlier step can never equal a later one's (the
  * counter wraps): a call with filters marks its n rows' parts, then two
@@ -530,10 +511,11 @@ static void api_marks(const dev *d, kl_ctx *ctx, const api_bufs *b) {
   const int n = 16;
   kl_sampling all = api_params(b);
   CHECK(api_call(ctx, b, &all, 0, n, NULL) == KLRT_OK, "kl_sample (marks): %s", kl_last_error());
-  size_t per_token;
-  const size_t set = marks_set(d, ctx, &per_token);
-  CHECK(set >= (size_t)n * per_token, "a call with filters of %d rows set %zu marks, want %zu "
-        "at least", n, set, (size_t)n * per_token);
+  const gpu_marks m = gpu_marks_of(ctx);
+  CU_CHECK(d->cu, cuCtxSynchronize());
+  const size_t set = gpu_marks_set(d->cu, &m, NULL);
+  CHECK(set >= (size_t)n * (size_t)m.per_token, "a call with filters of %d rows set %zu marks, "
+        "want %zu at least", n, set, (size_t)n * (size_t)m.per_token);
   kl_stats st0 = KL_STATS_INIT, st = KL_STATS_INIT;
   kl_ctx_stats(ctx, &st0);
   for (int i = 0; i < 2; i++)
@@ -542,7 +524,8 @@ static void api_marks(const dev *d, kl_ctx *ctx, const api_bufs *b) {
   kl_ctx_stats(ctx, &st);
   CHECK(st.oneshot == st0.oneshot + 2, "kl_argmax (marks): %llu one-shot steps, want 2",
         (unsigned long long)(st.oneshot - st0.oneshot));
-  const size_t left = marks_set(d, ctx, &per_token);
+  CU_CHECK(d->cu, cuCtxSynchronize());
+  const size_t left = gpu_marks_set(d->cu, &m, NULL);
   CHECK(left == 0, "two kl_argmax steps after a call with filters left %zu marks set", left);
 }
 

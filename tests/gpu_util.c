@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "klrt/klrt.h"
+#include "klrt_testing.h"
 
 const kl_cu *gpu_require(int need) {
   const char *why = NULL;
@@ -163,6 +164,37 @@ void gpu_from_device(const kl_cu *cu, void *p, CUdeviceptr d, size_t bytes) {
   CU_CHECK(cu, cuCtxSynchronize());
   CU_CHECK(cu, cuMemcpyDtoH(p, d, bytes));
   CU_CHECK(cu, cuMemFree(d));
+}
+
+gpu_marks gpu_marks_of(kl_ctx *ctx) {
+  gpu_marks m;
+  void *p;
+  if (kl_testing_marks(ctx, &p, &m.bytes, &m.sentinel, &m.per_token) != KLRT_OK ||
+      m.bytes == 0 || m.bytes % 4 || m.per_token < 1) {
+    fprintf(stderr, "kl_testing_marks: %s (%zu bytes)\n", kl_last_error(), m.bytes);
+    exit(1);
+  }
+  m.p = (CUdeviceptr)(uintptr_t)p;
+  return m;
+}
+
+size_t gpu_marks_set(const kl_cu *cu, const gpu_marks *m, CUstream s) {
+  uint32_t *host = malloc(m->bytes);
+  if (!host) {
+    fprintf(stderr, "gpu_marks_set: out of memory\n");
+    exit(1);
+  }
+  CU_CHECK(cu, cuMemcpyDtoHAsync(host, m->p, m->bytes, s));
+  CU_CHECK(cu, cuStreamSynchronize(s));
+  size_t set = 0;
+  for (size_t i = 0; i < m->bytes / 4; i++) set += host[i] != m->sentinel;
+  free(host);
+  return set;
+}
+
+void gpu_marks_clear(const kl_cu *cu, const gpu_marks *m, CUstream s) {
+  CU_CHECK(cu, cuMemsetD32Async(m->p, m->sentinel, m->bytes / 4, s));
+  CU_CHECK(cu, cuStreamSynchronize(s));
 }
 
 int testkern_load(const kl_cu *cu, int elem, testkern *k) {

@@ -7,6 +7,7 @@
 
 #include "cu.h"
 #include "klgen.h"
+#include "klrt/klrt.h"
 
 #define SKIP 77
 
@@ -42,6 +43,19 @@ int launch_fill(const kl_cu *cu, const testkern *k, CUdeviceptr shard, int token
 int launch_verify(const kl_cu *cu, const testkern *k, CUdeviceptr out, int tokens, long long vocab,
                   long long shard_cols, CUdeviceptr step, CUdeviceptr bad, CUstream s);
 int launch_bump(const kl_cu *cu, const testkern *k, CUdeviceptr step, CUstream s);
+
+/* A context's staged-row marks (kl_testing_marks; exit 1 if it has none):
+ * how many are set (not the sentinel), read on stream s once the stream's
+ * work before is done; or all back to the sentinel, on s. */
+typedef struct gpu_marks {
+  CUdeviceptr p;
+  size_t bytes;
+  uint32_t sentinel;
+  int per_token; /* the marks a token has: a step of n tokens sets n x per_token */
+} gpu_marks;
+gpu_marks gpu_marks_of(kl_ctx *ctx);
+size_t gpu_marks_set(const kl_cu *cu, const gpu_marks *m, CUstream s);
+void gpu_marks_clear(const kl_cu *cu, const gpu_marks *m, CUstream s);
 
 /* Host reference: element (t, col) of rank's shard at `step`, as stored bits,
  * and what the gather must deliver for it (-0.0 becomes +0.0). Some elements
