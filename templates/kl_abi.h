@@ -106,9 +106,9 @@ typedef struct kl_select_args {
 } kl_select_args;
 /* A shard sampler's record (shards.cu.tmpl), in 32-bit words: a part's
  * first largest t and its best draw (each a logit and its column + 1, 0:
- * none), its largest logit, and the double sum of exp(x - that) for the
- * logprob (two words, its last bit clear). */
-#define KL_SHARD_RECORD_WORDS 7
+ * none), its largest logit, the double sum of exp(x - that) for the
+ * logprob (two words, its last bit clear), and the best draw's t + g. */
+#define KL_SHARD_RECORD_WORDS 8
 /* With filters, word KL_SHARD_CAND_WORD on holds the part's first
  * min(TOPK, VOCAB) columns in the key order of t, two words each (the
  * logit, and the column + 1; 0: none, a part with fewer columns). Its
