@@ -104,6 +104,10 @@ typedef struct kl_layout {
   int sel_block;            /* threads per CTA of the select kernels */
   int topk_thread_chunks;   /* kl_topk: 16-byte input chunks per thread */
   int topk_split;           /* kl_topk: CTAs (records) per rank row */
+  /* kl_sample's shard sampler without filters, one-shot, at few tokens:
+   * CTAs each of kl_topk's parts may be split over (1, 2 or 4), each taking
+   * a share of every chunk's columns (the runtime picks per call) */
+  int shard_subparts;
   int argmax_thread_chunks; /* kl_argmax: 16-byte input chunks per thread */
   int argmax_split;         /* kl_argmax: CTAs (records) per rank row */
   int rec_split;        /* records per rank row the region holds: the larger split */

@@ -39,6 +39,11 @@
  * not one. */
 #define SAMPLE_SLICE_THREAD_COLS 8
 #define SAMPLE_SLICES_MAX 32
+/* kl_sample's shard sampler without filters: CTAs a part at most (each a
+ * share of every chunk's columns), and the records a token's merge takes
+ * in two passes of its warp (shards.cu.tmpl). */
+#define SHARD_SUBPARTS_MAX 4
+#define SHARD_MERGE_RECORDS 64
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 static int64_t gcd64(int64_t a, int64_t b) {
@@ -96,6 +101,25 @@ static void derive_epilogue(const kl_spec *s, kl_layout *l) {
       s->vocab_size % chunk_elems == 0 && l->shard % chunk_elems == 0 ? 16 : l->out_elem_bytes;
 }
 
+/* kl_sample's shard sampler without filters at few tokens: each of kl_topk's
+ * parts split over up to this many CTAs, each a share of every chunk's
+ * columns, so a token's noise (a Philox call and two logf a column, bound
+ * by issue) spreads over more multiprocessors. A power of two that divides
+ * a chunk's elements, at most 4, and within two bounds: a token's records
+ * (tp x topk_split x subparts) within the two passes of a warp that the
+ * merge polls (64), and a token's records, 8 words in 2 chunks, within the
+ * region's stride of a token (rec_split x rec_chunks chunks), so the
+ * region and its refill stay as they are. */
+static int shard_subparts(const kl_spec *s, const kl_layout *l) {
+  const int64_t chunk_elems = CHUNK / l->elem_bytes;
+  const int64_t record_chunks = (KL_SHARD_RECORD_WORDS + 3) / 4;
+  int sub = SHARD_SUBPARTS_MAX;
+  while (sub > 1 && (sub > chunk_elems || s->tp * l->topk_split * sub > SHARD_MERGE_RECORDS ||
+                     l->topk_split * sub * record_chunks > l->rec_split * l->rec_chunks))
+    sub /= 2;
+  return sub;
+}
+
 /* Records of candidates: room for record_keys keys of two words each and
  * (for topk) two words of log-sum-exp partial, and for kl_sample's shard
  * sampler (a spec with topk) its record, with its candidates when the call
@@ -131,6 +155,7 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
   cta_chunks = (int64_t)SEL_BLOCK * l->argmax_thread_chunks;
   l->argmax_split = (int)((l->row_chunks + cta_chunks - 1) / cta_chunks);
   l->rec_split = l->topk_split > l->argmax_split ? l->topk_split : l->argmax_split;
+  l->shard_subparts = s->topk > 0 ? shard_subparts(s, l) : 1;
   l->sel_offset = l->total_bytes;
   l->sel_slot_bytes = s->max_tokens * l->rec_split * l->rec_chunks * CHUNK;
   l->sel_buffer_bytes = l->sel_slot_bytes * s->tp;

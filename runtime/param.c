@@ -30,6 +30,9 @@ const kl_param kl_params[KL_P_COUNT] = {
                            "NCCL to load when none is in the process yet"},
     [KL_P_MAX_CONNECTIONS] = {"CUDA_DEVICE_MAX_CONNECTIONS", KL_PARAM_INT, 8, 1, 1 << 20,
                               "CUDA's; must be 32 when ranks share a GPU"},
+    [KL_P_SHARD_SUBPARTS] = {"KLGEN_SHARD_SUBPARTS", KL_PARAM_INT, 4, 1, 4,
+                             "kl_sample without filters at few tokens: CTAs a part of the shard "
+                             "sampler at most (1: off; the group's least)"},
 };
 
 static const char *const truths[] = {"1", "true", "yes", "on", NULL};

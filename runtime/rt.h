@@ -37,7 +37,8 @@
 /* ---- param.c ---- */
 typedef enum kl_param_id {
   KL_P_DISABLE, KL_P_LOG, KL_P_CROSSOVER_BYTES, KL_P_TUNE_FILE, KL_P_PDL, KL_P_CACHE_DIR,
-  KL_P_SPEC_TIME_MS, KL_P_NVRTC_LIBRARY, KL_P_NCCL_LIBRARY, KL_P_MAX_CONNECTIONS, KL_P_COUNT
+  KL_P_SPEC_TIME_MS, KL_P_NVRTC_LIBRARY, KL_P_NCCL_LIBRARY, KL_P_MAX_CONNECTIONS,
+  KL_P_SHARD_SUBPARTS, KL_P_COUNT
 } kl_param_id;
 typedef enum { KL_PARAM_BOOL, KL_PARAM_INT, KL_PARAM_STR } kl_param_kind;
 typedef struct kl_param {
@@ -255,6 +256,10 @@ struct kl_ctx {
   CUdeviceptr peers[KL_TP_MAX]; /* every rank's receive memory, mapped here */
   unsigned char ipc_opened[KL_TP_MAX];
   int ready, disabled;
+  /* agreed at creation, the same on every rank: the fewest multiprocessors
+   * of the group's GPUs, and the CTAs a part of the shard sampler may take
+   * (the layout's shard_subparts and every rank's KLGEN_SHARD_SUBPARTS) */
+  int group_sms, shard_subparts;
   int nccl_everywhere; /* every rank has a communicator: size declines are possible */
   int kernels_everywhere; /* every rank loaded the kernels: NCCL paths that run them can run */
   long long crossover, crossover_cfg;
@@ -297,6 +302,9 @@ typedef struct agree_info {
   int32_t mapped, disabled, has_nccl;
   int32_t has_kernels; /* the generated kernels loaded (the select kernels' NCCL path runs them too) */
   int64_t crossover;
+  /* its GPU's multiprocessors and KLGEN_SHARD_SUBPARTS: the group takes the
+   * least of each, so every rank splits kl_sample's parts alike */
+  int32_t sm_count, subparts;
   char why[KL_PEER_WHY];
 } agree_info;
 /* Equal on every rank that runs the same kernel with the same limits. */
@@ -374,8 +382,9 @@ kl_result kl_allgather(kl_ctx *c, CUdeviceptr mine, CUdeviceptr all, size_t byte
 extern const kl_route kl_gather_route, kl_argmax_route, kl_topk_route, kl_sample_route;
 /* A select kernel's two paths for a call (select.c): the kernel one-shot, or
  * reduce, NCCL all-gather, merge. The call's outputs are the kernel's index,
- * value and lse; kl_sample's parameters come from k->extra for KL_K_SHARDS and KL_K_CANDIDATES. */
-kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s);
+ * value and lse; kl_sample's parameters come from k->extra for KL_K_SHARDS and KL_K_CANDIDATES.
+ * subparts: KL_K_SHARDS' parts each split over that many CTAs (else 1). */
+kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, int subparts);
 kl_result kl_select_nccl(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s);
 
 /* ---- context.c ---- */

@@ -154,12 +154,27 @@ static kl_result wide(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   return res ? res : draw(c, k, s);
 }
 
+/* A call without filters at few tokens: each of kl_topk's parts split over
+ * up to the group's shard_subparts CTAs (shards.cu.tmpl), while the grid
+ * stays within a CTA a multiprocessor of the group's smallest GPU and within
+ * the step slots of max_tokens. A part's noise is bound by issue: on one
+ * H200, Kimi's shard at 1 token took 10 multiprocessors of 132 split 1 way.
+ * Every rank computes the same from what the group agreed. */
+static int shard_subparts(const kl_ctx *c, int tokens) {
+  int sub = c->shard_subparts;
+  while (sub > 1 && ((int64_t)tokens * c->layout.topk_split * sub > c->group_sms ||
+                     (int64_t)tokens * sub > c->spec.max_tokens))
+    sub /= 2;
+  return sub;
+}
+
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
   if (gathers(k)) return wide(c, k, s, 1);
-  if (!has_filters(k)) return kl_select_oneshot(c, KL_K_SHARDS, k, s);
+  if (!has_filters(k))
+    return kl_select_oneshot(c, KL_K_SHARDS, k, s, shard_subparts(c, k->tokens));
   /* the scratch before the kernel that writes and reads it */
   kl_result res = ensure_scratch(c, k, s, 0);
-  return res ? res : kl_select_oneshot(c, KL_K_CANDIDATES, k, s);
+  return res ? res : kl_select_oneshot(c, KL_K_CANDIDATES, k, s, 1);
 }
 
 /* Without the peers' staged rows, a row with filters needs the gather. */

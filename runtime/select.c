@@ -29,7 +29,7 @@ static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mo
   kl_select_args *a = &c->kern[id].prm.select.a;
   *a = (kl_select_args){.in = (const void *)k->kin, .index = (long long *)k->out[0].p,
                         .value = k->out[1].p, .lse = k->out[2].p, .tokens = k->tokens,
-                        .rank = c->rank, .mode = mode};
+                        .rank = c->rank, .mode = mode, .subparts = 1};
   if (id == KL_K_SHARDS || id == KL_K_CANDIDATES) {
     const kl_sampling *p = ((const kl_sample_call *)k->extra)->p;
     a->temperature = p->temperature;
@@ -48,14 +48,16 @@ static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mo
   return a;
 }
 
-kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s) {
+kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, int subparts) {
   kl_kernel *kn = &c->kern[id];
   kl_select_args *a = args(c, id, k, KL_SELECT_ONESHOT);
   a->state = (kl_state *)c->state;
   a->fault = kl_fault_word(c);
   a->slots = kn->slots;
   a->nslots = kn->nslots;
-  int grid = kl_grid(c, id, k->tokens, 1);
+  a->subparts = subparts;
+  /* parts split subparts ways: the grid of subparts times the tokens */
+  int grid = kl_grid(c, id, k->tokens * subparts, 1);
   return launched(kl_launch(c, id, grid, 1, s), "one-shot");
 }
 
@@ -78,7 +80,7 @@ kl_result kl_select_nccl(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s) {
 }
 
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
-  return kl_select_oneshot(c, k->route->kernel, k, s);
+  return kl_select_oneshot(c, k->route->kernel, k, s, 1);
 }
 
 static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {

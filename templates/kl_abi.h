@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 11
+#define KL_ABI_VERSION 12
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -103,6 +103,12 @@ typedef struct kl_select_args {
   const float *top_p, *min_p;
   void *wide;                /* [tokens, VOCAB] (out dtype), or NULL: no filters */
   int tokens, rank, nslots, mode;
+  /* The shard sampler without filters, one-shot: CTAs each of TOPK_SPLIT's
+   * parts is split over, 2 or 4 (at most the layout's SHARD_SUBPARTS), each
+   * a share of every chunk's columns and a record of its own; any other
+   * value is 1. The same on every rank. */
+  int subparts;
+  int reserved;
 } kl_select_args;
 /* A shard sampler's record (shards.cu.tmpl), in 32-bit words: a part's
  * first largest t and its best draw (each a logit and its column + 1, 0:
@@ -159,7 +165,7 @@ KL_ABI_ASSERT(sizeof(kl_state) == 64, "kl_state is 64 bytes: the step slots foll
 KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit ABI");
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
-KL_ABI_ASSERT(sizeof(kl_select_args) == 136, "peers[] follow kl_select_args at byte 136");
+KL_ABI_ASSERT(sizeof(kl_select_args) == 144, "peers[] follow kl_select_args at byte 144");
 KL_ABI_ASSERT(sizeof(kl_sample_part) == 32, "kl_sample_part layout");
 KL_ABI_ASSERT(sizeof(kl_sample_args) == 136, "kl_sample_args layout");
 

@@ -436,6 +436,34 @@ static void epilogue(void) {
   bad(SPEC(", softcapp = 30"), "t.lua:1: softcapp:", "did you mean 'softcap'");
 }
 
+/* kl_sample's shard sampler splits a part over up to shard_subparts CTAs:
+ * 1, 2 or 4, a divisor of a chunk's elements, the largest within both
+ * bounds (a token's records within 64, within the region's stride of a
+ * token). Kimi's shard at tp 1, 2 and 8 with topk 64: 4, 2, 1. */
+static void shard_subparts(void) {
+  static const struct { long long vocab; int tp, topk; const char *dtype; int want; } cases[] = {
+      {20480, 1, 64, "bf16", 4}, {40960, 2, 64, "bf16", 2}, {163840, 8, 64, "bf16", 1},
+      {20480, 1, 1, "bf16", 1},  {20480, 1, 8, "fp32", 2},  {5, 1, 1, "fp32", 1},
+      {50257, 4, 16, "fp16", -1}, {128256, 2, 32, "fp32", -1}, {1000, 4, 5, "bf16", -1}};
+  for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+    char src[200];
+    kl_spec s;
+    kl_layout l;
+    snprintf(src, sizeof src, "return { name = 'k', vocab_size = %lld, tp = %d, dtype = '%s', "
+             "max_tokens = 64, topk = %d }", cases[i].vocab, cases[i].tp, cases[i].dtype, cases[i].topk);
+    if (load_layout(src, &s, &l) != 0) continue;
+    const int sub = l.shard_subparts, elems = 16 / l.elem_bytes;
+    const long long region = (long long)l.rec_split * l.rec_chunks;
+    const int fits = sub >= 1 && sub <= 4 && (sub & (sub - 1)) == 0 && elems % sub == 0 &&
+                     s.tp * l.topk_split * sub <= 64 && (long long)l.topk_split * sub * 2 <= region;
+    const int larger = 2 * sub <= 4 && elems % (2 * sub) == 0 && s.tp * l.topk_split * 2 * sub <= 64 &&
+                       (long long)l.topk_split * 4 * sub <= region;
+    CHECK(fits && !larger && (cases[i].want < 0 || sub == cases[i].want),
+          "vocab %lld tp %d topk %d %s: shard_subparts %d (split %d, region %lld)", cases[i].vocab,
+          cases[i].tp, cases[i].topk, cases[i].dtype, sub, l.topk_split, region);
+  }
+}
+
 /* topk: an integer 1..64, at most the vocabulary; it shapes the records. */
 static void topk(void) {
   kl_spec s;
@@ -504,6 +532,7 @@ static void topk(void) {
                   "max_tokens = 4, topk = 64 }", &s, &lay) == 0)
     CHECK(lay.rec_chunks == 34 && lay.topk_split == 1 && 64 * 33 * 16 <= 40960,
           "tp 64 top-64: split %d rec %d", lay.topk_split, lay.rec_chunks);
+  shard_subparts();
   bad(SPEC(", topk = 0"), "t.lua:1: topk:", "out of range");
   bad(SPEC(", topk = -1"), "t.lua:1: topk:", "out of range");
   bad(SPEC(", topk = 65"), "t.lua:1: topk:", "65 is out of range (1..64)");
