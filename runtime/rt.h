@@ -383,8 +383,12 @@ extern const kl_route kl_gather_route, kl_argmax_route, kl_topk_route, kl_sample
 /* A select kernel's two paths for a call (select.c): the kernel one-shot, or
  * reduce, NCCL all-gather, merge. The call's outputs are the kernel's index,
  * value and lse; kl_sample's parameters come from k->extra for KL_K_SHARDS and KL_K_CANDIDATES.
- * subparts: KL_K_SHARDS' parts each split over that many CTAs (else 1). */
-kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, int subparts);
+ * subparts: KL_K_SHARDS' parts each split over that many CTAs (else 1).
+ * merge_ctas: KL_K_CANDIDATES' CTAs beyond the parts, each merging a token
+ * alone: 0, or the call's tokens where the whole grid stays within the
+ * kernel's cap and step slots (sample.c). */
+kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, int subparts,
+                            int merge_ctas);
 kl_result kl_select_nccl(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s);
 
 /* ---- context.c ---- */

@@ -48,7 +48,8 @@ static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mo
   return a;
 }
 
-kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, int subparts) {
+kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, int subparts,
+                            int merge_ctas) {
   kl_kernel *kn = &c->kern[id];
   kl_select_args *a = args(c, id, k, KL_SELECT_ONESHOT);
   a->state = (kl_state *)c->state;
@@ -56,8 +57,9 @@ kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, 
   a->slots = kn->slots;
   a->nslots = kn->nslots;
   a->subparts = subparts;
-  /* parts split subparts ways: the grid of subparts times the tokens */
-  int grid = kl_grid(c, id, k->tokens * subparts, 1);
+  /* parts split subparts ways: the grid of subparts times the tokens; the
+   * CTAs that merge apart after them (the kernel tells them by the grid) */
+  int grid = kl_grid(c, id, k->tokens * subparts, 1) + merge_ctas;
   return launched(kl_launch(c, id, grid, 1, s), "one-shot");
 }
 
@@ -80,7 +82,7 @@ kl_result kl_select_nccl(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s) {
 }
 
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
-  return kl_select_oneshot(c, k->route->kernel, k, s, 1);
+  return kl_select_oneshot(c, k->route->kernel, k, s, 1, 0);
 }
 
 static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
