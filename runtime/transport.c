@@ -261,9 +261,8 @@ static kl_result check_agreement(const kl_ctx *c, agree_info *agree) {
   for (int r = 0; r < c->nranks; r++) {
     agree_info *a = &agree[r];
     a->why[KL_PEER_WHY - 1] = 0;
-    if ((a->mapped | a->disabled | a->has_nccl | a->has_kernels) & ~1)
-      return kl_rt_fail(KLRT_ESPEC, "rank %d sent a malformed agreement record", r);
-    if (a->sm_count < 1 || a->subparts < 1 || a->subparts > 4)
+    if (((a->mapped | a->disabled | a->has_nccl | a->has_kernels) & ~1) || a->sm_count < 1 ||
+        a->subparts < kl_params[KL_P_SHARD_SUBPARTS].lo || a->subparts > kl_params[KL_P_SHARD_SUBPARTS].hi)
       return kl_rt_fail(KLRT_ESPEC, "rank %d sent a malformed agreement record", r);
     if (a->crossover < 0)
       return kl_rt_fail(KLRT_EINVAL, "rank %d reports a crossover of %lld bytes (must be >= 0)",
