@@ -56,13 +56,6 @@ static kl_result ctx_acquire(kl_ctx *c, int remove, const char *fn) {
 
 static void ctx_release(kl_ctx *c) { atomic_store(&c->busy, 0); }
 
-static int live_has(const kl_ctx *c) {
-  pthread_mutex_lock(&live_m);
-  int found = live_find(c) >= 0;
-  pthread_mutex_unlock(&live_m);
-  return found;
-}
-
 kl_result kl_ctx_enter(kl_ctx *c, int *pushed) {
   CUcontext cur = NULL;
   *pushed = 0;
@@ -314,9 +307,11 @@ static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
   c->stats.oneshot_ready = c->ready;
   c->stats.crossover_bytes = c->crossover;
   kl_ctx_leave(c, pushed);
-  if (!res && !c->ready && !c->nccl && c->nranks > 1)
-    res = kl_rt_fail(KLRT_EUNAVAILABLE, "one-shot path not ready (%s) and no NCCL communicator "
-                     "to fall back to", c->stats.not_ready);
+  /* agreed, so that every rank fails alike: one left with a context would
+   * wait for peers that have none */
+  if (!res && !c->ready && !c->nccl_everywhere)
+    res = kl_rt_fail(KLRT_EUNAVAILABLE, "one-shot path not ready (%s) and some rank has no "
+                     "NCCL communicator to fall back to", c->stats.not_ready);
   if (!res && !live_add(c)) res = kl_rt_fail(KLRT_ENOMEM, "too many live contexts");
   if (res) {
     release(c);
@@ -624,9 +619,14 @@ kl_result kl_spec_names_string(const char *src, char (*names)[KL_INFO_NAME], int
 
 kl_result kl_ctx_info(const kl_ctx *c, kl_info *info) {
   if (!c || !info) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_info: NULL argument");
-  if (!live_has(c)) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_info: ctx was destroyed");
+  /* fixed at creation, so no race with a call; read under the live list's
+   * lock, which kl_ctx_destroy takes before it frees */
   kl_info mine;
-  fill_info(&c->spec, &c->layout, &mine); /* fixed at creation: no race with a call */
+  pthread_mutex_lock(&live_m);
+  int found = live_find(c) >= 0;
+  if (found) fill_info(&c->spec, &c->layout, &mine);
+  pthread_mutex_unlock(&live_m);
+  if (!found) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_info: ctx was destroyed");
   return write_out(info, &mine, sizeof mine, "info");
 }
 

@@ -60,18 +60,20 @@ kl_result kl_ensure(kl_ctx *c, kl_buf_id b, size_t need, size_t size, CUstream s
                       "exists", what, need);
   if (size < need) size = need;
   if (size < 2 * buf->bytes) size = 2 * buf->bytes;
+  /* the new buffer first: a failure leaves the old one in place, so a call
+   * within it (a captured one) still finds it */
   if (buf->p) {
     CUdeviceptr *r = realloc(c->retired, (size_t)(c->nretired + 1) * sizeof *r);
     if (!r) return kl_rt_fail(KLRT_ENOMEM, "%s: out of memory", what);
     c->retired = r;
-    c->retired[c->nretired++] = buf->p;
   }
-  buf->p = 0, buf->bytes = 0;
-  CUresult r = c->cu->cuMemAlloc(&buf->p, size);
-  /* uncleared, it stays at 0 bytes: the next call retires it and tries again */
-  if (r == CUDA_SUCCESS) r = c->cu->cuMemsetD8Async(buf->p, 0, size, s);
+  CUdeviceptr p = 0;
+  CUresult r = c->cu->cuMemAlloc(&p, size);
+  if (r == CUDA_SUCCESS && (r = c->cu->cuMemsetD8Async(p, 0, size, s)) != CUDA_SUCCESS)
+    c->cu->cuMemFree(p); /* nothing was queued on it */
   if (r != CUDA_SUCCESS) return mem_fail(r, what, size);
-  buf->bytes = size;
+  if (buf->p) c->retired[c->nretired++] = buf->p; /* queued work may still use it */
+  buf->p = p, buf->bytes = size;
   return KLRT_OK;
 }
 
@@ -301,9 +303,10 @@ static kl_result nccl_path(kl_ctx *c, kl_call *k, CUstream s) {
   if (r->nccl_kernels && !c->kernels_everywhere)
     return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: %s, and some rank could not build them (%s)",
                       c->rank, r->nccl_kernels, c->stats.not_ready);
-  if (!c->nccl && c->nranks > 1)
+  if (!c->nccl_everywhere)
     return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: the one-shot path cannot serve this call "
-                      "and the context has no NCCL communicator for the fallback", c->rank);
+                      "and some rank's context has no NCCL communicator for the fallback",
+                      c->rank);
   return r->nccl(c, k, s);
 }
 

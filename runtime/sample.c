@@ -62,6 +62,11 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
     if (!arrays[i]) continue;
     kl_result res = kl_check_ptr(c, arrays[i], (kl_arg)(KL_ARG_TEMPERATURE + i));
     if (res) return res;
+    /* the kernels load them as floats and 64-bit words: a misaligned load
+     * would end the process's CUDA context, not just this call */
+    if ((uintptr_t)arrays[i] % elem[i])
+      return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s is not %zu-byte aligned",
+                        kl_arg_name((kl_arg)(KL_ARG_TEMPERATURE + i)), elem[i]);
     for (int o = 0; o < 4; o++)
       if (k->out[o].p && kl_overlaps((uintptr_t)arrays[i], elem[i] * (size_t)k->tokens,
                                      (uintptr_t)k->out[o].p, k->out[o].bytes))

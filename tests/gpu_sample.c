@@ -411,9 +411,11 @@ static void refused(kl_result rc, const char *what) {
 static void api_misuse(kl_ctx *ctx, const api_bufs *b, int n) {
   kl_sampling p = api_params(b), none = {0};
   float host_t[1] = {1.f};
-  kl_sampling host = p, over = p;
+  kl_sampling host = p, over = p, odd_t = p, odd_seed = p;
   host.temperature = host_t;
   over.top_p = (const float *)b->logprob; /* a parameter array on an output */
+  odd_t.temperature = (const float *)(b->T + 2); /* device memory, misaligned */
+  odd_seed.seed = (const uint64_t *)(b->S + 4);
   const void *shard = (const void *)b->shard;
   refused(api_call(ctx, b, &p, 9, n, NULL), "n_top is 9");
   refused(api_call(ctx, b, &p, -1, n, NULL), "n_top is -1");
@@ -426,6 +428,8 @@ static void api_misuse(kl_ctx *ctx, const api_bufs *b, int n) {
           "8-byte aligned");
   refused(api_call(ctx, b, &host, 8, n, NULL), "temperature");
   refused(api_call(ctx, b, &over, 8, n, NULL), "params->top_p overlaps logprob");
+  refused(api_call(ctx, b, &odd_t, 0, n, NULL), "params->temperature is not 4-byte aligned");
+  refused(api_call(ctx, b, &odd_seed, 0, n, NULL), "params->seed is not 8-byte aligned");
   refused(api_call(ctx, b, &p, 8, 0, NULL), "tokens is 0");
 }
 

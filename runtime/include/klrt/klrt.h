@@ -180,8 +180,9 @@ kl_result kl_topk(kl_ctx *ctx, const void *shard, int64_t *index, float *value, 
                   int tokens, kl_stream stream);
 
 /* kl_sample's parameters: per-row arrays in device memory on the context's
- * GPU, [tokens] each, read when the sampler runs (a captured graph reads the
- * values of each replay). NULL but temperature: off (seed and offset 0). */
+ * GPU, [tokens] each, aligned for their type (KLRT_EINVAL otherwise), read
+ * when the sampler runs (a captured graph reads the values of each replay).
+ * NULL but temperature: off (seed and offset 0). */
 typedef struct kl_sampling {
   const float *temperature; /* 0: greedy (argmax); else finite, > 0 */
   const int64_t *top_k;     /* 0 (or >= vocab_size): off; else at most the spec's topk */
@@ -218,7 +219,8 @@ typedef struct kl_sampling {
  * context's scratch and sampled there. All give the same tokens. Pass NULL
  * for a filter no row uses. Every rank must pass NULL for the same arrays and
  * the same n_top, as it passes the same tokens: ranks that differ run
- * different collectives (a one-shot step times out, NCCL's all-gather gets
+ * different collectives, whose results are undefined (a one-shot step may
+ * time out or read a peer's records of another kind; NCCL's all-gather gets
  * unequal sizes). */
 kl_result kl_sample(kl_ctx *ctx, const void *shard, const kl_sampling *params, int64_t *token,
                     float *logprob, int64_t *top_index, float *top_logprob, int n_top, int tokens,
@@ -285,7 +287,10 @@ kl_result kl_ctx_stats(const kl_ctx *ctx, kl_stats *stats);
 kl_result kl_ctx_status(kl_ctx *ctx);
 /* Collective. Waits for this rank's queued work, then for every rank, and
  * frees everything. NULL: nothing (KLRT_OK). The context is gone even when an
- * error is returned. */
+ * error is returned, but for KLRT_EBUSY (another thread is inside a call on
+ * it: nothing was done, destroy it once that call returned) and KLRT_ESTATE
+ * (it was already destroyed). A CUDA graph that captured calls on it must not
+ * be replayed after: its launches use the context's buffers and mappings. */
 kl_result kl_ctx_destroy(kl_ctx *ctx);
 
 /* This thread's message for its last failing call ("" if none). Valid until
