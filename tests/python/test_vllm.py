@@ -278,10 +278,60 @@ def _sample(rank):
     sampler = _v2_sampler(vocab, kinds)
     assert on.sample(head, hidden[:2], sampler, _batch([0, 1], draft=1), None) is None
     assert on.sample(head, hidden[:2], sampler, _batch([0, 1]), object()) is None  # grammar
+    # what the user asked of vLLM's sampler that klgen's draws would skip
+    for flag, why in (("compute_nans", "NaNs"), ("use_fp64_gumbel", "fp64")):
+        setattr(sampler, flag, True)
+        assert why in sampling_args(sampler, _batch([0, 1]), 64)
+        setattr(sampler, flag, False)
     watermarked = type("GPUWatermarkSampler", (type(sampler),), {})
     sampler.__class__ = watermarked  # a subclass samples its own way: vLLM's
     assert "GPUWatermarkSampler" in sampling_args(sampler, _batch([0, 1]), 64)
     assert on.klgen.stats()["declined"] == {"sample": len(declined) + 2}
+    _sample_models(on, head, hidden, vocab, kinds)
+
+
+def _model(compute_logits, **attrs):
+    """An object with vLLM's compute_logits `compute_logits` and `attrs`."""
+    model = type("Model", (), {"compute_logits": compute_logits})()
+    model.__dict__.update(attrs)
+    return model
+
+
+def _sample_models(on, head, hidden, vocab, kinds):
+    """klgen.integrations.vllm.sample: served through models whose logits are
+    their processor's alone (vLLM's own compute_logits), vLLM's where the
+    model does more or LoRA wraps the processor."""
+    import types
+
+    from vllm.lora.layers import LogitsProcessorWithLoRA
+    from vllm.model_executor.models import (dory, gemma2, kimi_k25, llama, mimo,
+                                            step3p5)
+
+    from klgen.integrations.vllm import sample
+
+    sampler, batch = _v2_sampler(vocab, kinds), _batch([3, 1, 2], seed=5)
+    want = on.sample(head, hidden[:3], sampler, batch, None)
+    served, declined = _served(on, "sample"), on.klgen.stats()["declined"]["sample"]
+    plain = _model(llama.LlamaForCausalLM.compute_logits, logits_processor=on, lm_head=head)
+    tied = _model(gemma2.Gemma2ForCausalLM.compute_logits, logits_processor=on,
+                  model=types.SimpleNamespace(embed_tokens=head))
+    wrapped = _model(kimi_k25.KimiK25ForConditionalGeneration.compute_logits,
+                     language_model=plain)
+    for model in (plain, tied, wrapped):
+        assert torch.equal(sample(model, hidden[:3], sampler, batch, None), want)
+    assert _served(on, "sample") == served + 3
+    lora = LogitsProcessorWithLoRA(on, 12, hidden.dtype, "cpu", head.get_sharded_to_full_mapping())
+    norm = torch.nn.Identity()  # MiMo normalizes the hidden states in its compute_logits
+    more = [_model(llama.LlamaForCausalLM.compute_logits, logits_processor=lora, lm_head=head),
+            _model(mimo.MiMoForCausalLM.compute_logits, logits_processor=on, lm_head=head,
+                   model=types.SimpleNamespace(norm=norm)),
+            _model(step3p5.Step3p5ForCausalLM.compute_logits, logits_processor=on,
+                   lm_head=head, model=types.SimpleNamespace(norm=norm)),
+            _model(dory.DoryForCausalLM.compute_logits, logits_processor=on, lm_head=head)]
+    for model in more:
+        assert sample(model, hidden[:3], sampler, batch, None) is None
+    assert _served(on, "sample") == served + 3
+    assert on.klgen.stats()["declined"]["sample"] == declined + len(more)
 
 
 def test_sample_from_vllm_sampling_states():

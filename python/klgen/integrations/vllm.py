@@ -27,18 +27,21 @@ k > 64, a scale <= 0 (vLLM's error). stats() and vLLM's debug log
 (VLLM_LOGGING_LEVEL=DEBUG, logger "vllm.klgen") say which calls klgen served.
 
 Sampling without the gather is for the engine's model runner to call (vLLM
-0.33's runners always gather first): KlgenLogitsProcessor.sample(lm_head,
-hidden_states, sampler, input_batch, grammar_output) draws each logits row's
-token with kl_sample, from the parameters vLLM's v2 Sampler keeps per request
-(sampling_args), or returns None where the step needs vLLM's own sampler:
+0.33's runners always gather first): sample(model, hidden_states, sampler,
+input_batch, grammar_output) draws each logits row's token with kl_sample,
+from the parameters vLLM's v2 Sampler keeps per request (sampling_args), or
+returns None where the step needs vLLM's own compute_logits and sampler
+(among others: a model whose compute_logits does more than its
+LogitsProcessor, a processor LoRA wraps):
 
-    tokens = processor.sample(lm_head, hidden, sampler, input_batch, grammar_output)
+    tokens = sample(model, hidden, sampler, input_batch, grammar_output)
     if tokens is None:  # vLLM's path: compute_logits, then sampler(...)
 
 KLGEN_VLLM=torch (or enable("torch")) runs the same glue on TorchGather, the
 torch implementation of klgen's contract: for CPUs and tests.
 """
 
+import dis
 import logging
 
 import torch
@@ -71,6 +74,73 @@ def stats():
     vocabulary, the calls klgen served and those left to vLLM, by use, and
     each of its gathers' stats()."""
     return _gathers.stats("vllm")
+
+
+def sample(model, hidden_states, sampler, input_batch, grammar_output):
+    """The token of each logits row of `input_batch`, drawn by kl_sample from
+    the shards, as int64 [rows]; None where the step needs vLLM's own
+    compute_logits and sampler. `model` is the runner's model: its logits
+    must be its KlgenLogitsProcessor's alone, so a step is vLLM's where the
+    processor is wrapped (LoRA's LogitsProcessorWithLoRA adds the adapter's
+    logits) or the model's compute_logits does more than call it (a norm, a
+    scale, masked columns), as far as _logits_source can tell. A model whose
+    compute_logits only calls its language model's is followed there. The
+    rest is KlgenLogitsProcessor.sample's."""
+    source = _logits_source(model)
+    if isinstance(source, str):
+        processor = getattr(model, "logits_processor", None)
+        base = getattr(processor, "base_layer", processor)  # LoRA's wrapper: its base layer
+        if isinstance(base, KlgenLogitsProcessor):
+            base._gathers().decline("sample", source)
+        else:
+            log.debug("klgen: sample stays with vLLM: %s", source)
+        return None
+    processor, lm_head = source
+    return processor.sample(lm_head, hidden_states, sampler, input_batch, grammar_output)
+
+
+# What a plain compute_logits does -- `return self.logits_processor(self.lm_head,
+# hidden_states)`, maybe through a local -- in bytecode: loads, the call, the
+# return. Anything else (arithmetic, a subscript store, a branch, another
+# attribute) is a model's own step after the processor. The names it reads
+# say where its LM head is: lm_head, or the tied embedding (Gemma's).
+_PLAIN_HEADS = {frozenset(("logits_processor", "lm_head")): ("lm_head",),
+                frozenset(("logits_processor", "model", "embed_tokens")): ("model", "embed_tokens")}
+_PLAIN_OPS = ("RESUME", "NOP", "CACHE", "EXTENDED_ARG", "LOAD_FAST", "LOAD_ATTR", "LOAD_METHOD",
+              "LOAD_CONST", "PUSH_NULL", "PRECALL", "KW_NAMES", "CALL", "STORE_FAST",
+              "POP_TOP", "RETURN_VALUE", "RETURN_CONST", "COPY_FREE_VARS", "MAKE_CELL")
+# Attributes a model's compute_logits may hand the whole job to (vision and
+# audio models: their language model's).
+_DELEGATES = ("language_model", "model")
+
+
+def _logits_source(model):
+    """(processor, lm_head) whose logits are model.compute_logits', or a str
+    saying why that cannot be known."""
+    for _ in range(4):
+        fn = getattr(type(model), "compute_logits", None)
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            return f"{type(model).__name__} has no compute_logits of its own"
+        names = set(code.co_names)
+        if not all(i.opname.startswith(_PLAIN_OPS) for i in dis.get_instructions(code)):
+            return f"{type(model).__name__}.compute_logits does more than its LogitsProcessor"
+        inner = [a for a in _DELEGATES if names == {"compute_logits", a}]
+        if inner:
+            model = getattr(model, inner[0], None)
+            continue
+        head = _PLAIN_HEADS.get(frozenset(names))
+        if head is None:
+            return f"{type(model).__name__}.compute_logits does more than its LogitsProcessor"
+        processor = getattr(model, "logits_processor", None)
+        if type(processor) is not KlgenLogitsProcessor:
+            what = type(processor).__name__
+            return f"the model's logits processor is {what}" + (
+                ", which adds LoRA's logits" if "LoRA" in what else ", not klgen's")
+        for name in head:
+            model = getattr(model, name)
+        return processor, model
+    return f"{type(model).__name__}.compute_logits: too many models deep"
 
 
 # The v2 Sampler's own per-request processors, with the flags that say a
@@ -117,7 +187,8 @@ def _used(buffer, requests, off):
 # another vLLM: its steps stay with its sampler (a missing part never reads
 # as a feature turned off).
 _SAMPLER_PARTS = ("sampling_states", "logits_processors", "thinking_budget_state",
-                  "trace_replay_state", "return_sampling_mask", "get_logprobs_dims")
+                  "trace_replay_state", "return_sampling_mask", "get_logprobs_dims",
+                  "compute_nans", "use_fp64_gumbel")
 
 
 def _sampler_declines(sampler, input_batch, max_top_k):
@@ -136,6 +207,10 @@ def _sampler_declines(sampler, input_batch, max_top_k):
         return "trace replay"
     if sampler.return_sampling_mask:
         return "the sampling mask is asked for"
+    if sampler.compute_nans:  # VLLM_COMPUTE_NANS_IN_LOGITS: a count of the gathered logits
+        return "NaNs in the logits are counted"
+    if sampler.use_fp64_gumbel:
+        return "fp64 Gumbel noise is asked for"
     if sampler.get_logprobs_dims(requests) is not None:
         return "logprobs: vLLM's carry the sampled token's rank over the whole vocabulary"
     for processor in sampler.logits_processors:
