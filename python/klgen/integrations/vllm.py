@@ -138,8 +138,8 @@ def _logits_source(model):
             return f"the model's logits processor is {what}" + (
                 ", which adds LoRA's logits" if "LoRA" in what else ", not klgen's")
         for name in head:
-            model = getattr(model, name)
-        return processor, model
+            model = getattr(model, name, None)
+        return (processor, model) if model is not None else "the model has no LM head"
     return f"{type(model).__name__}.compute_logits: too many models deep"
 
 
