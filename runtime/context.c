@@ -672,6 +672,14 @@ kl_result kl_ctx_status(kl_ctx *c) {
 }
 
 #ifdef KL_TESTING
+const kl_cu *kl_testing_cu;
+const kl_nccl_api *kl_testing_nccl;
+kl_testing_jit_fn kl_testing_jit;
+
+void kl_testing_fakes(const kl_cu *cu, const kl_nccl_api *nccl, kl_testing_jit_fn jit) {
+  kl_testing_cu = cu, kl_testing_nccl = nccl, kl_testing_jit = jit;
+}
+
 /* n step slots at dev: each one's step count moved to the largest value <=
  * near with the same residue modulo 6 (3: the rotating buffers; 2: kl_sample's
  * staged rows); the tokens of the last step kept. */

@@ -42,4 +42,9 @@ const kl_cu *kl_cu_get(const char **why);
 /* "CUDA_ERROR_X: description" for r. */
 const char *kl_cu_errstr(CUresult r);
 
+#ifdef KL_TESTING
+/* klrt_testing only: the driver a test gave (kl_testing_fakes), or NULL. */
+extern const kl_cu *kl_testing_cu;
+#endif
+
 #endif

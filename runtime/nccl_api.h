@@ -20,4 +20,9 @@ typedef struct kl_nccl_api {
  * why when there is none. */
 const kl_nccl_api *kl_nccl_api_get(const char *hint, char *why, size_t n);
 
+#ifdef KL_TESTING
+/* klrt_testing only: the NCCL a test gave (kl_testing_fakes), or NULL. */
+extern const kl_nccl_api *kl_testing_nccl;
+#endif
+
 #endif

@@ -100,6 +100,17 @@ int kl_cache_open(const char *dir, char *why, size_t n);
 /* Cubin for source on arch, from the cache at dir (NULL: no cache) or NVRTC. */
 int kl_jit_cubin(const char *source, const char *name, const char *arch, const char *dir,
                  kl_binary *out, int *hit, kl_err *err);
+/* klrt_testing only (KL_TESTING; the installed library has none of this):
+ * tests of the host's logic on a machine without a GPU give the library a
+ * driver, an NCCL and a compiler of their own, used from the next
+ * kl_cu_get, kl_nccl_api_get and kl_jit_cubin on (NULL: the real one).
+ * Not thread-safe: set before any context is made. */
+typedef int (*kl_testing_jit_fn)(const char *source, const char *name, kl_binary *out,
+                                 kl_err *err);
+void kl_testing_fakes(const kl_cu *cu, const kl_nccl_api *nccl, kl_testing_jit_fn jit);
+#ifdef KL_TESTING
+extern kl_testing_jit_fn kl_testing_jit;
+#endif
 
 /* ---- tune.c ---- */
 long long kl_crossover(const char *arch, int nranks, long long shard_bytes, long long configured,

@@ -1,0 +1,387 @@
+/* libklrt's host logic on a machine without a GPU: the library is given a
+ * driver, an NCCL and a compiler of this file's own (kl_testing_fakes,
+ * klrt_testing only), so real contexts are made and called and what they
+ * would enqueue is recorded; no kernel runs. Each case is a contract the
+ * GPU suites cannot reach cheaply: arguments refused before a launch, a
+ * failed allocation that must leave the context as it was, and refusals
+ * that every rank of a group must make alike (a rank that enters a
+ * collective its peer skipped waits for good). Two ranks are two threads
+ * of one kl_group. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt.h"
+
+static int failures;
+#define CHECK(cond, ...)                                                  \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                \
+      fprintf(stderr, __VA_ARGS__);                                       \
+      fprintf(stderr, " (last error: %s)\n", kl_last_error());           \
+      failures++;                                                         \
+    }                                                                     \
+  } while (0)
+
+/* ---- the driver: device memory is address ranges, launches are counted ---- */
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct { CUdeviceptr p; size_t n; } allocs[4096];
+static int nallocs;
+static CUdeviceptr next_addr = 0x7f0000000000ull;
+static size_t alloc_limit;    /* cuMemAlloc fails above this many bytes (0: never) */
+static int capturing;         /* what cuStreamIsCapturing reports */
+static int launches;          /* kernels launched */
+static _Thread_local CUcontext current;
+
+/* The driver's entry points this file does not fake succeed and do
+ * nothing. They are called through their own types; on the x86-64 and
+ * AArch64 C ABIs a function that takes its arguments and ignores them
+ * returns the same from any of them. */
+static CUresult ok(void) { return CUDA_SUCCESS; }
+static CUresult device_get(CUdevice *d, int ordinal) { return *d = ordinal, CUDA_SUCCESS; }
+static CUresult device_count(int *n) { return *n = 2, CUDA_SUCCESS; }
+static CUresult attribute(int *v, CUdevice_attribute a, CUdevice d) {
+  (void)d;
+  *v = a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR ? 9
+       : a == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT ? 132 : 0;
+  return CUDA_SUCCESS;
+}
+static CUresult uuid(CUuuid *u, CUdevice d) {
+  memset(u, 0, sizeof *u);
+  u->bytes[0] = (char)(d + 1);
+  return CUDA_SUCCESS;
+}
+static CUresult can_peer(int *can, CUdevice a, CUdevice b) { (void)a, (void)b; return *can = 1, CUDA_SUCCESS; }
+static CUresult retain(CUcontext *c, CUdevice d) { return *c = (CUcontext)(uintptr_t)(0x1000 + d), CUDA_SUCCESS; }
+static CUresult get_current(CUcontext *c) { return *c = current, CUDA_SUCCESS; }
+static CUresult set_current(CUcontext c) { return current = c, CUDA_SUCCESS; }
+static CUresult pop_current(CUcontext *c) {
+  if (c) *c = current;
+  current = NULL;
+  return CUDA_SUCCESS;
+}
+static CUresult ctx_device(CUdevice *d) {
+  *d = current ? (CUdevice)((uintptr_t)current - 0x1000) : 0;
+  return CUDA_SUCCESS;
+}
+static CUresult mem_alloc(CUdeviceptr *p, size_t n) {
+  pthread_mutex_lock(&mu);
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  if ((!alloc_limit || n <= alloc_limit) && nallocs < (int)(sizeof allocs / sizeof *allocs)) {
+    *p = next_addr;
+    allocs[nallocs].p = next_addr, allocs[nallocs++].n = n;
+    next_addr += ((n + 4095) & ~(size_t)4095) + 4096;
+    r = CUDA_SUCCESS;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+static CUresult host_alloc(void **p, size_t n) { return (*p = calloc(1, n)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }
+static CUresult host_free(void *p) { return free(p), CUDA_SUCCESS; }
+static CUresult pointer_attribute(void *data, CUpointer_attribute a, CUdeviceptr p) {
+  (void)a;
+  pthread_mutex_lock(&mu);
+  CUresult r = CUDA_ERROR_INVALID_VALUE;
+  for (int i = 0; i < nallocs; i++)
+    if (p >= allocs[i].p && p < allocs[i].p + allocs[i].n) *(int *)data = 0, r = CUDA_SUCCESS;
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+static CUresult module_load(CUmodule *m, const void *image) { (void)image; return *m = (CUmodule)0x2000, CUDA_SUCCESS; }
+static CUresult get_function(CUfunction *f, CUmodule m, const char *name) {
+  (void)m, (void)name;
+  return *f = (CUfunction)0x3000, CUDA_SUCCESS;
+}
+static CUresult occupancy(int *n, CUfunction f, int block, size_t shared) {
+  (void)f, (void)block, (void)shared;
+  return *n = 2, CUDA_SUCCESS;
+}
+static CUresult stream_create(CUstream *s, unsigned flags) { (void)flags; return *s = (CUstream)0x4000, CUDA_SUCCESS; }
+static CUresult event_create(CUevent *e, unsigned flags) { (void)flags; return *e = (CUevent)0x5000, CUDA_SUCCESS; }
+static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *status) {
+  (void)s;
+  *status = capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+static CUresult launch(const CUlaunchConfig *cfg, CUfunction f, void **args, void **extra) {
+  (void)cfg, (void)f, (void)args, (void)extra;
+  __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
+  return CUDA_SUCCESS;
+}
+static CUresult to_host(void *dst, CUdeviceptr src, size_t n) { (void)src; return memset(dst, 0, n), CUDA_SUCCESS; }
+static CUresult to_host_async(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+  (void)s;
+  return to_host(dst, src, n);
+}
+
+static kl_cu driver;
+static void make_driver(void) {
+#define OK(name) *(void **)&driver.name = (void *)ok;
+  KL_CU_FUNCS(OK)
+#undef OK
+  driver.cuFuncLoad = NULL; /* optional in the driver: absent */
+#define SET(name, fn) *(void **)&driver.name = (void *)fn
+  SET(cuDeviceGet, device_get);
+  SET(cuDeviceGetCount, device_count);
+  SET(cuDeviceGetAttribute, attribute);
+  SET(cuDeviceGetUuid, uuid);
+  SET(cuDeviceCanAccessPeer, can_peer);
+  SET(cuDevicePrimaryCtxRetain, retain);
+  SET(cuCtxGetCurrent, get_current);
+  SET(cuCtxSetCurrent, set_current);
+  SET(cuCtxPushCurrent, set_current);
+  SET(cuCtxPopCurrent, pop_current);
+  SET(cuCtxGetDevice, ctx_device);
+  SET(cuMemAlloc, mem_alloc);
+  SET(cuMemAllocHost, host_alloc);
+  SET(cuMemFreeHost, host_free);
+  SET(cuPointerGetAttribute, pointer_attribute);
+  SET(cuModuleLoadData, module_load);
+  SET(cuModuleGetFunction, get_function);
+  SET(cuOccupancyMaxActiveBlocksPerMultiprocessor, occupancy);
+  SET(cuStreamCreate, stream_create);
+  SET(cuEventCreate, event_create);
+  SET(cuStreamIsCapturing, is_capturing);
+  SET(cuLaunchKernelEx, launch);
+  SET(cuMemcpyDtoH, to_host);
+  SET(cuMemcpyDtoHAsync, to_host_async);
+#undef SET
+}
+
+/* ---- NCCL: a communicator is a rank; all-gathers are counted ---- */
+
+struct ncclComm {
+  int rank, n;
+};
+static struct ncclComm comms[2] = {{0, 2}, {1, 2}};
+static int allgathers[2];
+static ncclResult_t all_gather(const void *send, void *recv, size_t count, ncclDataType_t type,
+                               ncclComm_t comm, cudaStream_t s) {
+  (void)send, (void)recv, (void)count, (void)type, (void)s;
+  __atomic_add_fetch(&allgathers[comm->rank], 1, __ATOMIC_RELAXED);
+  return ncclSuccess;
+}
+static ncclResult_t comm_count(const ncclComm_t comm, int *n) { return *n = comm->n, ncclSuccess; }
+static ncclResult_t comm_rank(const ncclComm_t comm, int *r) { return *r = comm->rank, ncclSuccess; }
+static const char *nccl_error(ncclResult_t r) { (void)r; return "NCCL error (test_host)"; }
+static const kl_nccl_api nccl = {all_gather, comm_count, comm_rank, nccl_error};
+
+/* ---- the compiler: a cubin of 16 bytes, or a failure on this thread ---- */
+
+static _Thread_local int jit_fails;
+static int jit(const char *source, const char *name, kl_binary *out, kl_err *err) {
+  (void)source, (void)name;
+  if (jit_fails) {
+    snprintf(err->msg, sizeof err->msg, "JIT failed (test_host)");
+    return -1;
+  }
+  out->data = calloc(1, 16), out->size = 16;
+  return out->data ? 0 : -1;
+}
+
+/* ---- helpers ---- */
+
+static CUdeviceptr device_buffer(size_t n) {
+  CUdeviceptr p = 0;
+  if (mem_alloc(&p, n) != CUDA_SUCCESS) abort(); /* the test's own allocation */
+  return p;
+}
+
+static const char *const spec1 = "return { name = 'h1', vocab_size = 1024, tp = 1, "
+                                 "dtype = 'bf16', max_tokens = 4, topk = 16 }";
+
+static kl_ctx *one_rank(void) {
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.nranks = 1;
+  kl_ctx *c = NULL;
+  kl_result r = kl_ctx_create_string(&c, spec1, NULL, &cfg);
+  CHECK(r == KLRT_OK, "one rank: creation: %s", kl_result_name(r));
+  return c;
+}
+
+/* Two ranks of spec as threads of one group; has_nccl[r]: rank r gets a
+ * communicator; jit_fail_rank: that rank's compiler fails (-1: none). */
+typedef struct pair {
+  const char *spec;
+  int has_nccl[2], jit_fail_rank;
+  kl_group *group;
+  kl_ctx *ctx[2];
+  kl_result res[2];
+} pair;
+typedef struct rank_arg {
+  pair *p;
+  int rank;
+} rank_arg;
+
+static void *create_rank(void *v) {
+  rank_arg *a = v;
+  pair *p = a->p;
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.nranks = 2, cfg.rank = a->rank, cfg.group = p->group, cfg.device = 0;
+  if (p->has_nccl[a->rank]) cfg.nccl = &comms[a->rank];
+  jit_fails = a->rank == p->jit_fail_rank;
+  p->res[a->rank] = kl_ctx_create_string(&p->ctx[a->rank], p->spec, NULL, &cfg);
+  jit_fails = 0;
+  return NULL;
+}
+static void *destroy_rank(void *v) {
+  rank_arg *a = v;
+  a->p->res[a->rank] = kl_ctx_destroy(a->p->ctx[a->rank]);
+  return NULL;
+}
+static void on_both(pair *p, void *(*fn)(void *)) {
+  pthread_t t[2];
+  rank_arg a[2] = {{p, 0}, {p, 1}};
+  for (int r = 0; r < 2; r++) pthread_create(&t[r], NULL, fn, &a[r]);
+  for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+}
+static void pair_create(pair *p) {
+  if (kl_group_create(&p->group, 2) != KLRT_OK) abort();
+  on_both(p, create_rank);
+}
+static void pair_destroy(pair *p) {
+  on_both(p, destroy_rank);
+  kl_group_destroy(p->group);
+}
+
+/* ---- the cases ---- */
+
+/* kl_sample's parameter arrays are loaded as floats and 64-bit words: a
+ * misaligned one is refused before anything is launched. */
+static void sample_alignment(void) {
+  kl_ctx *c = one_rank();
+  if (!c) return;
+  CUdeviceptr shard = device_buffer(1 << 16), token = device_buffer(4096), par = device_buffer(4096);
+  kl_sampling p = {.temperature = (const float *)(uintptr_t)par,
+                   .seed = (const uint64_t *)(uintptr_t)(par + 1024),
+                   .offset = (const uint64_t *)(uintptr_t)(par + 2048)};
+  int before = launches;
+  kl_result r = kl_sample(c, (void *)(uintptr_t)shard, &p, (int64_t *)(uintptr_t)token, NULL, NULL,
+                          NULL, 0, 2, NULL);
+  CHECK(r == KLRT_OK && launches > before, "aligned parameters: %s, %d launches",
+        kl_result_name(r), launches - before);
+  const struct {
+    kl_sampling p;
+    const char *what;
+  } odd[] = {
+      {{(const float *)(uintptr_t)(par + 2), NULL, NULL, NULL, p.seed, p.offset},
+       "params->temperature is not 4-byte aligned"},
+      {{p.temperature, (const int64_t *)(uintptr_t)(par + 3076), NULL, NULL, p.seed, p.offset},
+       "params->top_k is not 8-byte aligned"},
+      {{p.temperature, NULL, (const float *)(uintptr_t)(par + 3073), NULL, p.seed, p.offset},
+       "params->top_p is not 4-byte aligned"},
+      {{p.temperature, NULL, NULL, NULL, (const uint64_t *)(uintptr_t)(par + 1028), p.offset},
+       "params->seed is not 8-byte aligned"},
+      {{p.temperature, NULL, NULL, NULL, p.seed, (const uint64_t *)(uintptr_t)(par + 2052)},
+       "params->offset is not 8-byte aligned"},
+  };
+  for (size_t i = 0; i < sizeof odd / sizeof *odd; i++) {
+    before = launches;
+    r = kl_sample(c, (void *)(uintptr_t)shard, &odd[i].p, (int64_t *)(uintptr_t)token, NULL, NULL,
+                  NULL, 0, 2, NULL);
+    CHECK(r == KLRT_EINVAL && strstr(kl_last_error(), odd[i].what) && launches == before,
+          "want EINVAL with \"%s\" and no launch: %s, %d launches", odd[i].what,
+          kl_result_name(r), launches - before);
+  }
+  kl_ctx_destroy(c);
+}
+
+/* A call past max_tokens grows a buffer; when that allocation fails the
+ * context keeps the buffer it had, so a captured call within max_tokens
+ * (which may not allocate) still runs. */
+static void failed_growth(void) {
+  setenv("KLGEN_DISABLE", "1", 1); /* every call takes the NCCL path and its buffers */
+  kl_ctx *c = one_rank();
+  unsetenv("KLGEN_DISABLE");
+  if (!c) return;
+  CUdeviceptr shard = device_buffer(1 << 20), index = device_buffer(1 << 12);
+  void *in = (void *)(uintptr_t)shard;
+  int64_t *out = (int64_t *)(uintptr_t)index;
+  capturing = 1;
+  kl_result r = kl_argmax(c, in, out, NULL, 4, NULL);
+  capturing = 0;
+  CHECK(r == KLRT_OK, "captured kl_argmax within max_tokens: %s", kl_result_name(r));
+  alloc_limit = 1;
+  r = kl_argmax(c, in, out, NULL, 100, NULL);
+  alloc_limit = 0;
+  CHECK(r == KLRT_ENOMEM, "kl_argmax past max_tokens, its allocation failing: %s",
+        kl_result_name(r));
+  capturing = 1;
+  r = kl_argmax(c, in, out, NULL, 4, NULL);
+  capturing = 0;
+  CHECK(r == KLRT_OK, "captured kl_argmax within max_tokens after a failed growth: %s",
+        kl_result_name(r));
+  kl_ctx_destroy(c);
+}
+
+/* Rank 0 has a communicator, rank 1 has none: a call the one-shot path
+ * cannot serve (past max_tokens) is refused on both, and rank 0 enters no
+ * all-gather. */
+static void nccl_on_one_rank(void) {
+  pair p = {.spec = "return { name = 'h2', vocab_size = 2048, tp = 2, dtype = 'bf16', "
+                    "max_tokens = 4, topk = 16 }",
+            .has_nccl = {1, 0}, .jit_fail_rank = -1};
+  pair_create(&p);
+  CHECK(p.res[0] == KLRT_OK && p.res[1] == KLRT_OK, "creation: %s / %s",
+        kl_result_name(p.res[0]), kl_result_name(p.res[1]));
+  if (p.res[0] == KLRT_OK && p.res[1] == KLRT_OK) {
+    allgathers[0] = allgathers[1] = 0;
+    kl_result r[2];
+    for (int i = 0; i < 2; i++) {
+      CUdeviceptr in = device_buffer(1 << 20), out = device_buffer(1 << 20);
+      r[i] = kl_gather(p.ctx[i], (void *)(uintptr_t)in, (void *)(uintptr_t)out, 8, NULL);
+    }
+    CHECK(r[0] == KLRT_EUNAVAILABLE && r[1] == KLRT_EUNAVAILABLE && !allgathers[0],
+          "past max_tokens, NCCL on rank 0 only: %s / %s, rank 0's all-gathers %d",
+          kl_result_name(r[0]), kl_result_name(r[1]), allgathers[0]);
+    pair_destroy(&p);
+  }
+  /* and where the one-shot path is not ready, creation fails on both */
+  pair q = p;
+  q.jit_fail_rank = 1, q.ctx[0] = q.ctx[1] = NULL;
+  pair_create(&q);
+  CHECK(q.res[0] == KLRT_EUNAVAILABLE && q.res[1] == KLRT_EUNAVAILABLE,
+        "not ready, NCCL on rank 0 only: creation %s / %s", kl_result_name(q.res[0]),
+        kl_result_name(q.res[1]));
+  for (int i = 0; i < 2; i++)
+    if (q.res[i] == KLRT_OK) kl_ctx_destroy(q.ctx[i]);
+  kl_group_destroy(q.group);
+}
+
+/* A spec with an epilogue whose kernels did not build on rank 1: the
+ * gather is refused on both ranks before either enters the all-gather. */
+static void epilogue_without_kernels(void) {
+  pair p = {.spec = "return { name = 'h3', vocab_size = 2048, tp = 2, dtype = 'bf16', "
+                    "max_tokens = 4, softcap = 30 }",
+            .has_nccl = {1, 1}, .jit_fail_rank = 1};
+  pair_create(&p);
+  CHECK(p.res[0] == KLRT_OK && p.res[1] == KLRT_OK, "creation: %s / %s",
+        kl_result_name(p.res[0]), kl_result_name(p.res[1]));
+  if (p.res[0] != KLRT_OK || p.res[1] != KLRT_OK) return;
+  allgathers[0] = allgathers[1] = 0;
+  kl_result r[2];
+  for (int i = 0; i < 2; i++) {
+    CUdeviceptr in = device_buffer(1 << 20), out = device_buffer(1 << 20);
+    r[i] = kl_gather(p.ctx[i], (void *)(uintptr_t)in, (void *)(uintptr_t)out, 2, NULL);
+  }
+  CHECK(r[0] == KLRT_EUNAVAILABLE && r[1] == KLRT_EUNAVAILABLE && !allgathers[0] && !allgathers[1],
+        "epilogue, kernels missing on rank 1: %s / %s, all-gathers %d / %d",
+        kl_result_name(r[0]), kl_result_name(r[1]), allgathers[0], allgathers[1]);
+  pair_destroy(&p);
+}
+
+int main(void) {
+  make_driver();
+  kl_testing_fakes(&driver, &nccl, jit);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1); /* two ranks on one (fake) GPU */
+  sample_alignment();
+  failed_growth();
+  nccl_on_one_rank();
+  epilogue_without_kernels();
+  printf("test_host: %s\n", failures ? "FAILED" : "passed");
+  return failures != 0;
+}
