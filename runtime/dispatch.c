@@ -337,14 +337,13 @@ kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s) {
   kl_decline why = KL_DECLINE_COUNT;
   const int moves = r->sized && (!r->gathers || r->gathers(k));
   int path = kl_path_for(c, k->tokens, moves ? (long long)k->in_bytes : 0, &why);
-  /* counted once enqueued: the stats count calls that ran, not refusals */
   if (path == PATH_ONESHOT) {
+    c->stats.oneshot++;
     res = r->oneshot(c, k, s);
-    c->stats.oneshot += !res;
   } else {
+    c->stats.nccl++;
+    c->stats.declined[why]++;
     res = nccl_path(c, k, s);
-    c->stats.nccl += !res;
-    c->stats.declined[why] += !res;
   }
   if (r->logged && kl_log_enabled()) log_path(c, path, why, k->tokens);
   return res;

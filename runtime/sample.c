@@ -154,10 +154,9 @@ static int gathers(const kl_call *k) { return ((const kl_sample_call *)k->extra)
 /* The wide path: the rows gathered by the gather route's path `oneshot`,
  * then drawn by the row sampler. */
 static kl_result wide(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
+  c->stats.declined[KL_DECLINE_WIDE]++;
   kl_result res = gather_rows(c, k, s, oneshot);
-  if (!res) res = draw(c, k, s);
-  c->stats.declined[KL_DECLINE_WIDE] += !res;
-  return res;
+  return res ? res : draw(c, k, s);
 }
 
 /* A call without filters at few tokens: each of kl_topk's parts split over
