@@ -61,16 +61,16 @@ kl_result kl_ensure(kl_ctx *c, kl_buf_id b, size_t need, size_t size, CUstream s
   if (size < need) size = need;
   if (size < 2 * buf->bytes) size = 2 * buf->bytes;
   /* the new buffer first: a failure leaves the old one in place, so a call
-   * within it (a captured one) still finds it */
-  if (buf->p) {
-    CUdeviceptr *r = realloc(c->retired, (size_t)(c->nretired + 1) * sizeof *r);
-    if (!r) return kl_rt_fail(KLRT_ENOMEM, "%s: out of memory", what);
-    c->retired = r;
-  }
+   * within it (a captured one) still finds it. Room for two retirements:
+   * the old buffer, or a new one whose clearing failed (cuMemFree here
+   * would wait for the device, where a peer may be waiting for us). */
+  CUdeviceptr *retired = realloc(c->retired, (size_t)(c->nretired + 2) * sizeof *retired);
+  if (!retired) return kl_rt_fail(KLRT_ENOMEM, "%s: out of memory", what);
+  c->retired = retired;
   CUdeviceptr p = 0;
   CUresult r = c->cu->cuMemAlloc(&p, size);
   if (r == CUDA_SUCCESS && (r = c->cu->cuMemsetD8Async(p, 0, size, s)) != CUDA_SUCCESS)
-    c->cu->cuMemFree(p); /* nothing was queued on it */
+    c->retired[c->nretired++] = p;
   if (r != CUDA_SUCCESS) return mem_fail(r, what, size);
   if (buf->p) c->retired[c->nretired++] = buf->p; /* queued work may still use it */
   buf->p = p, buf->bytes = size;

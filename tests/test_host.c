@@ -248,6 +248,20 @@ static void pair_destroy(pair *p) {
   kl_group_destroy(p->group);
 }
 
+/* The path counts: calls sent down each path when it is chosen, refused or
+ * not, so that every rank counts alike (each NCCL call here is declined,
+ * by KLGEN_DISABLE or by its size). */
+static void check_counts(kl_ctx *c, uint64_t oneshot, uint64_t nccl, const char *what) {
+  kl_stats st = KL_STATS_INIT;
+  uint64_t declined = 0;
+  CHECK(kl_ctx_stats(c, &st) == KLRT_OK, "kl_ctx_stats");
+  for (int i = 0; i < KL_DECLINE_COUNT; i++) declined += st.declined[i];
+  CHECK(st.oneshot == oneshot && st.nccl == nccl && declined == nccl,
+        "%s: want %llu one-shot, %llu NCCL calls and as many declines; got %llu, %llu, %llu", what,
+        (unsigned long long)oneshot, (unsigned long long)nccl, (unsigned long long)st.oneshot,
+        (unsigned long long)st.nccl, (unsigned long long)declined);
+}
+
 /* ---- the cases ---- */
 
 /* kl_sample's parameter arrays are loaded as floats and 64-bit words: a
@@ -315,6 +329,7 @@ static void failed_growth(void) {
   capturing = 0;
   CHECK(r == KLRT_OK, "captured kl_argmax within max_tokens after a failed growth: %s",
         kl_result_name(r));
+  check_counts(c, 0, 3, "three calls sent down the NCCL path, one failing there");
   kl_ctx_destroy(c);
 }
 
@@ -338,6 +353,7 @@ static void nccl_on_one_rank(void) {
     CHECK(r[0] == KLRT_EUNAVAILABLE && r[1] == KLRT_EUNAVAILABLE && !allgathers[0],
           "past max_tokens, NCCL on rank 0 only: %s / %s, rank 0's all-gathers %d",
           kl_result_name(r[0]), kl_result_name(r[1]), allgathers[0]);
+    for (int i = 0; i < 2; i++) check_counts(p.ctx[i], 0, 1, "a call refused on the NCCL path");
     pair_destroy(&p);
   }
   /* and where the one-shot path is not ready, creation fails on both */

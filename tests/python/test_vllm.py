@@ -304,7 +304,7 @@ def _sample_models(on, head, hidden, vocab, kinds):
     import types
 
     from vllm.lora.layers import LogitsProcessorWithLoRA
-    from vllm.model_executor.models import (dory, gemma2, kimi_k25, llama, mimo,
+    from vllm.model_executor.models import (dory, gemma2, internlm2, kimi_k25, llama, mimo,
                                             step3p5)
 
     from klgen.integrations.vllm import sample
@@ -315,11 +315,13 @@ def _sample_models(on, head, hidden, vocab, kinds):
     plain = _model(llama.LlamaForCausalLM.compute_logits, logits_processor=on, lm_head=head)
     tied = _model(gemma2.Gemma2ForCausalLM.compute_logits, logits_processor=on,
                   model=types.SimpleNamespace(embed_tokens=head))
+    named = _model(internlm2.InternLM2ForCausalLM.compute_logits, logits_processor=on,
+                   output=head)
     wrapped = _model(kimi_k25.KimiK25ForConditionalGeneration.compute_logits,
                      language_model=plain)
-    for model in (plain, tied, wrapped):
+    for model in (plain, tied, named, wrapped):
         assert torch.equal(sample(model, hidden[:3], sampler, batch, None), want)
-    assert _served(on, "sample") == served + 3
+    assert _served(on, "sample") == served + 4
     lora = LogitsProcessorWithLoRA(on, 12, hidden.dtype, "cpu", head.get_sharded_to_full_mapping())
     norm = torch.nn.Identity()  # MiMo normalizes the hidden states in its compute_logits
     more = [_model(llama.LlamaForCausalLM.compute_logits, logits_processor=lora, lm_head=head),
@@ -328,9 +330,12 @@ def _sample_models(on, head, hidden, vocab, kinds):
             _model(step3p5.Step3p5ForCausalLM.compute_logits, logits_processor=on,
                    lm_head=head, model=types.SimpleNamespace(norm=norm)),
             _model(dory.DoryForCausalLM.compute_logits, logits_processor=on, lm_head=head)]
+    # a hand-off to a model that does more: counted on the inner model's processor
+    more.append(_model(kimi_k25.KimiK25ForConditionalGeneration.compute_logits,
+                       language_model=more[1]))
     for model in more:
         assert sample(model, hidden[:3], sampler, batch, None) is None
-    assert _served(on, "sample") == served + 3
+    assert _served(on, "sample") == served + 4
     assert on.klgen.stats()["declined"]["sample"] == declined + len(more)
 
 

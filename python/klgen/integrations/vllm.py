@@ -86,9 +86,9 @@ def sample(model, hidden_states, sampler, input_batch, grammar_output):
     scale, masked columns), as far as _logits_source can tell. A model whose
     compute_logits only calls its language model's is followed there. The
     rest is KlgenLogitsProcessor.sample's."""
-    source = _logits_source(model)
+    source, where = _logits_source(model)
     if isinstance(source, str):
-        processor = getattr(model, "logits_processor", None)
+        processor = getattr(where, "logits_processor", None)
         base = getattr(processor, "base_layer", processor)  # LoRA's wrapper: its base layer
         if isinstance(base, KlgenLogitsProcessor):
             base._gathers().decline("sample", source)
@@ -103,44 +103,54 @@ def sample(model, hidden_states, sampler, input_batch, grammar_output):
 # hidden_states)`, maybe through a local -- in bytecode: loads, the call, the
 # return. Anything else (arithmetic, a subscript store, a branch, another
 # attribute) is a model's own step after the processor. The names it reads
-# say where its LM head is: lm_head, or the tied embedding (Gemma's).
+# say where its LM head is: lm_head, the tied embedding (Gemma's), or
+# InternLM2's output.
 _PLAIN_HEADS = {frozenset(("logits_processor", "lm_head")): ("lm_head",),
-                frozenset(("logits_processor", "model", "embed_tokens")): ("model", "embed_tokens")}
-_PLAIN_OPS = ("RESUME", "NOP", "CACHE", "EXTENDED_ARG", "LOAD_FAST", "LOAD_ATTR", "LOAD_METHOD",
-              "LOAD_CONST", "PUSH_NULL", "PRECALL", "KW_NAMES", "CALL", "STORE_FAST",
-              "POP_TOP", "RETURN_VALUE", "RETURN_CONST", "COPY_FREE_VARS", "MAKE_CELL")
+                frozenset(("logits_processor", "model", "embed_tokens")): ("model", "embed_tokens"),
+                frozenset(("logits_processor", "output")): ("output",)}
+# By name, as CPython 3.10 to 3.14 spell them.
+_PLAIN_OPS = frozenset((
+    "RESUME", "NOP", "CACHE", "EXTENDED_ARG", "NOT_TAKEN", "COPY_FREE_VARS", "MAKE_CELL",
+    "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW",
+    "LOAD_FAST_BORROW_LOAD_FAST_BORROW", "LOAD_ATTR", "LOAD_METHOD", "LOAD_CONST", "PUSH_NULL",
+    "PRECALL", "KW_NAMES", "CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD",
+    "STORE_FAST", "STORE_FAST_LOAD_FAST", "POP_TOP", "RETURN_VALUE", "RETURN_CONST"))
 # Attributes a model's compute_logits may hand the whole job to (vision and
 # audio models: their language model's).
-_DELEGATES = ("language_model", "model")
+_DELEGATES = ("language_model", "model", "llm")
 
 
 def _logits_source(model):
-    """(processor, lm_head) whose logits are model.compute_logits', or a str
-    saying why that cannot be known."""
+    """((processor, lm_head), model) where model.compute_logits' logits are
+    that processor's on that head, or (a str saying why that cannot be
+    known, the model that said it: a hand-off's inner one)."""
     for _ in range(4):
         fn = getattr(type(model), "compute_logits", None)
         code = getattr(fn, "__code__", None)
         if code is None:
-            return f"{type(model).__name__} has no compute_logits of its own"
+            return f"{type(model).__name__} has no compute_logits of its own", model
         names = set(code.co_names)
-        if not all(i.opname.startswith(_PLAIN_OPS) for i in dis.get_instructions(code)):
-            return f"{type(model).__name__}.compute_logits does more than its LogitsProcessor"
+        if not all(i.opname in _PLAIN_OPS for i in dis.get_instructions(code)):
+            return f"{type(model).__name__}.compute_logits does more than its LogitsProcessor", model
         inner = [a for a in _DELEGATES if names == {"compute_logits", a}]
         if inner:
             model = getattr(model, inner[0], None)
             continue
         head = _PLAIN_HEADS.get(frozenset(names))
         if head is None:
-            return f"{type(model).__name__}.compute_logits does more than its LogitsProcessor"
+            return f"{type(model).__name__}.compute_logits does more than its LogitsProcessor", model
         processor = getattr(model, "logits_processor", None)
         if type(processor) is not KlgenLogitsProcessor:
             what = type(processor).__name__
             return f"the model's logits processor is {what}" + (
-                ", which adds LoRA's logits" if "LoRA" in what else ", not klgen's")
+                ", which adds LoRA's logits" if "LoRA" in what else ", not klgen's"), model
+        lm_head = model
         for name in head:
-            model = getattr(model, name, None)
-        return (processor, model) if model is not None else "the model has no LM head"
-    return f"{type(model).__name__}.compute_logits: too many models deep"
+            lm_head = getattr(lm_head, name, None)
+        if lm_head is None:
+            return "the model has no LM head", model
+        return (processor, lm_head), model
+    return f"{type(model).__name__}.compute_logits: too many models deep", model
 
 
 # The v2 Sampler's own per-request processors, with the flags that say a

@@ -241,8 +241,11 @@ typedef enum kl_decline {
 
 typedef struct kl_stats {
   size_t size;          /* sizeof(kl_stats) (KL_STATS_INIT) */
-  uint64_t oneshot;     /* calls enqueued on the one-shot path */
-  uint64_t nccl;        /* calls enqueued on the NCCL path */
+  /* oneshot, nccl, declined: counted when the call's path is chosen, which
+   * every rank does alike, so the counts agree across ranks; a call refused
+   * or failing after that counts too */
+  uint64_t oneshot;     /* calls sent down the one-shot path */
+  uint64_t nccl;        /* calls sent down the NCCL path */
   uint64_t declined[KL_DECLINE_COUNT];
   uint64_t staged;      /* calls that went through a staging copy */
   int oneshot_ready;    /* agreed by all ranks at creation */
