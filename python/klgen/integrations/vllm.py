@@ -42,6 +42,7 @@ torch implementation of klgen's contract: for CPUs and tests.
 """
 
 import dis
+import functools
 import logging
 
 import torch
@@ -120,6 +121,15 @@ _PLAIN_OPS = frozenset((
 _DELEGATES = ("language_model", "model", "llm")
 
 
+@functools.cache
+def _plain_names(code):
+    """The names a compute_logits' code reads, or None where it does more
+    than loads, the call and the return; once per code object, not per step."""
+    if not all(i.opname in _PLAIN_OPS for i in dis.get_instructions(code)):
+        return None
+    return frozenset(code.co_names)
+
+
 def _logits_source(model):
     """((processor, lm_head), model) where model.compute_logits' logits are
     that processor's on that head, or (a str saying why that cannot be
@@ -129,14 +139,14 @@ def _logits_source(model):
         code = getattr(fn, "__code__", None)
         if code is None:
             return f"{type(model).__name__} has no compute_logits of its own", model
-        names = set(code.co_names)
-        if not all(i.opname in _PLAIN_OPS for i in dis.get_instructions(code)):
+        names = _plain_names(code)
+        if names is None:
             return f"{type(model).__name__}.compute_logits does more than its LogitsProcessor", model
         inner = [a for a in _DELEGATES if names == {"compute_logits", a}]
         if inner:
             model = getattr(model, inner[0], None)
             continue
-        head = _PLAIN_HEADS.get(frozenset(names))
+        head = _PLAIN_HEADS.get(names)
         if head is None:
             return f"{type(model).__name__}.compute_logits does more than its LogitsProcessor", model
         processor = getattr(model, "logits_processor", None)
