@@ -300,9 +300,14 @@ kl_result kl_order_mark(kl_ctx *c, CUstream s) {
  * them waiting, so these refusals depend only on what was agreed. */
 static kl_result nccl_path(kl_ctx *c, kl_call *k, CUstream s) {
   const kl_route *r = k->route;
-  if (r->nccl_kernels && !c->kernels_everywhere)
+  /* a spec's epilogue is applied by a generated kernel on every route's
+   * NCCL path (the gather's relayout) */
+  const char *needs = r->nccl_kernels ? r->nccl_kernels
+                      : c->layout.epilogue ? "the spec's epilogue needs the generated relayout kernel"
+                                           : NULL;
+  if (needs && !c->kernels_everywhere)
     return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: %s, and some rank could not build them (%s)",
-                      c->rank, r->nccl_kernels, c->stats.not_ready);
+                      c->rank, needs, c->stats.not_ready);
   if (!c->nccl_everywhere)
     return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: the one-shot path cannot serve this call "
                       "and some rank's context has no NCCL communicator for the fallback",

@@ -81,10 +81,6 @@ static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
                c->spec.vocab_size == c->layout.padded_vocab && !c->layout.epilogue &&
                !kl_overlaps(in, k->in_bytes, out, k->out[0].bytes);
   kl_result res;
-  if (c->layout.epilogue && !c->kernels_everywhere) /* agreed: before any rank's all-gather */
-    return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: the spec's epilogue needs the generated "
-                      "relayout kernel, which some rank could not build (%s)", c->rank,
-                      c->stats.not_ready);
   CUdeviceptr dst = out;
   if (!direct) {
     if ((res = kl_ensure(c, KL_BUF_SCRATCH, all_bytes, all_bytes, s))) return res;
