@@ -7,8 +7,8 @@
  * One thread per GPU. Per token count, every path is captured `steps` deep in a
  * CUDA graph per rank; the ranks replay together (a barrier before each
  * replay), the paths' graphs in turn, CUDA events time each replay; a path's
- * figure is the median over replays, then the max over ranks (docs/DESIGN.md,
- * "Measuring"). Paths:
+ * figure is the median over replays, then the max over ranks (docs/BENCHMARKS.md,
+ * "Method"). Paths:
  *   one-shot         kl_gather forced onto the one-shot kernel (PDL on)
  *   one-shot no-PDL  the same kernel launched without PDL
  *   NCCL ring        the runtime's own NCCL fallback: kl_gather with the one-shot

@@ -16,7 +16,7 @@
  *             trip, for one chunk and for N x threads chunks (one per thread)
  * and prints the sum boundary (storing into GPU 1) + L2 load + hop of N x
  * threads chunks: the floor klbench's 1-token figure can be read against.
- * Timing: CUDA events, median over replays (docs/DESIGN.md, "Measuring"). */
+ * Timing: CUDA events, median over replays (docs/BENCHMARKS.md, "Method"). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

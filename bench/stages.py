@@ -21,7 +21,7 @@ TEXT (e.g. `STAGE(3);`) goes on a line of its own before or after it.
 STAGE(i) (i < 24) records thread 0's time in slot i of its CTA;
 STAGES_PRINT(step, ctas) prints the slots of CTAs below `ctas` at steps
 300, 812, ... (step % 512 == 300). bench/stages/*.stamps are the ones
-docs/BENCHMARKS.md quotes.
+docs/BENCHMARKS.md names.
 """
 import os
 import re

@@ -1,6 +1,6 @@
 # cmake -DOUT=file.c -DSYM=name -DBASE=dir -DFILES="a;b" -P embed.cmake
 # Writes a C table of the files' contents so the binaries carry their templates
-# (docs/DESIGN.md §3) and need no install tree to find them.
+# (docs/design/spec.md) and need no install tree to find them.
 set(body "#include <stddef.h>\n#include \"embedded.h\"\n")
 set(table "")
 set(i 0)

@@ -1,4 +1,4 @@
-# Lua 5.4, linked statically (docs/DESIGN.md §4): the copy in third_party/
+# Lua 5.4, linked statically (docs/design/build.md): the copy in third_party/
 # (the part klgen uses), built position-independent so that it can go into
 # libklrt.so, hidden there. -DKLGEN_LUA_SRC=DIR builds another Lua 5.4 source.
 set(KLGEN_LUA_SRC "${PROJECT_SOURCE_DIR}/third_party/lua-5.4.4/src" CACHE PATH "Lua 5.4 source")

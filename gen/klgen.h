@@ -95,7 +95,7 @@ typedef struct kl_layout {
   int relayout_block;   /* threads per CTA of the relayout kernel */
   int max_ctas;         /* CTAs per rank at max_tokens (before residency caps) */
   int64_t timeout_ns;
-  /* The sampling-ready gathers (kl_argmax, kl_topk: docs/DESIGN.md §11).
+  /* The sampling-ready gathers (kl_argmax, kl_topk: docs/design/select.md).
    * Each kernel splits a rank's row over its own number of CTAs (its
    * split), each reducing a part of the row to one record of candidates;
    * records go through their own triple-buffered region of the receive

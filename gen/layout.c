@@ -16,7 +16,7 @@
 /* With an epilogue, CHUNK_THREADS threads share a 16-byte chunk, each a
  * 4-byte part: the epilogue of the chunk that arrives last is what a step
  * waits for after its poll, and a thread computes it for two elements, not
- * eight. Measured in docs/TUNING.md. */
+ * eight. Measured: docs/BENCHMARKS.md, "The epilogue, argmax and top-k". */
 #define EPI_CHUNK_THREADS 4
 #define RELAYOUT_BLOCK 256
 /* Select kernels (kl_argmax, kl_topk): one CTA reads SEL_BLOCK x (its
@@ -210,7 +210,7 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   l->row_chunks = (l->shard_bytes + CHUNK - 1) / CHUNK;
   l->slot_bytes = s->max_tokens * l->row_chunks * CHUNK;
   l->buffer_bytes = l->slot_bytes * s->tp;
-  l->total_bytes = 3 * l->buffer_bytes; /* triple buffering, docs/DESIGN.md §6 */
+  l->total_bytes = 3 * l->buffer_bytes; /* triple buffering, docs/design/oneshot.md */
   if (l->total_bytes > KL_BUFFER_CAP) {
     int64_t per_token = 3 * s->tp * l->row_chunks * CHUNK;
     return kl_spec_fail(err, s, KL_F_MAX_TOKENS,

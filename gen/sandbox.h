@@ -1,5 +1,5 @@
 /* A Lua 5.4 state that runs untrusted text inside someone else's process
- * (docs/DESIGN.md §1). Shared by spec loading and template rendering.
+ * (docs/design/spec.md). Shared by spec loading and template rendering.
  *
  * What bounds it, without signals (the host owns them) and without trusting
  * Lua's own pcall:

@@ -1,4 +1,4 @@
-/* The CUDA driver, loaded with dlopen (docs/DESIGN.md §4): the build machine and CI have
+/* The CUDA driver, loaded with dlopen (docs/design/build.md): the build machine and CI have
  * no libcuda, and a binary linked to the stub would not start there. cuda.h is
  * used for types only. */
 #ifndef KL_CU_H

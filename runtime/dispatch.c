@@ -1,4 +1,4 @@
-/* The dispatch layer (docs/DESIGN.md §8): what every step call shares. Each
+/* The dispatch layer (docs/design/dispatch.md): what every step call shares. Each
  * kind of call (gather.c, select.c) describes itself as a route; this layer
  * checks its arguments, stages what must be staged, chooses the path, counts
  * it, and gives it the buffers, the one NCCL exchange and the ordering of

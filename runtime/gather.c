@@ -1,4 +1,4 @@
-/* kl_gather's route: the one-shot kernel (docs/DESIGN.md §6), or NCCL's
+/* kl_gather's route: the one-shot kernel (docs/design/oneshot.md), or NCCL's
  * all-gather and the generated relayout kernel. What every call shares
  * (checks, the choice, staging, the exchange) is the dispatch layer's. */
 #include <stdint.h>

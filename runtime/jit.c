@@ -1,4 +1,4 @@
-/* JIT: NVRTC output cached on disk (docs/DESIGN.md §5).
+/* JIT: NVRTC output cached on disk (docs/design/dispatch.md, "The JIT cache").
  *
  * Key: a 128-bit hash of everything that changes the cubin: the rendered
  * source, klgen's version and its template set, the NVRTC options and

@@ -1,6 +1,6 @@
 /* libklrt internals: the context and the modules that share it, each of
- * which calls only modules listed before it (docs/DESIGN.md, "The runtime's
- * structure").
+ * which calls only modules listed before it (docs/design/dispatch.md, "The
+ * runtime's structure").
  *   param.c     environment variables: the table, reading and validation
  *               (reports through a buffer: the bottom of the library)
  *   err.c       kl_last_error, KLGEN_LOG (read through param.c)
@@ -83,7 +83,7 @@ int kl_group_nranks(const kl_group *g);
 #define KL_FNV_BASIS 0xcbf29ce484222325ULL
 /* FNV-1a over n bytes, continuing from h (start from KL_FNV_BASIS). */
 uint64_t kl_fnv1a(uint64_t h, const void *p, size_t n);
-/* Resolves the cache directory (docs/DESIGN.md §5); 0 if none can be determined. */
+/* Resolves the cache directory (docs/design/dispatch.md); 0 if none can be determined. */
 int kl_cache_dir(const char *configured, char *buf, size_t n);
 /* The entries' payload checksum (not a defence against a writer: the
  * directory's ownership and mode are). */
@@ -348,7 +348,7 @@ int kl_grid(const kl_ctx *c, kl_kernel_id id, int tokens, int capped);
 CUresult kl_launch(kl_ctx *c, kl_kernel_id k, int grid, int overlap, CUstream s);
 
 /* ---- dispatch.c ---- */
-/* The path rule (docs/DESIGN.md §8) for a step moving `bytes` per rank (0:
+/* The path rule (docs/design/dispatch.md) for a step moving `bytes` per rank (0:
  * no size limit): PATH_ONESHOT, or PATH_NCCL with *why. */
 int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why);
 /* One call, after the entry's checks (context.c): the arguments checked,

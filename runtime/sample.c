@@ -1,4 +1,4 @@
-/* kl_sample's route (docs/DESIGN.md "Sampling"). A call without top-n
+/* kl_sample's route (docs/design/samplers.md). A call without top-n
  * logprobs goes to the shard sampler (shards.cu.tmpl), a select kernel: its
  * rows never move, only each part's record does (select.c's paths). With
  * filters (top_k, top_p or min_p given) only the one-shot path serves it:

@@ -1,4 +1,4 @@
-/* kl_argmax's and kl_topk's routes (docs/DESIGN.md §11), and the paths of
+/* kl_argmax's and kl_topk's routes (docs/design/select.md), and the paths of
  * kl_sample's shard sampler, which is a select kernel too: the select kernel in
  * one-shot mode when it can serve the call; otherwise the same kernel in
  * reduce mode, an NCCL all-gather of the records, and the kernel in merge

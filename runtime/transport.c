@@ -1,11 +1,11 @@
-/* Transport (docs/DESIGN.md §7): receive buffers shared across the ranks, and the
+/* Transport (docs/design/oneshot.md): receive buffers shared across the ranks, and the
  * collective agreement on whether the one-shot path is ready on all of them.
  *
  * Two exchanges at creation. Round 1 carries each rank's identity, spec
  * fingerprint, compile result and buffer handle; every rank then maps its
  * peers. Round 2 carries the mapping result, KLGEN_DISABLE and the crossover
  * limit. Every rank sees the same data, so every rank reaches the same
- * decision: the dispatch can never split (docs/DESIGN.md §8). */
+ * decision: the dispatch can never split (docs/design/dispatch.md, "The path rule"). */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>

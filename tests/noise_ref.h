@@ -1,4 +1,4 @@
-/* The sampler's noise on the host (docs/DESIGN.md, "Sampling"; klgen.reference's
+/* The sampler's noise on the host (docs/design/sampling.md; klgen.reference's
  * bits and uniform), and the source of the kernels that run templates/noise.cuh.tmpl
  * for the tests: test_noise (CPU) checks this side against known answers and that
  * the kernels compile, gpu_noise runs them against it. */

@@ -48,7 +48,7 @@ static void column_words(void) {
 }
 
 /* u's grid: the low 9 bits never count, the extremes are 2^-24 and 1 - 2^-24,
- * and g is finite at both: -2.81154 and 16.63553 (DESIGN's [-2.8116, 16.6356]). */
+ * and g is finite at both: -2.81154 and 16.63553 (docs/design/sampling.md's [-2.8116, 16.6356]). */
 static void uniform_edges(void) {
   CHECK(noise_uniform_ref(0) == 0x1p-24f, "u(0)");
   CHECK(noise_uniform_ref(0x1ffu) == 0x1p-24f, "u(0x1ff)");

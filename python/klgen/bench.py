@@ -4,7 +4,7 @@ One process per GPU (spawned here, or under torchrun). For each token count,
 every path is captured `--steps` deep in a CUDA graph per rank; the graphs are
 replayed in turn (rotating which goes first), the ranks together; CUDA events
 time each replay; a path's figure is the median over replays, the max over
-ranks (docs/DESIGN.md, "Measuring"). Paths:
+ranks (docs/BENCHMARKS.md, "Method"). Paths:
 
   vllm    vLLM's stock path: NCCL all-gather into [tp * tokens, shard] (through
           NCCL directly, as vLLM's PyNccl does under graphs), the movedim/reshape

@@ -9,8 +9,8 @@ sample() takes the gathered [tokens, vocab] logits and follows vLLM 0.33's
 default sampler (vllm/v1/worker/gpu/sample/sampler.py): temperature, then
 min-p, then top-k, then top-p, then a Gumbel-max draw; logprobs of the raw
 logits. Where vLLM leaves a result to summation order, unstable sorts or
-approximate device math, this module fixes one definition (docs/DESIGN.md,
-"Sampling"), so that a kernel working on the vocabulary's shards can be held
+approximate device math, this module fixes one definition (docs/design/
+sampling.md), so that a kernel working on the vocabulary's shards can be held
 to it token for token. Needs torch, no GPU and none of klgen's libraries.
 
 The noise is counter-based, so a column's draw depends only on (seed, offset,

@@ -696,7 +696,7 @@ static int sample_by_shards(const step_plan *p, int path) {
   return p->n_top == 0 && (path == PATH_ONESHOT || (p->nulls & 7) == 7);
 }
 
-/* The path the dispatch rule gives (docs/DESIGN.md §8): the same on every rank. */
+/* The path the dispatch rule gives (docs/design/dispatch.md): the same on every rank. */
 static int expected_path(const case_run *run, int op, int tokens, long long crossover) {
   const diff_case *c = run->c;
   if (c->disable || tokens > c->spec.max_tokens) return PATH_NCCL;

@@ -1,5 +1,5 @@
 /* The sampler's reference in C: klgen.reference.sample
- * (python/klgen/reference.py, docs/DESIGN.md "Sampling") written again from
+ * (python/klgen/reference.py, docs/design/sampling.md) written again from
  * its definition, for the differential suite to hold kl_sample to on the
  * host. Only what libm may round differently from the device comes in
  * computed elsewhere: the noise g (logf) and the top-p weights' exponentials
@@ -51,7 +51,7 @@ float sample_logprob_at(float xc, double mx, double log_sum);
  * lowest column, into top[n]. 0, or -1 when out of memory. */
 int sample_top(const float *x, int64_t vocab, int n, int64_t *top);
 
-/* ---- the shards' candidates (docs/DESIGN.md "Next: the shards' candidates"):
+/* ---- the shards' candidates (docs/design/candidates.md):
  * what each rank would give the merge, and the rows that decides. The
  * kernels are to follow this; test_diff_ref holds it to sample_token. ---- */
 #define SAMPLE_CAND_MAX 64

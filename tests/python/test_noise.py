@@ -1,5 +1,5 @@
 """templates/noise.cuh.tmpl, the sampler's noise on the device, against
-klgen.reference (docs/DESIGN.md, "Sampling"): a spec's rendered source with a
+klgen.reference (docs/design/sampling.md): a spec's rendered source with a
 test kernel, compiled through CuPy's NVRTC, gives reference.bits and
 reference.uniform bit for bit, and on CUDA reference.noise bit for bit too
 (both take CUDA's logf); the CPU reference's logs are torch's own, so its g is

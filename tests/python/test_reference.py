@@ -1,4 +1,4 @@
-"""klgen.reference, the sampler's reference (docs/DESIGN.md, "Sampling"): its
+"""klgen.reference, the sampler's reference (docs/design/sampling.md): its
 Philox against Random123's known answers and a scalar Philox written here,
 sample() against a slow sampler written here from the definition, row by row
 over sorted lists, and the draws' distribution against the filtered softmax.

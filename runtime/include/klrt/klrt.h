@@ -194,7 +194,7 @@ typedef struct kl_sampling {
 
 /* kl_sample, for a spec with `topk = K`: token[t] (int64) is row t's draw
  * from its logits after the spec's epilogue, the same on every rank, as
- * docs/DESIGN.md "Sampling" defines it (vLLM's order: temperature, min-p,
+ * docs/design/sampling.md defines it (vLLM's order: temperature, min-p,
  * top-k, top-p, a Gumbel-max draw with counter-based noise of (seed, offset,
  * column); temperature 0: kl_argmax's token). logprob[t] (NULL: not
  * written) is the token's log-probability under those logits (before
