@@ -293,11 +293,50 @@ kl_result kl_order_mark(kl_ctx *c, CUstream s) {
   return KLRT_OK;
 }
 
+/* ---- the group's fault ---- */
+
+uint64_t kl_fault_known(kl_ctx *c) {
+  if (!c->fault && c->mirror) c->fault = *c->mirror;
+  return c->fault;
+}
+
+kl_result kl_fault_error(const kl_ctx *c, uint64_t f) {
+  return kl_rt_fail(KLRT_EDEVICE, "rank %d: the one-shot path is dead: rank %u's one-shot step %u "
+                    "timed out waiting for rank %u (after %lld ms); its calls are refused here, "
+                    "or write poison (NaN, index -1) on a rank that has not seen the fault yet, "
+                    "and calls on the NCCL path still run; destroy the context (collective) to "
+                    "rebuild it", c->rank, KL_FAULT_RANK(f), KL_FAULT_STEP(f), KL_FAULT_PEER(f),
+                    (long long)(c->layout.timeout_ns / 1000000));
+}
+
 /* ---- the call ---- */
+
+/* The input where a route's kernels read it on both paths. */
+static kl_result stage_for_kernels(kl_ctx *c, kl_call *k, CUstream s) {
+  if (!k->route->nccl_kernels) return KLRT_OK;
+  kl_result res = kl_stage_in(c, k, s);
+  if (!res) c->stats.staged += k->kin != (CUdeviceptr)k->in;
+  return res;
+}
+
+/* The one-shot path, unless this rank knows of the group's fault: its
+ * kernels poll the peers, and a peer that refused the call (it knew) sends
+ * nothing; but a rank that has not seen the fault yet and launches waits
+ * for no one either: its kernels find the fault word set in its own receive
+ * memory when they start, or while they poll, and write poison. So ranks
+ * may decide this apart, and the refusal enqueues nothing. */
+static kl_result oneshot_path(kl_ctx *c, kl_call *k, CUstream s) {
+  const uint64_t f = kl_fault_known(c);
+  if (f) return kl_fault_error(c, f);
+  kl_result res = stage_for_kernels(c, k, s);
+  return res ? res : k->route->oneshot(c, k, s);
+}
 
 /* The NCCL path, once the checks every rank makes alike have passed: a rank
  * that returned here while its peers entered the all-gather would leave
- * them waiting, so these refusals depend only on what was agreed. */
+ * them waiting, so these refusals depend only on what was agreed. The
+ * group's fault is not one of them: each rank learns of it at a time of its
+ * own, and nothing on this path reads the receive memory it concerns. */
 static kl_result nccl_path(kl_ctx *c, kl_call *k, CUstream s) {
   const kl_route *r = k->route;
   /* a spec's epilogue is applied by a generated kernel on every route's
@@ -312,7 +351,8 @@ static kl_result nccl_path(kl_ctx *c, kl_call *k, CUstream s) {
     return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: the one-shot path cannot serve this call "
                       "and some rank's context has no NCCL communicator for the fallback",
                       c->rank);
-  return r->nccl(c, k, s);
+  kl_result res = stage_for_kernels(c, k, s);
+  return res ? res : r->nccl(c, k, s);
 }
 
 static void log_path(kl_ctx *c, int path, kl_decline why, int tokens) {
@@ -335,21 +375,13 @@ kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s) {
    * the outputs' sizes meaningless, and its message says which */
   kl_result res = r->check ? r->check(c, k) : KLRT_OK;
   if (res || (res = check_args(c, k))) return res;
-  if (r->nccl_kernels) { /* both paths read the input through the kernels */
-    if ((res = kl_stage_in(c, k, s))) return res;
-    c->stats.staged += k->kin != (CUdeviceptr)k->in;
-  }
   kl_decline why = KL_DECLINE_COUNT;
   const int moves = r->sized && (!r->gathers || r->gathers(k));
   int path = kl_path_for(c, k->tokens, moves ? (long long)k->in_bytes : 0, &why);
-  if (path == PATH_ONESHOT) {
-    c->stats.oneshot++;
-    res = r->oneshot(c, k, s);
-  } else {
-    c->stats.nccl++;
-    c->stats.declined[why]++;
-    res = nccl_path(c, k, s);
-  }
+  if (path == PATH_ONESHOT) c->stats.oneshot++;
+  else c->stats.nccl++, c->stats.declined[why]++;
+  if (r->count) r->count(c, k, path);
+  res = path == PATH_ONESHOT ? oneshot_path(c, k, s) : nccl_path(c, k, s);
   if (r->logged && kl_log_enabled()) log_path(c, path, why, k->tokens);
   return res;
 }

@@ -218,6 +218,9 @@ typedef struct kl_route {
   /* NULL: none; else the route's own arguments (k->extra), after measure
    * and before the layer's checks */
   kl_result (*check)(kl_ctx *c, const kl_call *k);
+  /* NULL: none; else the route's own counts of a call once its path is
+   * chosen (kl_sample's wide decline), before anything may refuse it */
+  void (*count)(kl_ctx *c, const kl_call *k, int path);
   /* The paths, after the layer's checks, choice and counts; the NCCL path
    * also after the checks that every rank makes alike. */
   kl_result (*oneshot)(kl_ctx *c, kl_call *k, CUstream s);
@@ -262,8 +265,11 @@ struct kl_ctx {
   int pdl;     /* launch with programmatic dependent launch (sm_90+) */
   CUdeviceptr recv, state;
   /* The group's fault word as the kernels copy it to the host (pinned; the
-   * device writes it): a call reads it before it enqueues anything. */
+   * device writes it): a one-shot call reads it before it enqueues anything. */
   volatile uint64_t *mirror;
+  /* The group's fault once this rank has seen it (the mirror, or
+   * kl_ctx_status's read of the device word), kept: 0 until then. */
+  uint64_t fault;
   CUdeviceptr peers[KL_TP_MAX]; /* every rank's receive memory, mapped here */
   unsigned char ipc_opened[KL_TP_MAX];
   int ready, disabled;
@@ -348,6 +354,11 @@ int kl_grid(const kl_ctx *c, kl_kernel_id id, int tokens, int capped);
 CUresult kl_launch(kl_ctx *c, kl_kernel_id k, int grid, int overlap, CUstream s);
 
 /* ---- dispatch.c ---- */
+/* The group's fault as this rank knows it: latched in c->fault from the
+ * mirror (0: not seen here yet). */
+uint64_t kl_fault_known(kl_ctx *c);
+/* KLRT_EDEVICE naming the rank, peer and step of a fault word (kl_abi.h). */
+kl_result kl_fault_error(const kl_ctx *c, uint64_t fault);
 /* The path rule (docs/DESIGN.md §8) for a step moving `bytes` per rank (0:
  * no size limit): PATH_ONESHOT, or PATH_NCCL with *why. */
 int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why);
@@ -403,8 +414,6 @@ kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, 
 kl_result kl_select_nccl(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s);
 
 /* ---- context.c ---- */
-/* KLRT_EDEVICE naming the rank, peer and step of a fault word (kl_abi.h). */
-kl_result kl_fault_error(const kl_ctx *c, uint64_t fault);
 /* KLRT_EUNAVAILABLE, naming the minimum, for a GPU the kernels cannot run on. */
 kl_result kl_require_arch(int device, int major, int minor);
 /* Makes c's CUDA context current if it is not; *pushed says to pop it. */

@@ -148,9 +148,10 @@ typedef struct kl_sample_args {
   float *logprob;                 /* [tokens], or NULL */
   long long *top_index;           /* [tokens, n_top], or NULL */
   float *top_logprob;             /* [tokens, n_top], or NULL */
-  /* this rank's copy of the group's fault word, or NULL (no one-shot state):
-   * set when the sampler starts, the gather before it ran dead, and every
-   * row gets token -1 and NaN logprobs */
+  /* this rank's copy of the group's fault word after a one-shot gather, or
+   * NULL (no one-shot state, or the rows came through NCCL: results): set
+   * when the sampler starts, the gather before it may have run dead, and
+   * every row gets token -1 and NaN logprobs */
   const unsigned long long *fault;
   kl_sample_part *parts;          /* [tokens, SAMPLE_SLICES], or NULL: no row is split */
   unsigned *arrived;              /* [tokens]: a split row's slices done */

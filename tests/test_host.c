@@ -7,11 +7,13 @@
  * that every rank of a group must make alike (a rank that enters a
  * collective its peer skipped waits for good). Two ranks are two threads
  * of one kl_group. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rt.h"
 
@@ -35,6 +37,7 @@ static CUdeviceptr next_addr = 0x7f0000000000ull;
 static size_t alloc_limit;    /* cuMemAlloc fails above this many bytes (0: never) */
 static int capturing;         /* what cuStreamIsCapturing reports */
 static int launches;          /* kernels launched */
+static _Thread_local int thread_launches; /* by this thread: a rank's own */
 static _Thread_local CUcontext current;
 
 /* The driver's entry points this file does not fake succeed and do
@@ -110,6 +113,7 @@ static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *status) {
 static CUresult launch(const CUlaunchConfig *cfg, CUfunction f, void **args, void **extra) {
   (void)cfg, (void)f, (void)args, (void)extra;
   __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
+  thread_launches++;
   return CUDA_SUCCESS;
 }
 static CUresult to_host(void *dst, CUdeviceptr src, size_t n) { (void)src; return memset(dst, 0, n), CUDA_SUCCESS; }
@@ -152,18 +156,43 @@ static void make_driver(void) {
 #undef SET
 }
 
-/* ---- NCCL: a communicator is a rank; all-gathers are counted ---- */
+/* ---- NCCL: a communicator is a rank; an all-gather meets its peer ---- */
 
+/* A rank's all-gather waits for its peer's, as NCCL's would on the device,
+ * but not forever: one whose peer never comes within MEET_MS is counted as
+ * stranded (NCCL would hang there) and fails. */
+#define MEET_MS 1000
 struct ncclComm {
   int rank, n;
 };
 static struct ncclComm comms[2] = {{0, 2}, {1, 2}};
-static int allgathers[2];
+static int allgathers[2], stranded[2];
+static pthread_mutex_t meet_m = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t meet_cv = PTHREAD_COND_INITIALIZER;
+static int meet_waiting;
+static unsigned long meet_gen;
 static ncclResult_t all_gather(const void *send, void *recv, size_t count, ncclDataType_t type,
                                ncclComm_t comm, cudaStream_t s) {
   (void)send, (void)recv, (void)count, (void)type, (void)s;
   __atomic_add_fetch(&allgathers[comm->rank], 1, __ATOMIC_RELAXED);
-  return ncclSuccess;
+  pthread_mutex_lock(&meet_m);
+  int met = 1;
+  const unsigned long gen = meet_gen;
+  if (++meet_waiting == comm->n) {
+    meet_waiting = 0, meet_gen++;
+    pthread_cond_broadcast(&meet_cv);
+  } else {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += MEET_MS / 1000;
+    while (met && gen == meet_gen)
+      if (pthread_cond_timedwait(&meet_cv, &meet_m, &until) == ETIMEDOUT && gen == meet_gen)
+        meet_waiting--, met = 0;
+  }
+  pthread_mutex_unlock(&meet_m);
+  if (met) return ncclSuccess;
+  __atomic_add_fetch(&stranded[comm->rank], 1, __ATOMIC_RELAXED);
+  return ncclInternalError;
 }
 static ncclResult_t comm_count(const ncclComm_t comm, int *n) { return *n = comm->n, ncclSuccess; }
 static ncclResult_t comm_rank(const ncclComm_t comm, int *r) { return *r = comm->rank, ncclSuccess; }
@@ -390,6 +419,150 @@ static void epilogue_without_kernels(void) {
   pair_destroy(&p);
 }
 
+/* ---- two ranks calling at once ---- */
+
+/* The calls, each rank on a thread of its own: an all-gather then meets its
+ * peer's, or is stranded. kl_sample three ways: by the shards, with a
+ * filter, and with a top-n logprob (the last two gather on the NCCL path). */
+typedef enum { OP_GATHER, OP_ARGMAX, OP_TOPK, OP_SAMPLE, OP_SAMPLE_FILTERED, OP_SAMPLE_TOP,
+               OP_COUNT } op_id;
+static const char *const op_names[OP_COUNT] = {"kl_gather", "kl_argmax", "kl_topk", "kl_sample",
+                                               "kl_sample (top_p)", "kl_sample (n_top 1)"};
+#define RANK_BUF (1 << 20) /* every buffer of a rank: room for any call here */
+typedef struct rank_bufs {
+  CUdeviceptr shard, out, index, value, lse, top, temperature, top_p;
+} rank_bufs;
+static void rank_bufs_alloc(rank_bufs *b) {
+  CUdeviceptr *all[] = {&b->shard, &b->out, &b->index, &b->value, &b->lse, &b->top,
+                        &b->temperature, &b->top_p};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) *all[i] = device_buffer(RANK_BUF);
+}
+#define PTR(T, d) ((T *)(uintptr_t)(d))
+static kl_result call_op(kl_ctx *c, op_id op, const rank_bufs *b, int tokens) {
+  const void *in = PTR(const void, b->shard);
+  kl_sampling p = {.temperature = PTR(const float, b->temperature)};
+  if (op == OP_SAMPLE_FILTERED) p.top_p = PTR(const float, b->top_p);
+  const int n_top = op == OP_SAMPLE_TOP;
+  switch (op) {
+  case OP_GATHER: return kl_gather(c, in, PTR(void, b->out), tokens, NULL);
+  case OP_ARGMAX: return kl_argmax(c, in, PTR(int64_t, b->index), PTR(float, b->value), tokens, NULL);
+  case OP_TOPK:
+    return kl_topk(c, in, PTR(int64_t, b->index), PTR(float, b->value), PTR(float, b->lse), tokens,
+                   NULL);
+  default:
+    return kl_sample(c, in, &p, PTR(int64_t, b->index), PTR(float, b->value),
+                     n_top ? PTR(int64_t, b->top) : NULL, NULL, n_top, tokens, NULL);
+  }
+}
+typedef struct call_arg {
+  kl_ctx *ctx;
+  const rank_bufs *b;
+  op_id op;
+  int tokens;
+  kl_result res;
+  int launches;
+  char err[320];
+} call_arg;
+static void *call_rank(void *v) {
+  call_arg *a = v;
+  const int before = thread_launches;
+  a->res = call_op(a->ctx, a->op, a->b, a->tokens);
+  a->launches = thread_launches - before;
+  snprintf(a->err, sizeof a->err, "%s", a->res ? kl_last_error() : "");
+  return NULL;
+}
+/* One call on both ranks at once; a[r] gets rank r's result. */
+static void call_both(pair *p, const rank_bufs b[2], op_id op, int tokens, call_arg a[2]) {
+  pthread_t t[2];
+  for (int r = 0; r < 2; r++) {
+    a[r] = (call_arg){.ctx = p->ctx[r], .b = &b[r], .op = op, .tokens = tokens};
+    pthread_create(&t[r], NULL, call_rank, &a[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+}
+
+static const char *const spec_tp2 = "return { name = 'h4', vocab_size = 2048, tp = 2, "
+                                    "dtype = 'bf16', max_tokens = 4, topk = 16 }";
+
+/* A group of two with a communicator each; 0 if it could not be made. */
+static int pair_with_nccl(pair *p) {
+  *p = (pair){.spec = spec_tp2, .has_nccl = {1, 1}, .jit_fail_rank = -1};
+  pair_create(p);
+  CHECK(p->res[0] == KLRT_OK && p->res[1] == KLRT_OK, "creation: %s / %s",
+        kl_result_name(p->res[0]), kl_result_name(p->res[1]));
+  if (p->res[0] == KLRT_OK && p->res[1] == KLRT_OK) return 1;
+  for (int i = 0; i < 2; i++)
+    if (p->res[i] == KLRT_OK) kl_ctx_destroy(p->ctx[i]);
+  kl_group_destroy(p->group);
+  return 0;
+}
+
+/* Both ranks' path counts alike. */
+static void check_counts_agree(pair *p, const char *what) {
+  kl_stats st[2] = {KL_STATS_INIT, KL_STATS_INIT};
+  for (int r = 0; r < 2; r++) CHECK(kl_ctx_stats(p->ctx[r], &st[r]) == KLRT_OK, "kl_ctx_stats");
+  CHECK(st[0].oneshot == st[1].oneshot && st[0].nccl == st[1].nccl &&
+        !memcmp(st[0].declined, st[1].declined, sizeof st[0].declined),
+        "%s: the ranks count apart: one-shot %llu / %llu, NCCL %llu / %llu, wide %llu / %llu",
+        what, (unsigned long long)st[0].oneshot, (unsigned long long)st[1].oneshot,
+        (unsigned long long)st[0].nccl, (unsigned long long)st[1].nccl,
+        (unsigned long long)st[0].declined[KL_DECLINE_WIDE],
+        (unsigned long long)st[1].declined[KL_DECLINE_WIDE]);
+}
+
+/* Every op on the NCCL path (tokens past max_tokens) on both ranks: both
+ * enter the all-gather, none is stranded, both return KLRT_OK. */
+static void nccl_calls_meet(pair *p, const rank_bufs b[2], const char *when) {
+  for (op_id op = 0; op < OP_COUNT; op++) {
+    call_arg a[2];
+    const int ag[2] = {allgathers[0], allgathers[1]}, st[2] = {stranded[0], stranded[1]};
+    call_both(p, b, op, 8, a);
+    CHECK(a[0].res == KLRT_OK && a[1].res == KLRT_OK && stranded[0] == st[0] &&
+              stranded[1] == st[1] && allgathers[0] - ag[0] == 1 && allgathers[1] - ag[1] == 1,
+          "%s, %s on the NCCL path: %s / %s, all-gathers %d / %d, stranded %d / %d (%s | %s)",
+          when, op_names[op], kl_result_name(a[0].res), kl_result_name(a[1].res),
+          allgathers[0] - ag[0], allgathers[1] - ag[1], stranded[0] - st[0], stranded[1] - st[1],
+          a[0].err, a[1].err);
+  }
+}
+
+/* The group's fault seen by rank 0's host (its mirror set: a kernel of it
+ * gave up) and not yet by rank 1's. A call on the NCCL path still runs on
+ * both, so neither waits in an all-gather its peer skipped; a one-shot call
+ * is refused on rank 0, enqueuing nothing, and enqueued on rank 1 (its
+ * kernels find the fault word on the device and write poison). The row
+ * sampler after NCCL's gather is not told the fault word (its rows are
+ * results); after the one-shot gather it is. */
+static void fault_seen_apart(void) {
+  pair p;
+  if (!pair_with_nccl(&p)) return;
+  rank_bufs b[2];
+  rank_bufs_alloc(&b[0]), rank_bufs_alloc(&b[1]);
+  nccl_calls_meet(&p, b, "no fault");
+  for (int r = 0; r < 2; r++)
+    CHECK(!p.ctx[r]->kern[KL_K_SAMPLE].prm.sample.fault,
+          "rank %d: the row sampler after NCCL's gather is given the fault word", r);
+  p.ctx[0]->mirror[0] = KL_FAULT(7, 0, 1);
+  nccl_calls_meet(&p, b, "rank 0 has seen the fault, rank 1 not");
+  for (op_id op = 0; op < OP_COUNT; op++) {
+    call_arg a[2];
+    call_both(&p, b, op, 2, a);
+    CHECK(a[0].res == KLRT_EDEVICE && a[0].launches == 0 && strstr(a[0].err, "waiting for rank 1") &&
+              a[1].res == KLRT_OK && a[1].launches > 0,
+          "%s one-shot: rank 0 (seen) %s with %d launches (%s), rank 1 %s with %d", op_names[op],
+          kl_result_name(a[0].res), a[0].launches, a[0].err, kl_result_name(a[1].res),
+          a[1].launches);
+  }
+  CHECK(p.ctx[1]->kern[KL_K_SAMPLE].prm.sample.fault == kl_fault_word(p.ctx[1]),
+        "the row sampler after the one-shot gather is not given the fault word");
+  check_counts_agree(&p, "calls after a fault seen on one rank");
+  p.ctx[1]->mirror[0] = KL_FAULT(7, 0, 1); /* its kernels saw it */
+  nccl_calls_meet(&p, b, "both ranks have seen the fault");
+  pair_destroy(&p);
+  CHECK(p.res[0] == KLRT_OK && p.res[1] == KLRT_OK, "destroy after a fault: %s / %s",
+        kl_result_name(p.res[0]), kl_result_name(p.res[1]));
+}
+
 int main(void) {
   make_driver();
   kl_testing_fakes(&driver, &nccl, jit);
@@ -398,6 +571,7 @@ int main(void) {
   failed_growth();
   nccl_on_one_rank();
   epilogue_without_kernels();
+  fault_seen_apart();
   printf("test_host: %s\n", failures ? "FAILED" : "passed");
   return failures != 0;
 }
