@@ -646,8 +646,10 @@ kl_result kl_ctx_status(kl_ctx *c) {
   kl_result res = ctx_acquire(c, 0, "kl_ctx_status");
   if (res) return res;
   if (!c->state) return ctx_release(c), KLRT_OK; /* one-shot never ran here */
-  /* The mirror, else the word itself: a peer may have set it while no
-   * kernel of this rank has run since. */
+  /* What this rank knows, else the word itself: a peer may have set it
+   * while no kernel of this rank has run since. A fault found there is
+   * kept, so the next one-shot call is refused as this call says; only
+   * one-shot calls are, which ranks may refuse apart (dispatch.c). */
   uint64_t f = kl_fault_known(c);
   int pushed;
   CUresult r = CUDA_SUCCESS;
@@ -655,11 +657,12 @@ kl_result kl_ctx_status(kl_ctx *c) {
     r = c->cu->cuMemcpyDtoHAsync(&f, c->recv + (size_t)c->layout.fault_offset, sizeof f, c->stream);
     if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
     kl_ctx_leave(c, pushed);
+    if (r != CUDA_SUCCESS) res = kl_rt_fail(KLRT_ECUDA, "reading the device state: %s", kl_cu_errstr(r));
+    else c->fault = f;
   }
+  if (!res && f) res = kl_fault_error(c, f);
   ctx_release(c);
-  if (res) return res;
-  if (r != CUDA_SUCCESS) return kl_rt_fail(KLRT_ECUDA, "reading the device state: %s", kl_cu_errstr(r));
-  return f ? kl_fault_error(c, f) : KLRT_OK;
+  return res;
 }
 
 #ifdef KL_TESTING

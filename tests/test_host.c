@@ -116,7 +116,26 @@ static CUresult launch(const CUlaunchConfig *cfg, CUfunction f, void **args, voi
   thread_launches++;
   return CUDA_SUCCESS;
 }
-static CUresult to_host(void *dst, CUdeviceptr src, size_t n) { (void)src; return memset(dst, 0, n), CUDA_SUCCESS; }
+/* Device memory reads as zeros, but for the 64-bit words a test sets. */
+static struct {
+  CUdeviceptr p;
+  uint64_t v;
+} words[4];
+static void set_word(CUdeviceptr p, uint64_t v) {
+  pthread_mutex_lock(&mu);
+  int i = 0;
+  while (i < 3 && words[i].p && words[i].p != p) i++;
+  words[i].p = p, words[i].v = v;
+  pthread_mutex_unlock(&mu);
+}
+static CUresult to_host(void *dst, CUdeviceptr src, size_t n) {
+  memset(dst, 0, n);
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < 4; i++)
+    if (words[i].p && n == 8 && src == words[i].p) memcpy(dst, &words[i].v, 8);
+  pthread_mutex_unlock(&mu);
+  return CUDA_SUCCESS;
+}
 static CUresult to_host_async(void *dst, CUdeviceptr src, size_t n, CUstream s) {
   (void)s;
   return to_host(dst, src, n);
@@ -563,6 +582,37 @@ static void fault_seen_apart(void) {
         kl_result_name(p.res[0]), kl_result_name(p.res[1]));
 }
 
+/* kl_ctx_status finds the fault in rank 0's device copy of the word before
+ * any kernel of rank 0 has told its host: it reports it and keeps it, so
+ * rank 0's next one-shot call is refused as status said (and stays so,
+ * whatever the word reads later), while a call on the NCCL path still
+ * meets on both ranks. */
+static void status_keeps_fault(void) {
+  pair p;
+  if (!pair_with_nccl(&p)) return;
+  rank_bufs b[2];
+  rank_bufs_alloc(&b[0]), rank_bufs_alloc(&b[1]);
+  kl_result r = kl_ctx_status(p.ctx[0]);
+  CHECK(r == KLRT_OK, "status before the fault: %s", kl_result_name(r));
+  const CUdeviceptr word = (CUdeviceptr)kl_fault_word(p.ctx[0]);
+  set_word(word, KL_FAULT(3, 1, 0)); /* rank 1 gave up waiting for rank 0 */
+  r = kl_ctx_status(p.ctx[0]);
+  CHECK(r == KLRT_EDEVICE && strstr(kl_last_error(), "rank 1's one-shot step 3 timed out "
+                                                     "waiting for rank 0"),
+        "status with the device word set: %s (%s)", kl_result_name(r), kl_last_error());
+  set_word(word, 0); /* what it reads later does not matter: rank 0 knows */
+  call_arg a[2];
+  call_both(&p, b, OP_ARGMAX, 2, a);
+  CHECK(a[0].res == KLRT_EDEVICE && a[0].launches == 0 && a[1].res == KLRT_OK,
+        "one-shot after status said EDEVICE: rank 0 %s with %d launches, rank 1 %s",
+        kl_result_name(a[0].res), a[0].launches, kl_result_name(a[1].res));
+  r = kl_ctx_status(p.ctx[0]);
+  CHECK(r == KLRT_EDEVICE, "status once more: %s", kl_result_name(r));
+  nccl_calls_meet(&p, b, "after rank 0's status found the fault");
+  check_counts_agree(&p, "calls after rank 0's status found the fault");
+  pair_destroy(&p);
+}
+
 int main(void) {
   make_driver();
   kl_testing_fakes(&driver, &nccl, jit);
@@ -572,6 +622,7 @@ int main(void) {
   nccl_on_one_rank();
   epilogue_without_kernels();
   fault_seen_apart();
+  status_keeps_fault();
   printf("test_host: %s\n", failures ? "FAILED" : "passed");
   return failures != 0;
 }

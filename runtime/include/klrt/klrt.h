@@ -311,8 +311,11 @@ kl_result kl_ctx_stats(const kl_ctx *ctx, kl_stats *stats);
 /* KLRT_EDEVICE, with a message naming the rank that timed out, the peer it
  * waited for and the step, once any rank of the group timed out (see
  * Faults above) and this rank knows of it or finds it in its GPU's copy of
- * the fault word; else KLRT_OK. Waits only for a read of that word, not
- * for queued work. */
+ * the fault word; else KLRT_OK. A fault it finds is kept: from then on this
+ * rank's one-shot calls return KLRT_EDEVICE too, and its NCCL-path calls
+ * still run (so a rank that asks and a peer that does not never part ways
+ * before a collective). Waits only for a read of that word, not for queued
+ * work. */
 kl_result kl_ctx_status(kl_ctx *ctx);
 /* Collective, after a fault too. Waits for this rank's queued work (a
  * one-shot kernel of a dead group ends at the fault word or its time
