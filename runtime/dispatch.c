@@ -176,19 +176,35 @@ int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) {
   return a < b + bn && b < a + an;
 }
 
-/* Device pointers must live on this context's GPU (checked once per pointer). */
-kl_result kl_check_ptr(kl_ctx *c, const void *p, kl_arg arg) {
-  if (p == c->checked[arg]) return KLRT_OK;
+/* A pointer argument: memory of this context's GPU (the ordinal the driver
+ * gives it), with the `bytes` the call reads or writes from p inside the
+ * address range of its allocation. One driver query a pointer, every call,
+ * never remembered: an address says nothing of the allocation behind it now
+ * (one freed and made again there may be on another GPU, or smaller). */
+kl_result kl_check_ptr(const kl_ctx *c, const kl_call *k, const void *p, size_t bytes, kl_arg arg) {
+  unsigned type = 0; /* CUmemorytype; 0: not CUDA memory */
   int ordinal = -1;
-  CUresult r = c->cu->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                            (CUdeviceptr)p);
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  CUpointer_attribute attr[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void *data[] = {&type, &ordinal, &start, &size};
+  const CUdeviceptr d = (CUdeviceptr)p;
+  const char *fn = k->route->fn, *name = arg_names[arg];
+  CUresult r = c->cu->cuPointerGetAttributes(4, attr, data, d);
   if (r != CUDA_SUCCESS)
-    return kl_rt_fail(KLRT_EINVAL, "%s %p is not CUDA device memory (%s)", arg_names[arg], p,
+    return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is not CUDA device memory (%s)", fn, name, p,
                       kl_cu_errstr(r));
+  if (!type) return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is not CUDA device memory", fn, name, p);
   if (ordinal != c->ordinal)
-    return kl_rt_fail(KLRT_EINVAL, "%s %p is on GPU %d, but rank %d's context is on GPU %d",
-                      arg_names[arg], p, ordinal, c->rank, c->ordinal);
-  c->checked[arg] = p;
+    return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is on GPU %d, but rank %d's context is on GPU %d",
+                      fn, name, p, ordinal, c->rank, c->ordinal);
+  /* size 0, or p outside the range: the driver tells no range to hold it to */
+  if (size && d >= start && d - start < size && bytes > size - (d - start))
+    return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is too small: %d tokens need %zu bytes from it, "
+                      "and its allocation ends %zu bytes after it", fn, name, p, k->tokens,
+                      bytes, size - (size_t)(d - start));
   return KLRT_OK;
 }
 
@@ -197,16 +213,19 @@ static int outputs_overlap(const kl_call *k, int i, int j) {
   return a->p && b->p && kl_overlaps((uintptr_t)a->p, a->bytes, (uintptr_t)b->p, b->bytes);
 }
 
-/* The input and outputs on this GPU; outputs the kernels write in place
- * aligned for them and apart from each other. */
-static kl_result check_args(kl_ctx *c, const kl_call *k) {
+/* The input and outputs on this GPU, each as large as the call's tokens
+ * need; outputs the kernels write in place aligned for them and apart from
+ * each other. */
+static kl_result check_args(const kl_ctx *c, const kl_call *k) {
   const kl_route *r = k->route;
-  kl_result res = kl_check_ptr(c, k->in, KL_ARG_SHARD);
+  kl_result res = kl_check_ptr(c, k, k->in, k->in_bytes, KL_ARG_SHARD);
   if (res) return res;
   for (int i = 0; i < r->nouts; i++)
     if ((uintptr_t)k->out[i].p & r->align_mask[i]) return kl_rt_fail(KLRT_EINVAL, "%s", r->misaligned);
-  for (int i = 0; i < r->nouts; i++)
-    if (k->out[i].p && (res = kl_check_ptr(c, k->out[i].p, k->out[i].arg))) return res;
+  for (int i = 0; i < r->nouts; i++) {
+    const kl_out *o = &k->out[i];
+    if (o->p && (res = kl_check_ptr(c, k, o->p, o->bytes, o->arg))) return res;
+  }
   for (int i = 0; i < r->nouts; i++)
     for (int j = i + 1; j < r->nouts; j++)
       if (outputs_overlap(k, i, j)) return kl_rt_fail(KLRT_EINVAL, "%s", r->overlap);

@@ -165,8 +165,7 @@ typedef struct kl_kernel {
 
 /* ---- dispatch.c: what kl_gather, kl_argmax, kl_topk and kl_sample share ---- */
 enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
-/* The pointer arguments of the calls: each one's name in messages and its
- * slot in the cache of pointers checked (c->checked). */
+/* The pointer arguments of the calls: each one's name in messages. */
 typedef enum kl_arg { KL_ARG_SHARD, KL_ARG_OUT, KL_ARG_INDEX, KL_ARG_VALUE, KL_ARG_LSE,
                       KL_ARG_TOKEN, KL_ARG_LOGPROB, KL_ARG_TOP_INDEX, KL_ARG_TOP_LOGPROB,
                       KL_ARG_TEMPERATURE, KL_ARG_TOP_K, KL_ARG_TOP_P, KL_ARG_MIN_P, KL_ARG_SEED,
@@ -285,7 +284,6 @@ struct kl_ctx {
   kl_buffer buf[KL_BUF_COUNT]; /* grown outside capture */
   CUdeviceptr *retired; /* buffers grown out of, freed at destroy (kl_ensure) */
   int nretired;
-  const void *checked[KL_ARG_COUNT]; /* last pointers validated as this device's */
   kl_stats stats;
   int last_path; /* for the log: -1 none, 0 one-shot, 1 NCCL */
   atomic_int busy; /* a thread is inside a call on this context */
@@ -366,8 +364,9 @@ int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why);
  * the input staged where the route says, the path chosen and counted, the
  * route's path run, the log. */
 kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s);
-/* p is device memory of this context's GPU (KLRT_EINVAL naming arg if not). */
-kl_result kl_check_ptr(kl_ctx *c, const void *p, kl_arg arg);
+/* p, an argument of k, is memory of this context's GPU with `bytes` from p
+ * inside its allocation (KLRT_EINVAL naming arg if not): one driver query. */
+kl_result kl_check_ptr(const kl_ctx *c, const kl_call *k, const void *p, size_t bytes, kl_arg arg);
 /* Before a call on s: s waits for the previous call's work when the streams
  * differ. *outside says s is not capturing (a graph runs later, on a stream
  * of its own, and is left to the caller to order). */

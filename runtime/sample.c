@@ -43,8 +43,9 @@ static kl_result has_topk(const kl_ctx *c) {
 }
 
 /* n_top and its outputs agree; the parameter arrays: temperature required,
- * the others NULL, on this GPU and apart from the outputs as measured (the
- * sampler reads them while it writes those). */
+ * the others NULL, on this GPU, [tokens] within their allocations, and
+ * apart from the outputs as measured (the sampler reads them while it
+ * writes those). */
 static kl_result check(kl_ctx *c, const kl_call *k) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
@@ -60,13 +61,15 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
   const size_t elem[] = {4, 8, 4, 4, 8, 8};
   for (int i = 0; i < 6; i++) {
     if (!arrays[i]) continue;
-    kl_result res = kl_check_ptr(c, arrays[i], (kl_arg)(KL_ARG_TEMPERATURE + i));
-    if (res) return res;
     /* the kernels load them as floats and 64-bit words: a misaligned load
-     * would end the process's CUDA context, not just this call */
+     * would end the process's CUDA context, not just this call (checked
+     * first, as the outputs are: the more telling message when both hold) */
     if ((uintptr_t)arrays[i] % elem[i])
       return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s is not %zu-byte aligned",
                         kl_arg_name((kl_arg)(KL_ARG_TEMPERATURE + i)), elem[i]);
+    kl_result res = kl_check_ptr(c, k, arrays[i], elem[i] * (size_t)k->tokens,
+                                 (kl_arg)(KL_ARG_TEMPERATURE + i));
+    if (res) return res;
     for (int o = 0; o < 4; o++)
       if (k->out[o].p && kl_overlaps((uintptr_t)arrays[i], elem[i] * (size_t)k->tokens,
                                      (uintptr_t)k->out[o].p, k->out[o].bytes))

@@ -31,7 +31,7 @@ static int failures;
 /* ---- the driver: device memory is address ranges, launches are counted ---- */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static struct { CUdeviceptr p; size_t n; } allocs[4096];
+static struct { CUdeviceptr p; size_t n; int dev; } allocs[4096]; /* n 0: freed */
 static int nallocs;
 static CUdeviceptr next_addr = 0x7f0000000000ull;
 static size_t alloc_limit;    /* cuMemAlloc fails above this many bytes (0: never) */
@@ -71,28 +71,53 @@ static CUresult ctx_device(CUdevice *d) {
   *d = current ? (CUdevice)((uintptr_t)current - 0x1000) : 0;
   return CUDA_SUCCESS;
 }
-static CUresult mem_alloc(CUdeviceptr *p, size_t n) {
+/* n bytes on GPU dev at `at` (0: the next free address). */
+static CUresult alloc_at(CUdeviceptr *p, size_t n, int dev, CUdeviceptr at) {
   pthread_mutex_lock(&mu);
   CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
   if ((!alloc_limit || n <= alloc_limit) && nallocs < (int)(sizeof allocs / sizeof *allocs)) {
-    *p = next_addr;
-    allocs[nallocs].p = next_addr, allocs[nallocs++].n = n;
-    next_addr += ((n + 4095) & ~(size_t)4095) + 4096;
+    *p = at ? at : next_addr;
+    allocs[nallocs].p = *p, allocs[nallocs].dev = dev, allocs[nallocs++].n = n;
+    if (!at) next_addr += ((n + 4095) & ~(size_t)4095) + 4096;
     r = CUDA_SUCCESS;
   }
   pthread_mutex_unlock(&mu);
   return r;
 }
+static CUresult mem_alloc(CUdeviceptr *p, size_t n) {
+  CUdevice dev;
+  ctx_device(&dev);
+  return alloc_at(p, n, (int)dev, 0);
+}
+/* What the caller's cuMemFree would do: the address is no one's. */
+static void mem_forget(CUdeviceptr p) {
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < nallocs; i++)
+    if (allocs[i].p == p) allocs[i].n = 0;
+  pthread_mutex_unlock(&mu);
+}
 static CUresult host_alloc(void **p, size_t n) { return (*p = calloc(1, n)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }
 static CUresult host_free(void *p) { return free(p), CUDA_SUCCESS; }
-static CUresult pointer_attribute(void *data, CUpointer_attribute a, CUdeviceptr p) {
-  (void)a;
+/* As the driver: an address no allocation holds gets memory type 0 (and
+ * every other attribute 0), with CUDA_SUCCESS. */
+static CUresult pointer_attributes(unsigned n, CUpointer_attribute *a, void **data, CUdeviceptr p) {
   pthread_mutex_lock(&mu);
-  CUresult r = CUDA_ERROR_INVALID_VALUE;
+  int hit = -1;
   for (int i = 0; i < nallocs; i++)
-    if (p >= allocs[i].p && p < allocs[i].p + allocs[i].n) *(int *)data = 0, r = CUDA_SUCCESS;
+    if (p >= allocs[i].p && p < allocs[i].p + allocs[i].n) hit = i;
+  for (unsigned j = 0; j < n; j++) switch (a[j]) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *(unsigned *)data[j] = hit < 0 ? 0u : (unsigned)CU_MEMORYTYPE_DEVICE;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data[j] = hit < 0 ? 0 : allocs[hit].dev; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *(CUdeviceptr *)data[j] = hit < 0 ? 0 : allocs[hit].p;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data[j] = hit < 0 ? 0 : allocs[hit].n; break;
+    default: pthread_mutex_unlock(&mu); return CUDA_ERROR_NOT_SUPPORTED;
+    }
   pthread_mutex_unlock(&mu);
-  return r;
+  return CUDA_SUCCESS;
 }
 static CUresult module_load(CUmodule *m, const void *image) { (void)image; return *m = (CUmodule)0x2000, CUDA_SUCCESS; }
 static CUresult get_function(CUfunction *f, CUmodule m, const char *name) {
@@ -162,7 +187,7 @@ static void make_driver(void) {
   SET(cuMemAlloc, mem_alloc);
   SET(cuMemAllocHost, host_alloc);
   SET(cuMemFreeHost, host_free);
-  SET(cuPointerGetAttribute, pointer_attribute);
+  SET(cuPointerGetAttributes, pointer_attributes);
   SET(cuModuleLoadData, module_load);
   SET(cuModuleGetFunction, get_function);
   SET(cuOccupancyMaxActiveBlocksPerMultiprocessor, occupancy);
@@ -233,6 +258,7 @@ static int jit(const char *source, const char *name, kl_binary *out, kl_err *err
 
 /* ---- helpers ---- */
 
+#define PTR(T, d) ((T *)(uintptr_t)(d))
 static CUdeviceptr device_buffer(size_t n) {
   CUdeviceptr p = 0;
   if (mem_alloc(&p, n) != CUDA_SUCCESS) abort(); /* the test's own allocation */
@@ -438,6 +464,97 @@ static void epilogue_without_kernels(void) {
   pair_destroy(&p);
 }
 
+/* The device check of a pointer holds for the allocation behind it, not
+ * for its address: once the caller frees a buffer the driver may give the
+ * address to another allocation, on another GPU or smaller, and a call
+ * with it then is refused. */
+static void pointer_reused(void) {
+  kl_ctx *c = one_rank();
+  if (!c) return;
+  const size_t row = 1024 * 2; /* spec1: [tokens, 1024] bf16, in and out */
+  CUdeviceptr in = device_buffer(2 * row), out = device_buffer(2 * row);
+  kl_result r = kl_gather(c, PTR(void, in), PTR(void, out), 2, NULL);
+  CHECK(r == KLRT_OK, "a gather into a buffer of GPU 0: %s", kl_result_name(r));
+  const struct {
+    int dev;
+    size_t n;
+    kl_result want;
+    const char *what;
+  } again[] = {{1, 2 * row, KLRT_EINVAL, "kl_gather: out 0x"},
+               {0, row, KLRT_EINVAL, "is too small: 2 tokens need 4096 bytes from it, and its "
+                                     "allocation ends 2048 bytes after it"},
+               {0, 2 * row, KLRT_OK, ""}};
+  for (size_t i = 0; i < sizeof again / sizeof *again; i++) {
+    mem_forget(out);
+    CUdeviceptr at;
+    if (alloc_at(&at, again[i].n, again[i].dev, out) != CUDA_SUCCESS) abort();
+    const int before = launches;
+    r = kl_gather(c, PTR(void, in), PTR(void, out), 2, NULL);
+    CHECK(r == again[i].want && (r == KLRT_OK) == (launches > before) &&
+              (r == KLRT_OK || strstr(kl_last_error(), again[i].what)),
+          "its address made again, %zu bytes on GPU %d: %s (%s), want %s with \"%s\"", again[i].n,
+          again[i].dev, kl_result_name(r), r ? kl_last_error() : "", kl_result_name(again[i].want),
+          again[i].what);
+  }
+  CHECK(strstr(kl_last_error(), "is on GPU 1, but rank 0's context is on GPU 0") || r == KLRT_OK,
+        "the message names both GPUs");
+  kl_ctx_destroy(c);
+}
+
+/* Every buffer a call reads or writes is checked against its tokens: one
+ * whose allocation ends before the call's bytes do is refused, naming it,
+ * before anything is launched; one exactly as large passes. */
+static int before_too_small;
+static void expect_small(kl_result r, const char *arg, const char *call) {
+  if (!arg)
+    CHECK(r == KLRT_OK && launches > before_too_small, "%s: %s (%s), want KLRT_OK", call,
+          kl_result_name(r), r ? kl_last_error() : "");
+  else
+    CHECK(r == KLRT_EINVAL && strstr(kl_last_error(), arg) && strstr(kl_last_error(), "too small") &&
+              launches == before_too_small,
+          "%s: %s (%s), %d launches; want EINVAL naming %s", call, kl_result_name(r),
+          r ? kl_last_error() : "", launches - before_too_small, arg);
+}
+#define SMALL(call, arg) (before_too_small = launches, expect_small((call), (arg), #call))
+static void buffers_too_small(void) {
+  kl_ctx *c = one_rank();
+  if (!c) return;
+  const int t = 3;
+  const size_t row = 1024 * 2; /* spec1's shard and output rows, bf16 */
+  /* each buffer exactly as large as t tokens need; the short ones, a row
+   * less, or 8 bytes */
+  CUdeviceptr in = device_buffer(t * row), out = device_buffer(t * row),
+              index = device_buffer(t * 16 * 8), value = device_buffer(t * 16 * 4),
+              lse = device_buffer(t * 4), top = device_buffer(t * 2 * 8), temp = device_buffer(t * 4),
+              in_short = device_buffer((t - 1) * row), out_short = device_buffer((t - 1) * row),
+              tiny = device_buffer(8);
+  kl_sampling p = {.temperature = PTR(const float, temp)};
+  kl_sampling p_short = {.temperature = PTR(const float, tiny + 4)};
+  SMALL(kl_gather(c, PTR(void, in), PTR(void, out), t, NULL), NULL);
+  SMALL(kl_gather(c, PTR(void, in_short), PTR(void, out), t, NULL), "shard");
+  SMALL(kl_gather(c, PTR(void, in), PTR(void, out_short), t, NULL), "out");
+  SMALL(kl_gather(c, PTR(void, in), PTR(void, out + 2), t, NULL), "out"); /* 2 bytes past */
+  SMALL(kl_argmax(c, PTR(void, in), PTR(int64_t, index), PTR(float, value), t, NULL), NULL);
+  SMALL(kl_argmax(c, PTR(void, in), PTR(int64_t, tiny), NULL, t, NULL), "index");
+  SMALL(kl_topk(c, PTR(void, in), PTR(int64_t, index), PTR(float, value), PTR(float, lse), t, NULL),
+        NULL);
+  SMALL(kl_topk(c, PTR(void, in), PTR(int64_t, index), PTR(float, value + 4), NULL, t, NULL),
+        "value");
+  SMALL(kl_topk(c, PTR(void, in), PTR(int64_t, index), PTR(float, value), PTR(float, tiny), t, NULL),
+        "lse");
+  SMALL(kl_sample(c, PTR(void, in), &p, PTR(int64_t, index), PTR(float, value), PTR(int64_t, top),
+                  NULL, 2, t, NULL), NULL);
+  SMALL(kl_sample(c, PTR(void, in), &p, PTR(int64_t, tiny), NULL, NULL, NULL, 0, t, NULL), "token");
+  SMALL(kl_sample(c, PTR(void, in), &p, PTR(int64_t, index), PTR(float, tiny), NULL, NULL, 0, t,
+                  NULL), "logprob");
+  SMALL(kl_sample(c, PTR(void, in), &p, PTR(int64_t, index), NULL, PTR(int64_t, top + 8), NULL, 2,
+                  t, NULL), "top_index");
+  SMALL(kl_sample(c, PTR(void, in), &p_short, PTR(int64_t, index), NULL, NULL, NULL, 0, t, NULL),
+        "temperature");
+  kl_ctx_destroy(c);
+}
+#undef SMALL
+
 /* ---- two ranks calling at once ---- */
 
 /* The calls, each rank on a thread of its own: an all-gather then meets its
@@ -456,7 +573,6 @@ static void rank_bufs_alloc(rank_bufs *b) {
                         &b->temperature, &b->top_p};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) *all[i] = device_buffer(RANK_BUF);
 }
-#define PTR(T, d) ((T *)(uintptr_t)(d))
 static kl_result call_op(kl_ctx *c, op_id op, const rank_bufs *b, int tokens) {
   const void *in = PTR(const void, b->shard);
   kl_sampling p = {.temperature = PTR(const float, b->temperature)};
@@ -623,6 +739,8 @@ int main(void) {
   epilogue_without_kernels();
   fault_seen_apart();
   status_keeps_fault();
+  pointer_reused();
+  buffers_too_small();
   printf("test_host: %s\n", failures ? "FAILED" : "passed");
   return failures != 0;
 }

@@ -20,6 +20,18 @@
  *     once. One context is used by one thread at a time: a call made while
  *     another thread is inside a call on the same context returns KLRT_EBUSY
  *     (it never waits). The functions that take no context are thread-safe.
+ *   - Device buffers: every pointer a step call (kl_gather, kl_argmax,
+ *     kl_topk, kl_sample) is given is checked before anything is enqueued,
+ *     with one driver query each, every call: CUDA memory of the context's
+ *     GPU (the device ordinal the driver reports for it), and every byte the
+ *     call reads or writes from it, for its `tokens`, inside the address
+ *     range the driver reports for its allocation; KLRT_EINVAL naming the
+ *     argument otherwise. Not checked, since the driver cannot tell: a
+ *     buffer carved out of a larger allocation (a caching allocator's
+ *     tensor, an arena) that is too small yet ends inside that allocation;
+ *     memory mapped with cuMemMap whose mapped part is smaller than the
+ *     reserved range the driver reports; a buffer freed or reused before the
+ *     enqueued work has run (the caller keeps them valid until then).
  *   - Collectives: creation and destruction are collective (every rank of the
  *     group calls them, with the same spec); kl_gather is called by every
  *     rank for every step with the same token count.
