@@ -44,9 +44,11 @@ KL_ABI_ASSERT(KL_STEP_WRAP % 6 == 0, "the step's buffers, three and two, keep th
  * (KL_FAULT_BYTES at the layout's fault_offset), where its peers can write
  * it. 0 while the group is healthy; the first rank whose poll times out
  * writes KL_FAULT(step, itself, the rank it waited for) into its own copy
- * and every peer's. From then on every kernel of the group finds it set when
- * it starts and writes only poison into its outputs (NaN logits, index -1,
- * NaN values and lse), and the host's next call returns KLRT_EDEVICE. */
+ * and every peer's. From then on every kernel of the group that polls finds
+ * it set (when it starts, or while it polls) and writes only poison into its
+ * outputs (NaN logits, index -1, NaN values and lse), and the host's next
+ * one-shot call returns KLRT_EDEVICE once it has seen the word (NCCL-path
+ * calls run on). */
 #define KL_FAULT_BYTES 64
 #define KL_FAULT(step, rank, peer)                                                      \
   (1ull << 63 | (unsigned long long)(step) << 16 | (unsigned long long)(rank) << 8 |   \
