@@ -220,8 +220,9 @@ typedef struct kl_route {
   /* NULL: none; else the route's own counts of a call once its path is
    * chosen (kl_sample's wide decline), before anything may refuse it */
   void (*count)(kl_ctx *c, const kl_call *k, int path);
-  /* The paths, after the layer's checks, choice and counts; the NCCL path
-   * also after the checks that every rank makes alike. */
+  /* The paths, after the layer's checks, choice, counts and staging; the
+   * one-shot path only while this rank knows of no fault, the NCCL path
+   * after the checks that every rank makes alike. */
   kl_result (*oneshot)(kl_ctx *c, kl_call *k, CUstream s);
   kl_result (*nccl)(kl_ctx *c, kl_call *k, CUstream s);
 } kl_route;
@@ -361,8 +362,9 @@ kl_result kl_fault_error(const kl_ctx *c, uint64_t fault);
  * no size limit): PATH_ONESHOT, or PATH_NCCL with *why. */
 int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why);
 /* One call, after the entry's checks (context.c): the arguments checked,
- * the input staged where the route says, the path chosen and counted, the
- * route's path run, the log. */
+ * the path chosen and counted, a one-shot call refused once this rank knows
+ * of the group's fault, the input staged where the route says, the route's
+ * path run, the log. */
 kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s);
 /* p, an argument of k, is memory of this context's GPU with `bytes` from p
  * inside its allocation (KLRT_EINVAL naming arg if not): one driver query. */

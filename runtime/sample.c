@@ -128,7 +128,7 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   kl_sample_part *parts = split ? (kl_sample_part *)c->buf[KL_BUF_SAMPLE_PARTS].p : NULL;
   unsigned *arrived = split ? kl_sample_counters(c) : NULL;
   /* Only a one-shot gather can have run dead and left poison in the rows;
-   * NCCL's rows are results, fault or not, as on every rank alike. */
+   * NCCL's rows are results, fault or not, on every rank alike. */
   const unsigned long long *fault = oneshot && c->recv ? kl_fault_word(c) : NULL;
   c->kern[KL_K_SAMPLE].prm.sample = (kl_sample_args){
       (const void *)c->buf[KL_BUF_SAMPLE].p, p->temperature, (const long long *)p->top_k,
