@@ -51,9 +51,11 @@
  *         KLRT_EDEVICE naming the rank that timed out, the peer it waited
  *         for and the step, enqueuing nothing (outputs untouched); on a rank
  *         that does not know yet: returns KLRT_OK, and its outputs get
- *         poison, never an older step's values (the rank knows once that
- *         call's kernel has run). Ranks may so differ on one call, one
- *         refusing it and another writing poison; none waits for another.
+ *         poison (or results, where its kernels were done before the fault
+ *         reached them), never an older step's values; the rank knows once
+ *         that call's kernel has met the fault. Ranks may so differ on one
+ *         call, one refusing it and another writing poison; none waits for
+ *         another.
  *       - on the NCCL path: runs on every rank as without a fault and
  *         writes results (a rank that refused while its peers entered
  *         NCCL's all-gather would leave them waiting for good).
@@ -61,9 +63,9 @@
  *     poison, its NCCL paths results. The one-shot path comes back only
  *     with a new context: kl_ctx_destroy, collective, on every rank, then
  *     creation. Ranks see KLRT_EDEVICE at different calls, so the caller
- *     agrees on when to rebuild (e.g. by an all-reduce of its own). A fault
- *     recorded before every rank's stream is synchronized and the ranks meet
- *     on the host is seen by each rank's kl_ctx_status after that. */
+ *     agrees on when to rebuild (e.g. by an all-reduce of its own); once
+ *     every rank's stream has been synchronized and the ranks have met on
+ *     the host, each rank's kl_ctx_status sees a fault recorded before. */
 #ifndef KLRT_H
 #define KLRT_H
 
