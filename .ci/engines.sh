@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real-engine tests (issue 19): klgen's drop-ins inside vLLM and SGLang,
+# The real-engine tests: klgen's drop-ins inside vLLM and SGLang,
 # each engine pinned and installed from PyPI into a venv of its own (CPU: no
 # GPU here), with klgen's wheel, and tests/python/test_<engine>.py run there
 # (and, in vLLM's, test_reference.py: torch and vLLM's own filters).
@@ -11,8 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$(pwd)
 cache=${KLGEN_CI_CACHE:-$HOME/.cache/klgen-ci}
-# The versions the drop-ins are tested against (README, "Use with vLLM" and
-# "Use with SGLang", names them too).
+# The versions the drop-ins are tested against (README, "Use with vLLM and
+# SGLang", names them too).
 pins=(vllm==0.33.0 sglang==0.5.23)
 
 # venv DIR REQUIREMENT...: DIR holding exactly these, made again only when

@@ -475,18 +475,16 @@ static kl_result check_call(const kl_ctx *c, const kl_call *k) {
   return k->route->usable ? k->route->usable(c) : KLRT_OK;
 }
 
-/* One step's call (kl_gather, kl_argmax, kl_topk): the context taken, the
- * arguments, the fault word's mirror, the context entered, the stream
- * ordered after the previous call, the call's route through the dispatch
- * layer, and its mark. */
+/* One step's call (kl_gather, kl_argmax, kl_topk, kl_sample): the context
+ * taken, the arguments, the context entered, the stream ordered after the
+ * previous call, the call's route through the dispatch layer (which refuses
+ * a one-shot call once this rank knows of the group's fault), and its mark. */
 static kl_result step(kl_ctx *c, kl_call *k, kl_stream stream) {
   if (!c) return kl_rt_fail(KLRT_EINVAL, "%s: ctx is NULL", k->route->fn);
   kl_result res = ctx_acquire(c, 0, k->route->fn);
   if (res) return res;
   int pushed;
   res = check_call(c, k);
-  if (!res && c->mirror && *c->mirror) /* a time-out in the group: nothing is enqueued again */
-    res = kl_fault_error(c, *c->mirror);
   if (!res && !(res = kl_ctx_enter(c, &pushed))) {
     int outside = 0; /* not capturing a graph */
     res = kl_order_streams(c, (CUstream)stream, &outside);
@@ -643,32 +641,28 @@ kl_result kl_ctx_stats(const kl_ctx *c, kl_stats *stats) {
   return write_out(stats, &mine, sizeof mine, "stats");
 }
 
-kl_result kl_fault_error(const kl_ctx *c, uint64_t f) {
-  return kl_rt_fail(KLRT_EDEVICE, "rank %d: the group is dead: rank %u's one-shot step %u timed "
-                    "out waiting for rank %u (after %lld ms), and every output since is poison "
-                    "(NaN, index -1); destroy the context", c->rank, KL_FAULT_RANK(f),
-                    KL_FAULT_STEP(f), KL_FAULT_PEER(f), (long long)(c->layout.timeout_ns / 1000000));
-}
-
 kl_result kl_ctx_status(kl_ctx *c) {
   if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_status: ctx is NULL");
   kl_result res = ctx_acquire(c, 0, "kl_ctx_status");
   if (res) return res;
   if (!c->state) return ctx_release(c), KLRT_OK; /* one-shot never ran here */
-  /* The mirror, else the word itself: a peer may have set it while no
-   * kernel of this rank has run since. */
-  uint64_t f = *c->mirror;
+  /* What this rank knows, else the word itself: a peer may have set it
+   * while no kernel of this rank has run since. A fault found there is
+   * kept, so the next one-shot call is refused as this call says; only
+   * one-shot calls are, which ranks may refuse apart (dispatch.c). */
+  uint64_t f = kl_fault_known(c);
   int pushed;
   CUresult r = CUDA_SUCCESS;
   if (!f && !(res = kl_ctx_enter(c, &pushed))) {
     r = c->cu->cuMemcpyDtoHAsync(&f, c->recv + (size_t)c->layout.fault_offset, sizeof f, c->stream);
     if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
     kl_ctx_leave(c, pushed);
+    if (r != CUDA_SUCCESS) res = kl_rt_fail(KLRT_ECUDA, "reading the device state: %s", kl_cu_errstr(r));
+    else c->fault = f;
   }
+  if (!res && f) res = kl_fault_error(c, f);
   ctx_release(c);
-  if (res) return res;
-  if (r != CUDA_SUCCESS) return kl_rt_fail(KLRT_ECUDA, "reading the device state: %s", kl_cu_errstr(r));
-  return f ? kl_fault_error(c, f) : KLRT_OK;
+  return res;
 }
 
 #ifdef KL_TESTING

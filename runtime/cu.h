@@ -16,7 +16,7 @@
   X(cuMemcpyHtoD)                                                                      \
   X(cuMemcpyDtoH) X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)            \
   X(cuMemcpy2DAsync) X(cuMemAllocHost) X(cuMemFreeHost)                                \
-  X(cuPointerGetAttribute)                                                             \
+  X(cuPointerGetAttributes)                                                            \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)                    \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)        \
   X(cuLaunchKernelEx) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                    \

@@ -176,19 +176,35 @@ int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) {
   return a < b + bn && b < a + an;
 }
 
-/* Device pointers must live on this context's GPU (checked once per pointer). */
-kl_result kl_check_ptr(kl_ctx *c, const void *p, kl_arg arg) {
-  if (p == c->checked[arg]) return KLRT_OK;
+/* A pointer argument: memory of this context's GPU (the ordinal the driver
+ * gives it), with the `bytes` the call reads or writes from p inside the
+ * address range of its allocation. One driver query a pointer, every call,
+ * never remembered: an address says nothing of the allocation behind it now
+ * (one freed and made again there may be on another GPU, or smaller). */
+kl_result kl_check_ptr(const kl_ctx *c, const kl_call *k, const void *p, size_t bytes, kl_arg arg) {
+  unsigned type = 0; /* CUmemorytype; 0: not CUDA memory */
   int ordinal = -1;
-  CUresult r = c->cu->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                            (CUdeviceptr)p);
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  CUpointer_attribute attr[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void *data[] = {&type, &ordinal, &start, &size};
+  const CUdeviceptr d = (CUdeviceptr)p;
+  const char *fn = k->route->fn, *name = arg_names[arg];
+  CUresult r = c->cu->cuPointerGetAttributes(4, attr, data, d);
   if (r != CUDA_SUCCESS)
-    return kl_rt_fail(KLRT_EINVAL, "%s %p is not CUDA device memory (%s)", arg_names[arg], p,
+    return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is not CUDA device memory (%s)", fn, name, p,
                       kl_cu_errstr(r));
+  if (!type) return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is not CUDA device memory", fn, name, p);
   if (ordinal != c->ordinal)
-    return kl_rt_fail(KLRT_EINVAL, "%s %p is on GPU %d, but rank %d's context is on GPU %d",
-                      arg_names[arg], p, ordinal, c->rank, c->ordinal);
-  c->checked[arg] = p;
+    return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is on GPU %d, but rank %d's context is on GPU %d",
+                      fn, name, p, ordinal, c->rank, c->ordinal);
+  /* size 0, or p outside the range: the driver tells no range to hold it to */
+  if (size && d >= start && d - start < size && bytes > size - (d - start))
+    return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is too small: %d tokens need %zu bytes from it, "
+                      "and its allocation ends %zu bytes after it", fn, name, p, k->tokens,
+                      bytes, size - (size_t)(d - start));
   return KLRT_OK;
 }
 
@@ -197,16 +213,19 @@ static int outputs_overlap(const kl_call *k, int i, int j) {
   return a->p && b->p && kl_overlaps((uintptr_t)a->p, a->bytes, (uintptr_t)b->p, b->bytes);
 }
 
-/* The input and outputs on this GPU; outputs the kernels write in place
- * aligned for them and apart from each other. */
-static kl_result check_args(kl_ctx *c, const kl_call *k) {
+/* The input and outputs on this GPU, each as large as the call's tokens
+ * need; outputs the kernels write in place aligned for them and apart from
+ * each other. */
+static kl_result check_args(const kl_ctx *c, const kl_call *k) {
   const kl_route *r = k->route;
-  kl_result res = kl_check_ptr(c, k->in, KL_ARG_SHARD);
+  kl_result res = kl_check_ptr(c, k, k->in, k->in_bytes, KL_ARG_SHARD);
   if (res) return res;
   for (int i = 0; i < r->nouts; i++)
     if ((uintptr_t)k->out[i].p & r->align_mask[i]) return kl_rt_fail(KLRT_EINVAL, "%s", r->misaligned);
-  for (int i = 0; i < r->nouts; i++)
-    if (k->out[i].p && (res = kl_check_ptr(c, k->out[i].p, k->out[i].arg))) return res;
+  for (int i = 0; i < r->nouts; i++) {
+    const kl_out *o = &k->out[i];
+    if (o->p && (res = kl_check_ptr(c, k, o->p, o->bytes, o->arg))) return res;
+  }
   for (int i = 0; i < r->nouts; i++)
     for (int j = i + 1; j < r->nouts; j++)
       if (outputs_overlap(k, i, j)) return kl_rt_fail(KLRT_EINVAL, "%s", r->overlap);
@@ -293,11 +312,50 @@ kl_result kl_order_mark(kl_ctx *c, CUstream s) {
   return KLRT_OK;
 }
 
+/* ---- the group's fault ---- */
+
+uint64_t kl_fault_known(kl_ctx *c) {
+  if (!c->fault && c->mirror) c->fault = *c->mirror;
+  return c->fault;
+}
+
+kl_result kl_fault_error(const kl_ctx *c, uint64_t f) {
+  return kl_rt_fail(KLRT_EDEVICE, "rank %d: the one-shot path is dead: rank %u's one-shot step %u "
+                    "timed out waiting for rank %u (after %lld ms); its calls are refused here, "
+                    "or write poison (NaN, index -1) on a rank that has not seen the fault yet, "
+                    "and calls on the NCCL path still run; destroy the context (collective) to "
+                    "rebuild it", c->rank, KL_FAULT_RANK(f), KL_FAULT_STEP(f), KL_FAULT_PEER(f),
+                    (long long)(c->layout.timeout_ns / 1000000));
+}
+
 /* ---- the call ---- */
+
+/* The input where a route's kernels read it on both paths. */
+static kl_result stage_for_kernels(kl_ctx *c, kl_call *k, CUstream s) {
+  if (!k->route->nccl_kernels) return KLRT_OK;
+  kl_result res = kl_stage_in(c, k, s);
+  if (!res) c->stats.staged += k->kin != (CUdeviceptr)k->in;
+  return res;
+}
+
+/* The one-shot path, unless this rank knows of the group's fault: its
+ * kernels poll the peers, and a peer that refused the call (it knew) sends
+ * nothing; but a rank that has not seen the fault yet and launches waits
+ * for no one either: its kernels find the fault word set in its own receive
+ * memory when they start, or while they poll, and write poison. So ranks
+ * may decide this apart, and the refusal enqueues nothing. */
+static kl_result oneshot_path(kl_ctx *c, kl_call *k, CUstream s) {
+  const uint64_t f = kl_fault_known(c);
+  if (f) return kl_fault_error(c, f);
+  kl_result res = stage_for_kernels(c, k, s);
+  return res ? res : k->route->oneshot(c, k, s);
+}
 
 /* The NCCL path, once the checks every rank makes alike have passed: a rank
  * that returned here while its peers entered the all-gather would leave
- * them waiting, so these refusals depend only on what was agreed. */
+ * them waiting, so these refusals depend only on what was agreed. The
+ * group's fault is not one of them: each rank learns of it at a time of its
+ * own, and nothing on this path reads the receive memory it concerns. */
 static kl_result nccl_path(kl_ctx *c, kl_call *k, CUstream s) {
   const kl_route *r = k->route;
   /* a spec's epilogue is applied by a generated kernel on every route's
@@ -312,7 +370,8 @@ static kl_result nccl_path(kl_ctx *c, kl_call *k, CUstream s) {
     return kl_rt_fail(KLRT_EUNAVAILABLE, "rank %d: the one-shot path cannot serve this call "
                       "and some rank's context has no NCCL communicator for the fallback",
                       c->rank);
-  return r->nccl(c, k, s);
+  kl_result res = stage_for_kernels(c, k, s);
+  return res ? res : r->nccl(c, k, s);
 }
 
 static void log_path(kl_ctx *c, int path, kl_decline why, int tokens) {
@@ -335,21 +394,13 @@ kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s) {
    * the outputs' sizes meaningless, and its message says which */
   kl_result res = r->check ? r->check(c, k) : KLRT_OK;
   if (res || (res = check_args(c, k))) return res;
-  if (r->nccl_kernels) { /* both paths read the input through the kernels */
-    if ((res = kl_stage_in(c, k, s))) return res;
-    c->stats.staged += k->kin != (CUdeviceptr)k->in;
-  }
   kl_decline why = KL_DECLINE_COUNT;
   const int moves = r->sized && (!r->gathers || r->gathers(k));
   int path = kl_path_for(c, k->tokens, moves ? (long long)k->in_bytes : 0, &why);
-  if (path == PATH_ONESHOT) {
-    c->stats.oneshot++;
-    res = r->oneshot(c, k, s);
-  } else {
-    c->stats.nccl++;
-    c->stats.declined[why]++;
-    res = nccl_path(c, k, s);
-  }
+  if (path == PATH_ONESHOT) c->stats.oneshot++;
+  else c->stats.nccl++, c->stats.declined[why]++;
+  if (r->count) r->count(c, k, path);
+  res = path == PATH_ONESHOT ? oneshot_path(c, k, s) : nccl_path(c, k, s);
   if (r->logged && kl_log_enabled()) log_path(c, path, why, k->tokens);
   return res;
 }

@@ -165,8 +165,7 @@ typedef struct kl_kernel {
 
 /* ---- dispatch.c: what kl_gather, kl_argmax, kl_topk and kl_sample share ---- */
 enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
-/* The pointer arguments of the calls: each one's name in messages and its
- * slot in the cache of pointers checked (c->checked). */
+/* The pointer arguments of the calls: each one's name in messages. */
 typedef enum kl_arg { KL_ARG_SHARD, KL_ARG_OUT, KL_ARG_INDEX, KL_ARG_VALUE, KL_ARG_LSE,
                       KL_ARG_TOKEN, KL_ARG_LOGPROB, KL_ARG_TOP_INDEX, KL_ARG_TOP_LOGPROB,
                       KL_ARG_TEMPERATURE, KL_ARG_TOP_K, KL_ARG_TOP_P, KL_ARG_MIN_P, KL_ARG_SEED,
@@ -218,8 +217,12 @@ typedef struct kl_route {
   /* NULL: none; else the route's own arguments (k->extra), after measure
    * and before the layer's checks */
   kl_result (*check)(kl_ctx *c, const kl_call *k);
-  /* The paths, after the layer's checks, choice and counts; the NCCL path
-   * also after the checks that every rank makes alike. */
+  /* NULL: none; else the route's own counts of a call once its path is
+   * chosen (kl_sample's wide decline), before anything may refuse it */
+  void (*count)(kl_ctx *c, const kl_call *k, int path);
+  /* The paths, after the layer's checks, choice, counts and staging; the
+   * one-shot path only while this rank knows of no fault, the NCCL path
+   * after the checks that every rank makes alike. */
   kl_result (*oneshot)(kl_ctx *c, kl_call *k, CUstream s);
   kl_result (*nccl)(kl_ctx *c, kl_call *k, CUstream s);
 } kl_route;
@@ -262,8 +265,11 @@ struct kl_ctx {
   int pdl;     /* launch with programmatic dependent launch (sm_90+) */
   CUdeviceptr recv, state;
   /* The group's fault word as the kernels copy it to the host (pinned; the
-   * device writes it): a call reads it before it enqueues anything. */
+   * device writes it): a one-shot call reads it before it enqueues anything. */
   volatile uint64_t *mirror;
+  /* The group's fault once this rank has seen it (the mirror, or
+   * kl_ctx_status's read of the device word), kept: 0 until then. */
+  uint64_t fault;
   CUdeviceptr peers[KL_TP_MAX]; /* every rank's receive memory, mapped here */
   unsigned char ipc_opened[KL_TP_MAX];
   int ready, disabled;
@@ -279,7 +285,6 @@ struct kl_ctx {
   kl_buffer buf[KL_BUF_COUNT]; /* grown outside capture */
   CUdeviceptr *retired; /* buffers grown out of, freed at destroy (kl_ensure) */
   int nretired;
-  const void *checked[KL_ARG_COUNT]; /* last pointers validated as this device's */
   kl_stats stats;
   int last_path; /* for the log: -1 none, 0 one-shot, 1 NCCL */
   atomic_int busy; /* a thread is inside a call on this context */
@@ -348,15 +353,22 @@ int kl_grid(const kl_ctx *c, kl_kernel_id id, int tokens, int capped);
 CUresult kl_launch(kl_ctx *c, kl_kernel_id k, int grid, int overlap, CUstream s);
 
 /* ---- dispatch.c ---- */
+/* The group's fault as this rank knows it: latched in c->fault from the
+ * mirror (0: not seen here yet). */
+uint64_t kl_fault_known(kl_ctx *c);
+/* KLRT_EDEVICE naming the rank, peer and step of a fault word (kl_abi.h). */
+kl_result kl_fault_error(const kl_ctx *c, uint64_t fault);
 /* The path rule (docs/design/dispatch.md) for a step moving `bytes` per rank (0:
  * no size limit): PATH_ONESHOT, or PATH_NCCL with *why. */
 int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why);
 /* One call, after the entry's checks (context.c): the arguments checked,
- * the input staged where the route says, the path chosen and counted, the
- * route's path run, the log. */
+ * the path chosen and counted, a one-shot call refused once this rank knows
+ * of the group's fault, the input staged where the route says, the route's
+ * path run, the log. */
 kl_result kl_dispatch(kl_ctx *c, kl_call *k, CUstream s);
-/* p is device memory of this context's GPU (KLRT_EINVAL naming arg if not). */
-kl_result kl_check_ptr(kl_ctx *c, const void *p, kl_arg arg);
+/* p, an argument of k, is memory of this context's GPU with `bytes` from p
+ * inside its allocation (KLRT_EINVAL naming arg if not): one driver query. */
+kl_result kl_check_ptr(const kl_ctx *c, const kl_call *k, const void *p, size_t bytes, kl_arg arg);
 /* Before a call on s: s waits for the previous call's work when the streams
  * differ. *outside says s is not capturing (a graph runs later, on a stream
  * of its own, and is left to the caller to order). */
@@ -403,8 +415,6 @@ kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, 
 kl_result kl_select_nccl(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s);
 
 /* ---- context.c ---- */
-/* KLRT_EDEVICE naming the rank, peer and step of a fault word (kl_abi.h). */
-kl_result kl_fault_error(const kl_ctx *c, uint64_t fault);
 /* KLRT_EUNAVAILABLE, naming the minimum, for a GPU the kernels cannot run on. */
 kl_result kl_require_arch(int device, int major, int minor);
 /* Makes c's CUDA context current if it is not; *pushed says to pop it. */

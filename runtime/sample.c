@@ -43,8 +43,9 @@ static kl_result has_topk(const kl_ctx *c) {
 }
 
 /* n_top and its outputs agree; the parameter arrays: temperature required,
- * the others NULL, on this GPU and apart from the outputs as measured (the
- * sampler reads them while it writes those). */
+ * the others NULL, on this GPU, [tokens] within their allocations, and
+ * apart from the outputs as measured (the sampler reads them while it
+ * writes those). */
 static kl_result check(kl_ctx *c, const kl_call *k) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
@@ -60,13 +61,15 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
   const size_t elem[] = {4, 8, 4, 4, 8, 8};
   for (int i = 0; i < 6; i++) {
     if (!arrays[i]) continue;
-    kl_result res = kl_check_ptr(c, arrays[i], (kl_arg)(KL_ARG_TEMPERATURE + i));
-    if (res) return res;
     /* the kernels load them as floats and 64-bit words: a misaligned load
-     * would end the process's CUDA context, not just this call */
+     * would end the process's CUDA context, not just this call (checked
+     * first, as the outputs are: the more telling message when both hold) */
     if ((uintptr_t)arrays[i] % elem[i])
       return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s is not %zu-byte aligned",
                         kl_arg_name((kl_arg)(KL_ARG_TEMPERATURE + i)), elem[i]);
+    kl_result res = kl_check_ptr(c, k, arrays[i], elem[i] * (size_t)k->tokens,
+                                 (kl_arg)(KL_ARG_TEMPERATURE + i));
+    if (res) return res;
     for (int o = 0; o < 4; o++)
       if (k->out[o].p && kl_overlaps((uintptr_t)arrays[i], elem[i] * (size_t)k->tokens,
                                      (uintptr_t)k->out[o].p, k->out[o].bytes))
@@ -115,19 +118,23 @@ static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
   return n;
 }
 
-/* The row sampler over the scratch's rows. */
-static kl_result draw(kl_ctx *c, kl_call *k, CUstream s) {
+/* The row sampler over the scratch's rows, gathered by the one-shot path
+ * (`oneshot`) or NCCL's. */
+static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
   /* with top-n logprobs no row is split (sample.cu.tmpl split_row) */
   const int split = x->n_top == 0;
   kl_sample_part *parts = split ? (kl_sample_part *)c->buf[KL_BUF_SAMPLE_PARTS].p : NULL;
   unsigned *arrived = split ? kl_sample_counters(c) : NULL;
+  /* Only a one-shot gather can have run dead and left poison in the rows;
+   * NCCL's rows are results, fault or not, on every rank alike. */
+  const unsigned long long *fault = oneshot && c->recv ? kl_fault_word(c) : NULL;
   c->kern[KL_K_SAMPLE].prm.sample = (kl_sample_args){
       (const void *)c->buf[KL_BUF_SAMPLE].p, p->temperature, (const long long *)p->top_k,
       p->top_p, p->min_p, (const unsigned long long *)p->seed,
       (const unsigned long long *)p->offset, (long long *)k->out[0].p, k->out[1].p,
-      (long long *)k->out[2].p, k->out[3].p, c->recv ? kl_fault_word(c) : NULL, parts, arrived,
+      (long long *)k->out[2].p, k->out[3].p, fault, parts, arrived,
       k->tokens, x->n_top, 1, (long long)c->spec.vocab_size};
   kl_sample_args *a = &c->kern[KL_K_SAMPLE].prm.sample;
   if (split) a->slices = slices_for(c, k->tokens, &a->slice_cols);
@@ -151,12 +158,23 @@ static int has_filters(const kl_call *k) {
  * choice the crossover leaves alone: one-shot, it moves records.) */
 static int gathers(const kl_call *k) { return ((const kl_sample_call *)k->extra)->n_top > 0; }
 
+/* Whether the call takes the wide path on `path`: with top-n logprobs
+ * always; with filters where the peers' staged rows are out of reach. */
+static int wide_on(const kl_call *k, int path) {
+  return gathers(k) || (path == PATH_NCCL && has_filters(k));
+}
+
+/* A wide call is counted when its path is chosen, as the path is: alike on
+ * every rank, whether or not the call is refused after. */
+static void count(kl_ctx *c, const kl_call *k, int path) {
+  if (wide_on(k, path)) c->stats.declined[KL_DECLINE_WIDE]++;
+}
+
 /* The wide path: the rows gathered by the gather route's path `oneshot`,
  * then drawn by the row sampler. */
 static kl_result wide(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
-  c->stats.declined[KL_DECLINE_WIDE]++;
   kl_result res = gather_rows(c, k, s, oneshot);
-  return res ? res : draw(c, k, s);
+  return res ? res : draw(c, k, s, oneshot);
 }
 
 /* A call without filters at few tokens: each of kl_topk's parts split over
@@ -186,7 +204,7 @@ static int merge_ctas(const kl_ctx *c, int tokens) {
 }
 
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
-  if (gathers(k)) return wide(c, k, s, 1);
+  if (wide_on(k, PATH_ONESHOT)) return wide(c, k, s, 1);
   if (!has_filters(k))
     return kl_select_oneshot(c, KL_K_SHARDS, k, s, shard_subparts(c, k->tokens), 0);
   /* the scratch before the kernel that writes and reads it */
@@ -196,7 +214,7 @@ static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
 
 /* Without the peers' staged rows, a row with filters needs the gather. */
 static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
-  if (gathers(k) || has_filters(k)) return wide(c, k, s, 0);
+  if (wide_on(k, PATH_NCCL)) return wide(c, k, s, 0);
   return kl_select_nccl(c, KL_K_SHARDS, k, s);
 }
 
@@ -213,6 +231,7 @@ const kl_route kl_sample_route = {
     .nccl_kernels = "kl_sample needs the generated samplers on every rank",
     .usable = has_topk,
     .check = check,
+    .count = count,
     .measure = measure,
     .oneshot = oneshot,
     .nccl = nccl,

@@ -44,9 +44,11 @@ KL_ABI_ASSERT(KL_STEP_WRAP % 6 == 0, "the step's buffers, three and two, keep th
  * (KL_FAULT_BYTES at the layout's fault_offset), where its peers can write
  * it. 0 while the group is healthy; the first rank whose poll times out
  * writes KL_FAULT(step, itself, the rank it waited for) into its own copy
- * and every peer's. From then on every kernel of the group finds it set when
- * it starts and writes only poison into its outputs (NaN logits, index -1,
- * NaN values and lse), and the host's next call returns KLRT_EDEVICE. */
+ * and every peer's. From then on every kernel of the group that polls finds
+ * it set (when it starts, or while it polls) and writes only poison into its
+ * outputs (NaN logits, index -1, NaN values and lse), and the host's next
+ * one-shot call returns KLRT_EDEVICE once it has seen the word (NCCL-path
+ * calls run on). */
 #define KL_FAULT_BYTES 64
 #define KL_FAULT(step, rank, peer)                                                      \
   (1ull << 63 | (unsigned long long)(step) << 16 | (unsigned long long)(rank) << 8 |   \
@@ -148,9 +150,10 @@ typedef struct kl_sample_args {
   float *logprob;                 /* [tokens], or NULL */
   long long *top_index;           /* [tokens, n_top], or NULL */
   float *top_logprob;             /* [tokens, n_top], or NULL */
-  /* this rank's copy of the group's fault word, or NULL (no one-shot state):
-   * set when the sampler starts, the gather before it ran dead, and every
-   * row gets token -1 and NaN logprobs */
+  /* this rank's copy of the group's fault word after a one-shot gather, or
+   * NULL (no one-shot state, or the rows came through NCCL: results): set
+   * when the sampler starts, the gather before it may have run dead, and
+   * every row gets token -1 and NaN logprobs */
   const unsigned long long *fault;
   kl_sample_part *parts;          /* [tokens, SAMPLE_SLICES], or NULL: no row is split */
   unsigned *arrived;              /* [tokens]: a split row's slices done */

@@ -1,19 +1,32 @@
-/* GPU test: a fault never looks like success. Two ranks as threads on one GPU
- * (CUDA_DEVICE_MAX_CONNECTIONS=32), a spec with timeout_ms = 200 (or argv[1]), and rank 1
- * skipping one call, for each of kl_gather, kl_argmax, kl_topk and kl_sample
- * (by the shards bare, by the shards with a top_p array, and gathering: with a
- * top-n logprob):
+/* GPU test: a fault never looks like success, and never strands a rank in
+ * a collective. Two ranks as threads on one GPU (CUDA_DEVICE_MAX_CONNECTIONS=32),
+ * each with a communicator of the NCCL stand-in (tests/gpu_diff/nccl_standin.c,
+ * whose path is argv[2]: NCCL refuses two ranks on one GPU), a spec with
+ * timeout_ms = 200 (or argv[1]), and rank 1 skipping one call, for each of
+ * kl_gather, kl_argmax, kl_topk and kl_sample (by the shards bare, by the
+ * shards with a top_p array, and gathering: with a top-n logprob):
  *
  *   - rank 0's call times out; it and the call rank 0 makes right after it
  *     (before the host can know) return KLRT_OK, and both write poison (NaN
  *     logits, index -1, NaN values and lse; kl_sample's token -1 and NaN
  *     logprob), not stale outputs;
- *   - rank 0's next call returns KLRT_EDEVICE naming the ranks and the step,
- *     as does kl_ctx_status, without waiting for the device;
+ *   - rank 0's next call (one-shot) returns KLRT_EDEVICE naming the ranks and
+ *     the step, as does kl_ctx_status, without waiting for the device;
+ *   - a CUDA graph captured before the fault replays into poison;
+ *   - then, rank 0 knowing of the fault and rank 1 not yet, a call on the
+ *     NCCL path (tokens past max_tokens) runs on both ranks: KLRT_OK and
+ *     results on both, and the stand-in never gives up on a peer (a rank
+ *     that refused it would leave the other in the all-gather);
  *   - rank 1, whose kernels learn of it from the fault word rank 0 wrote into
  *     its memory, writes poison in its next call and fails the call after;
- *   - a CUDA graph captured before the fault replays into poison;
+ *   - both ranks knowing, an NCCL-path call and a graph of one captured
+ *     before the fault still give results on both;
  *   - nothing hangs, and destroy works.
+ *
+ * Once more for kl_gather with rank 1 asking kl_ctx_status first, once rank
+ * 0's timed-out step is done: it reports the fault (rank 0 wrote it into
+ * rank 1's memory) and keeps it, so rank 1's next one-shot call returns
+ * KLRT_EDEVICE, its outputs untouched.
  *
  * And once with no rank skipping: kl_sample with top_p 0.5, whose rows
  * (all equal) are sampled whole from the ranks' staged rows, where rank 1's
@@ -22,6 +35,8 @@
  * and the step goes as above for rank 0; rank 1's call of that step writes
  * poison too, and its next call fails.
  * Exit 77 without a GPU. */
+#include <dlfcn.h>
+#include <nccl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -33,24 +48,39 @@
 #include "klrt/klrt.h"
 
 #define VOCAB 4096
-#define TOKENS 2
+#define MAX_TOKENS 4
+#define TOKENS 2 /* a one-shot call's */
+#define NCCL_TOKENS 6 /* past MAX_TOKENS: the NCCL path's */
 #define K 8
 #define SHARD (VOCAB / 2)
+#define SETS 3
+#define NCCL_SET 2 /* the output set of the NCCL-path calls and their graph */
 
 /* kl_sample four ways: no filter (the shard sampler), a filter that is off
  * (the shard sampler with candidates), a top-n logprob (the gather and the
  * row sampler), and top_p 0.5 (rows sampled whole from the staged rows, a
  * peer's marks lost) */
-enum { GATHER, ARGMAX, TOPK, SAMPLE, SAMPLE_FILTERED, SAMPLE_WIDE, SAMPLE_MARKS };
+enum { GATHER, ARGMAX, TOPK, SAMPLE, SAMPLE_FILTERED, SAMPLE_WIDE, SAMPLE_MARKS, GATHER_STATUS,
+       OPS };
 static const char *const names[] = {"kl_gather", "kl_argmax", "kl_topk", "kl_sample",
                                     "kl_sample (filters)", "kl_sample (wide)",
-                                    "kl_sample (a peer's marks lost)"};
+                                    "kl_sample (a peer's marks lost)",
+                                    "kl_gather (rank 1 asks kl_ctx_status first)"};
+/* The call an op makes. */
+static int call_of(int op) { return op == GATHER_STATUS ? GATHER : op; }
+static int is_sample(int op) { return op >= SAMPLE && op <= SAMPLE_MARKS; }
+
+/* The NCCL stand-in, loaded from its path (libklrt loads the same library). */
+static ncclResult_t (*standin_init)(ncclComm_t *, int, const int *);
+static ncclResult_t (*standin_destroy)(ncclComm_t);
+static unsigned (*standin_timeouts)(void);
 
 typedef struct shared {
   const kl_cu *cu;
   int timeout_ms;
   CUcontext cuctx;
   kl_group *group;
+  ncclComm_t comms[2];
   pthread_barrier_t bar;
   int op;
   int failures;
@@ -74,7 +104,8 @@ __attribute__((format(printf, 3, 4))) static void failf(shared *sh, int rank, co
   pthread_mutex_unlock(&sh->m);
 }
 
-/* A rank's input and two sets of outputs (a call's, and the next call's). */
+/* A rank's input and three sets of outputs: a one-shot call's, the next
+ * call's, and the NCCL-path calls'. */
 typedef struct outs {
   CUdeviceptr out, index, value, lse;
 } outs;
@@ -83,16 +114,17 @@ typedef struct bufs {
   CUdeviceptr temperature; /* kl_sample's: 0.7 for every row */
   CUdeviceptr top_p;       /* and 1 (off), for a call with a filter array */
   CUdeviceptr top_p_half;  /* and 0.5: every row is sampled whole */
-  outs o[2];
+  outs o[SETS];
   CUstream s;
 } bufs;
 
-static kl_result call(shared *sh, kl_ctx *c, const bufs *b, int set) {
+/* The op's call of `tokens` rows into output set `set`. */
+static kl_result call_n(shared *sh, kl_ctx *c, const bufs *b, int set, int tokens) {
   const outs *o = &b->o[set];
-  switch (sh->op) {
-  case GATHER: return kl_gather(c, (void *)b->shard, (void *)o->out, TOKENS, b->s);
+  switch (call_of(sh->op)) {
+  case GATHER: return kl_gather(c, (void *)b->shard, (void *)o->out, tokens, b->s);
   case ARGMAX:
-    return kl_argmax(c, (void *)b->shard, (int64_t *)o->index, (float *)o->value, TOKENS, b->s);
+    return kl_argmax(c, (void *)b->shard, (int64_t *)o->index, (float *)o->value, tokens, b->s);
   case SAMPLE:
   case SAMPLE_FILTERED:
   case SAMPLE_WIDE:
@@ -101,42 +133,64 @@ static kl_result call(shared *sh, kl_ctx *c, const bufs *b, int set) {
     if (sh->op == SAMPLE_FILTERED) p.top_p = (const float *)b->top_p;
     if (sh->op == SAMPLE_MARKS) p.top_p = (const float *)b->top_p_half;
     const int n_top = sh->op == SAMPLE_WIDE;
-    int64_t *top = n_top ? (int64_t *)o->index + TOKENS : NULL;
+    int64_t *top = n_top ? (int64_t *)o->index + tokens : NULL;
     return kl_sample(c, (void *)b->shard, &p, (int64_t *)o->index, (float *)o->value, top, NULL,
-                     n_top, TOKENS, b->s);
+                     n_top, tokens, b->s);
   }
   default:
     return kl_topk(c, (void *)b->shard, (int64_t *)o->index, (float *)o->value, (float *)o->lse,
-                   TOKENS, b->s);
+                   tokens, b->s);
   }
+}
+
+/* The op's one-shot call (TOKENS rows). */
+static kl_result call(shared *sh, kl_ctx *c, const bufs *b, int set) {
+  return call_n(sh, c, b, set, TOKENS);
 }
 
 /* Outputs set to a canary (0x5a bytes), so a call that leaves them shows. */
 static void canary(shared *sh, const bufs *b, int set) {
   const kl_cu *cu = sh->cu;
   const outs *o = &b->o[set];
-  CU_CHECK(cu, cuMemsetD32Async(o->out, 0x5a5a5a5au, TOKENS * VOCAB / 2, b->s));
-  CU_CHECK(cu, cuMemsetD32Async(o->index, 0x5a5a5a5au, TOKENS * K * 2, b->s));
-  CU_CHECK(cu, cuMemsetD32Async(o->value, 0x5a5a5a5au, TOKENS * K, b->s));
-  CU_CHECK(cu, cuMemsetD32Async(o->lse, 0x5a5a5a5au, TOKENS, b->s));
+  CU_CHECK(cu, cuMemsetD32Async(o->out, 0x5a5a5a5au, NCCL_TOKENS * VOCAB / 2, b->s));
+  CU_CHECK(cu, cuMemsetD32Async(o->index, 0x5a5a5a5au, NCCL_TOKENS * K * 2, b->s));
+  CU_CHECK(cu, cuMemsetD32Async(o->value, 0x5a5a5a5au, NCCL_TOKENS * K, b->s));
+  CU_CHECK(cu, cuMemsetD32Async(o->lse, 0x5a5a5a5au, NCCL_TOKENS, b->s));
 }
 
-/* 1: every output of the op in the set is poison; 0: every one is what the
- * input (1.0 everywhere) gives. Waits for the stream. */
-static int outputs_are(shared *sh, const bufs *b, int set, int poison) {
+/* Whether the set's outputs still hold the canary (a refused call). Waits
+ * for the stream. */
+static int canary_kept(shared *sh, const bufs *b, int set) {
   const kl_cu *cu = sh->cu;
   const outs *o = &b->o[set];
-  static _Thread_local uint16_t out[TOKENS * VOCAB];
-  int64_t index[TOKENS * K];
-  uint32_t value[TOKENS * K], lse[TOKENS];
+  uint32_t w[4];
+  CU_CHECK(cu, cuStreamSynchronize(b->s));
+  CU_CHECK(cu, cuMemcpyDtoH(&w[0], o->out, 4));
+  CU_CHECK(cu, cuMemcpyDtoH(&w[1], o->index, 4));
+  CU_CHECK(cu, cuMemcpyDtoH(&w[2], o->value, 4));
+  CU_CHECK(cu, cuMemcpyDtoH(&w[3], o->lse, 4));
+  return w[0] == 0x5a5a5a5au && w[1] == 0x5a5a5a5au && w[2] == 0x5a5a5a5au &&
+         w[3] == 0x5a5a5a5au;
+}
+
+/* 1: every output of the op's call of `tokens` rows in the set is poison;
+ * 0: every one is what the input (1.0 everywhere) gives. Waits for the
+ * stream. */
+static int outputs_are_n(shared *sh, const bufs *b, int set, int poison, int tokens) {
+  const kl_cu *cu = sh->cu;
+  const outs *o = &b->o[set];
+  static _Thread_local uint16_t out[NCCL_TOKENS * VOCAB];
+  int64_t index[NCCL_TOKENS * K];
+  uint32_t value[NCCL_TOKENS * K], lse[NCCL_TOKENS];
   CU_CHECK(cu, cuStreamSynchronize(b->s));
   CU_CHECK(cu, cuMemcpyDtoH(out, o->out, sizeof out));
   CU_CHECK(cu, cuMemcpyDtoH(index, o->index, sizeof index));
   CU_CHECK(cu, cuMemcpyDtoH(value, o->value, sizeof value));
   CU_CHECK(cu, cuMemcpyDtoH(lse, o->lse, sizeof lse));
-  int k = sh->op == TOPK ? K : 1, ok = 1;
-  if (sh->op >= SAMPLE) /* all equal: any column, log(1 / VOCAB) */
-    for (int t = 0; t < TOKENS; t++) {
+  const int op = call_of(sh->op);
+  int k = op == TOPK ? K : 1, ok = 1;
+  if (is_sample(op)) /* all equal: any column, log(1 / VOCAB) */
+    for (int t = 0; t < tokens; t++) {
       float lp;
       memcpy(&lp, &value[t], 4);
       const int good = poison ? index[t] == -1 && (value[t] & 0x7fffffffu) > 0x7f800000u
@@ -145,17 +199,21 @@ static int outputs_are(shared *sh, const bufs *b, int set, int poison) {
                         value[t]);
       ok &= good;
     }
-  else if (sh->op == GATHER)
-    for (int i = 0; i < TOKENS * VOCAB; i++)
+  else if (op == GATHER)
+    for (int i = 0; i < tokens * VOCAB; i++)
       ok &= poison ? (out[i] & 0x7fffu) > 0x7f80u : out[i] == 0x3f80u;
   else /* all equal: the lowest columns, in order */
-    for (int i = 0; i < TOKENS * k; i++)
+    for (int i = 0; i < tokens * k; i++)
       ok &= poison ? index[i] == -1 && (value[i] & 0x7fffffffu) > 0x7f800000u
                    : index[i] == i % k && value[i] == 0x3f800000u;
-  if (sh->op == TOPK)
-    for (int t = 0; t < TOKENS; t++)
+  if (op == TOPK)
+    for (int t = 0; t < tokens; t++)
       ok &= poison ? (lse[t] & 0x7fffffffu) > 0x7f800000u : lse[t] != 0x5a5a5a5au;
   return ok;
+}
+
+static int outputs_are(shared *sh, const bufs *b, int set, int poison) {
+  return outputs_are_n(sh, b, set, poison, TOKENS);
 }
 
 static void expect_rc(shared *sh, int rank, kl_result got, kl_result want, const char *when) {
@@ -194,6 +252,15 @@ static void lose_marks(shared *sh, kl_ctx *c, const bufs *b) {
   CU_CHECK(cu, cuStreamDestroy(side));
 }
 
+/* The op on the NCCL path (tokens past max_tokens): KLRT_OK and results,
+ * whatever this rank knows of a fault. */
+static void nccl_step(shared *sh, int rank, kl_ctx *c, const bufs *b, const char *what) {
+  canary(sh, b, NCCL_SET);
+  expect_rc(sh, rank, call_n(sh, c, b, NCCL_SET, NCCL_TOKENS), KLRT_OK, what);
+  if (!outputs_are_n(sh, b, NCCL_SET, 0, NCCL_TOKENS))
+    failf(sh, rank, "%s: its outputs are not results", what);
+}
+
 static void *rank_main(void *arg) {
   rank_arg *ra = arg;
   shared *sh = ra->sh;
@@ -202,32 +269,36 @@ static void *rank_main(void *arg) {
   CU_CHECK(cu, cuCtxSetCurrent(sh->cuctx));
   bufs b;
   CU_CHECK(cu, cuStreamCreate(&b.s, CU_STREAM_NON_BLOCKING));
-  CU_CHECK(cu, cuMemAlloc(&b.shard, TOKENS * SHARD * 2));
-  CU_CHECK(cu, cuMemsetD32(b.shard, 0x3f803f80u, TOKENS * SHARD / 2)); /* 1.0 everywhere */
-  CU_CHECK(cu, cuMemAlloc(&b.temperature, TOKENS * 4));
-  CU_CHECK(cu, cuMemsetD32(b.temperature, 0x3f333333u, TOKENS)); /* 0.7f */
-  CU_CHECK(cu, cuMemAlloc(&b.top_p, TOKENS * 4));
-  CU_CHECK(cu, cuMemsetD32(b.top_p, 0x3f800000u, TOKENS)); /* 1.0f */
-  CU_CHECK(cu, cuMemAlloc(&b.top_p_half, TOKENS * 4));
-  CU_CHECK(cu, cuMemsetD32(b.top_p_half, 0x3f000000u, TOKENS)); /* 0.5f */
+  /* room for an NCCL-path call's rows; a one-shot call uses the first ones */
+  CU_CHECK(cu, cuMemAlloc(&b.shard, NCCL_TOKENS * SHARD * 2));
+  CU_CHECK(cu, cuMemsetD32(b.shard, 0x3f803f80u, NCCL_TOKENS * SHARD / 2)); /* 1.0 everywhere */
+  CU_CHECK(cu, cuMemAlloc(&b.temperature, NCCL_TOKENS * 4));
+  CU_CHECK(cu, cuMemsetD32(b.temperature, 0x3f333333u, NCCL_TOKENS)); /* 0.7f */
+  CU_CHECK(cu, cuMemAlloc(&b.top_p, NCCL_TOKENS * 4));
+  CU_CHECK(cu, cuMemsetD32(b.top_p, 0x3f800000u, NCCL_TOKENS)); /* 1.0f */
+  CU_CHECK(cu, cuMemAlloc(&b.top_p_half, NCCL_TOKENS * 4));
+  CU_CHECK(cu, cuMemsetD32(b.top_p_half, 0x3f000000u, NCCL_TOKENS)); /* 0.5f */
   CU_CHECK(cu, cuCtxSynchronize()); /* the legacy stream's memsets, before any kernel reads */
-  for (int i = 0; i < 2; i++) {
-    CU_CHECK(cu, cuMemAlloc(&b.o[i].out, TOKENS * VOCAB * 2));
-    CU_CHECK(cu, cuMemAlloc(&b.o[i].index, TOKENS * K * 8));
-    CU_CHECK(cu, cuMemAlloc(&b.o[i].value, TOKENS * K * 4));
-    CU_CHECK(cu, cuMemAlloc(&b.o[i].lse, TOKENS * 4));
+  for (int i = 0; i < SETS; i++) {
+    CU_CHECK(cu, cuMemAlloc(&b.o[i].out, NCCL_TOKENS * VOCAB * 2));
+    CU_CHECK(cu, cuMemAlloc(&b.o[i].index, NCCL_TOKENS * K * 8));
+    CU_CHECK(cu, cuMemAlloc(&b.o[i].value, NCCL_TOKENS * K * 4));
+    CU_CHECK(cu, cuMemAlloc(&b.o[i].lse, NCCL_TOKENS * 4));
   }
   char src[256];
   snprintf(src, sizeof src, "return { name = 'fault_test', vocab_size = %d, tp = 2, dtype = "
-           "'bf16', max_tokens = 4, timeout_ms = %d, topk = %d }", VOCAB, sh->timeout_ms, K);
+           "'bf16', max_tokens = %d, timeout_ms = %d, topk = %d }", VOCAB, MAX_TOKENS,
+           sh->timeout_ms, K);
   kl_config cfg = KL_CONFIG_INIT;
   cfg.rank = rank, cfg.nranks = 2, cfg.device = 0, cfg.group = sh->group;
+  cfg.nccl = sh->comms[rank];
   kl_ctx *c = NULL;
   if (kl_ctx_create_string(&c, src, NULL, &cfg) != KLRT_OK) {
     failf(sh, rank, "create: %s", kl_last_error()); /* the peer's creation gives up too */
     return NULL;
   }
-  /* a good step, and the same step captured in a graph (replayed later) */
+  /* a good step, and the same step captured in a graph (replayed later);
+   * so too on the NCCL path */
   canary(sh, &b, 0);
   expect_rc(sh, rank, call(sh, c, &b, 0), KLRT_OK, "a good step");
   if (!outputs_are(sh, &b, 0, 0)) failf(sh, rank, "a good step's outputs are wrong");
@@ -237,14 +308,21 @@ static void *rank_main(void *arg) {
       failf(sh, rank, "a good step: %llu wide calls of %llu one-shot, want 1 of 1",
             (unsigned long long)st.declined[KL_DECLINE_WIDE], (unsigned long long)st.oneshot);
   }
+  /* a good NCCL-path step: its buffers grow here, not in the capture below */
+  nccl_step(sh, rank, c, &b, "a good NCCL-path step");
   pthread_barrier_wait(&sh->bar);
-  CUgraph g;
-  CUgraphExec ge;
+  CUgraph g, gn;
+  CUgraphExec ge, gne;
   CU_CHECK(cu, cuStreamBeginCapture(b.s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
   expect_rc(sh, rank, call(sh, c, &b, 1), KLRT_OK, "capture");
   CU_CHECK(cu, cuStreamEndCapture(b.s, &g));
+  CU_CHECK(cu, cuStreamBeginCapture(b.s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  expect_rc(sh, rank, call_n(sh, c, &b, NCCL_SET, NCCL_TOKENS), KLRT_OK,
+            "capture on the NCCL path");
+  CU_CHECK(cu, cuStreamEndCapture(b.s, &gn));
   pthread_barrier_wait(&sh->bar);
   CU_CHECK(cu, cuGraphInstantiate(&ge, g, 0));
+  CU_CHECK(cu, cuGraphInstantiate(&gne, gn, 0));
   pthread_barrier_wait(&sh->bar);
   if (rank == 1 && sh->op == SAMPLE_MARKS) {
     canary(sh, &b, 0);
@@ -270,7 +348,20 @@ static void *rank_main(void *arg) {
     if (!outputs_are(sh, &b, 1, 1)) failf(sh, rank, "a graph replayed after is not poison");
   }
   pthread_barrier_wait(&sh->bar); /* rank 0 has timed out */
-  if (rank == 1 && sh->op == SAMPLE_MARKS) {
+  /* Rank 0 knows of the fault, rank 1 (but with lost marks) not yet: the
+   * NCCL path still runs on both, with results. */
+  nccl_step(sh, rank, c, &b, "an NCCL-path call, rank 0 knowing of the fault");
+  pthread_barrier_wait(&sh->bar);
+  if (rank == 1 && sh->op == GATHER_STATUS) {
+    /* rank 0's timed-out step is done (its stream waited for before the
+     * barriers): the fault is in this rank's memory, not in its mirror.
+     * kl_ctx_status finds it and keeps it: the next call is refused. */
+    expect_rc(sh, rank, kl_ctx_status(c), KLRT_EDEVICE, "kl_ctx_status before any call");
+    canary(sh, &b, 0);
+    expect_rc(sh, rank, call(sh, c, &b, 0), KLRT_EDEVICE, "the call after kl_ctx_status");
+    if (!canary_kept(sh, &b, 0)) failf(sh, rank, "a refused call wrote its outputs");
+    printf("rank 1, %s: %s\n", names[sh->op], kl_last_error());
+  } else if (rank == 1 && sh->op == SAMPLE_MARKS) {
     /* its own wait for its marks timed out too: its host knows once the
      * call is done */
     if (!outputs_are(sh, &b, 0, 1)) failf(sh, rank, "the timed-out step's outputs are not poison");
@@ -285,15 +376,24 @@ static void *rank_main(void *arg) {
     expect_rc(sh, rank, call(sh, c, &b, 0), KLRT_EDEVICE, "the call after that");
     printf("rank 1, %s: %s\n", names[sh->op], kl_last_error());
   }
+  pthread_barrier_wait(&sh->bar);
+  /* both know: the NCCL path still gives results, eager and replayed */
+  nccl_step(sh, rank, c, &b, "an NCCL-path call, both ranks knowing of the fault");
+  canary(sh, &b, NCCL_SET);
+  CU_CHECK(cu, cuGraphLaunch(gne, b.s));
+  if (!outputs_are_n(sh, &b, NCCL_SET, 0, NCCL_TOKENS))
+    failf(sh, rank, "an NCCL-path graph replayed after the fault is not results");
   CU_CHECK(cu, cuGraphExecDestroy(ge));
   CU_CHECK(cu, cuGraphDestroy(g));
+  CU_CHECK(cu, cuGraphExecDestroy(gne));
+  CU_CHECK(cu, cuGraphDestroy(gn));
   pthread_barrier_wait(&sh->bar);
   expect_rc(sh, rank, kl_ctx_destroy(c), KLRT_OK, "destroy");
   cu->cuMemFree(b.shard);
   cu->cuMemFree(b.temperature);
   cu->cuMemFree(b.top_p);
   cu->cuMemFree(b.top_p_half);
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < SETS; i++) {
     cu->cuMemFree(b.o[i].out), cu->cuMemFree(b.o[i].index);
     cu->cuMemFree(b.o[i].value), cu->cuMemFree(b.o[i].lse);
   }
@@ -301,24 +401,57 @@ static void *rank_main(void *arg) {
   return NULL;
 }
 
+/* The stand-in at path, for libklrt too (KLGEN_NCCL_LIBRARY); 0 or -1. */
+static int load_standin(const char *path) {
+  void *lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) {
+    fprintf(stderr, "gpu_fault: cannot load the NCCL stand-in %s: %s\n", path, dlerror());
+    return -1;
+  }
+  *(void **)&standin_init = dlsym(lib, "ncclCommInitAll");
+  *(void **)&standin_destroy = dlsym(lib, "ncclCommDestroy");
+  *(void **)&standin_timeouts = dlsym(lib, "kl_standin_timeouts");
+  if (!standin_init || !standin_destroy || !standin_timeouts) {
+    fprintf(stderr, "gpu_fault: %s is not the NCCL stand-in\n", path);
+    return -1;
+  }
+  setenv("KLGEN_NCCL_LIBRARY", path, 1);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   shared sh;
   memset(&sh, 0, sizeof sh);
   setvbuf(stdout, NULL, _IOLBF, 0); /* a line as it happens: a run cut short shows where */
-  sh.timeout_ms = argc > 1 ? atoi(argv[1]) : 200; /* longer under compute-sanitizer */
+  if (argc != 3) {
+    fprintf(stderr, "usage: gpu_fault TIMEOUT_MS NCCL_STANDIN_LIBRARY\n");
+    return 2;
+  }
+  sh.timeout_ms = atoi(argv[1]); /* longer under compute-sanitizer */
   sh.cu = gpu_require(1);
+  if (load_standin(argv[2]) != 0) return 1;
   CUdevice dev;
   CU_CHECK(sh.cu, cuDeviceGet(&dev, 0));
   CU_CHECK(sh.cu, cuDevicePrimaryCtxRetain(&sh.cuctx, dev));
   pthread_mutex_init(&sh.m, NULL);
-  for (sh.op = GATHER; sh.op <= SAMPLE_MARKS; sh.op++) {
+  const int devs[2] = {0, 0};
+  for (sh.op = GATHER; sh.op < OPS; sh.op++) {
     if (kl_group_create(&sh.group, 2) != KLRT_OK) return 1;
+    if (standin_init(sh.comms, 2, devs) != ncclSuccess) {
+      fprintf(stderr, "gpu_fault: the NCCL stand-in's ncclCommInitAll failed\n");
+      return 1;
+    }
+    const unsigned gave_up = standin_timeouts();
     pthread_barrier_init(&sh.bar, NULL, 2);
     pthread_t th[2];
     rank_arg args[2] = {{&sh, 0}, {&sh, 1}};
     for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, rank_main, &args[r]);
     for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    /* a rank the NCCL path left waiting for its peer: a collective one rank skipped */
+    if (standin_timeouts() != gave_up)
+      failf(&sh, -1, "the NCCL stand-in gave up on a peer %u time(s)", standin_timeouts() - gave_up);
     pthread_barrier_destroy(&sh.bar);
+    for (int r = 0; r < 2; r++) standin_destroy(sh.comms[r]);
     kl_group_destroy(sh.group);
   }
   printf("gpu_fault: %d passed, %d failed\n", sh.failures ? 0 : 1, sh.failures ? 1 : 0);

@@ -7,11 +7,13 @@
  * that every rank of a group must make alike (a rank that enters a
  * collective its peer skipped waits for good). Two ranks are two threads
  * of one kl_group. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rt.h"
 
@@ -29,12 +31,13 @@ static int failures;
 /* ---- the driver: device memory is address ranges, launches are counted ---- */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static struct { CUdeviceptr p; size_t n; } allocs[4096];
+static struct { CUdeviceptr p; size_t n; int dev; } allocs[4096]; /* n 0: freed */
 static int nallocs;
 static CUdeviceptr next_addr = 0x7f0000000000ull;
 static size_t alloc_limit;    /* cuMemAlloc fails above this many bytes (0: never) */
 static int capturing;         /* what cuStreamIsCapturing reports */
 static int launches;          /* kernels launched */
+static _Thread_local int thread_launches; /* by this thread: a rank's own */
 static _Thread_local CUcontext current;
 
 /* The driver's entry points this file does not fake succeed and do
@@ -68,28 +71,53 @@ static CUresult ctx_device(CUdevice *d) {
   *d = current ? (CUdevice)((uintptr_t)current - 0x1000) : 0;
   return CUDA_SUCCESS;
 }
-static CUresult mem_alloc(CUdeviceptr *p, size_t n) {
+/* n bytes on GPU dev at `at` (0: the next free address). */
+static CUresult alloc_at(CUdeviceptr *p, size_t n, int dev, CUdeviceptr at) {
   pthread_mutex_lock(&mu);
   CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
   if ((!alloc_limit || n <= alloc_limit) && nallocs < (int)(sizeof allocs / sizeof *allocs)) {
-    *p = next_addr;
-    allocs[nallocs].p = next_addr, allocs[nallocs++].n = n;
-    next_addr += ((n + 4095) & ~(size_t)4095) + 4096;
+    *p = at ? at : next_addr;
+    allocs[nallocs].p = *p, allocs[nallocs].dev = dev, allocs[nallocs++].n = n;
+    if (!at) next_addr += ((n + 4095) & ~(size_t)4095) + 4096;
     r = CUDA_SUCCESS;
   }
   pthread_mutex_unlock(&mu);
   return r;
 }
+static CUresult mem_alloc(CUdeviceptr *p, size_t n) {
+  CUdevice dev;
+  ctx_device(&dev);
+  return alloc_at(p, n, (int)dev, 0);
+}
+/* What the caller's cuMemFree would do: the address is no one's. */
+static void mem_forget(CUdeviceptr p) {
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < nallocs; i++)
+    if (allocs[i].p == p) allocs[i].n = 0;
+  pthread_mutex_unlock(&mu);
+}
 static CUresult host_alloc(void **p, size_t n) { return (*p = calloc(1, n)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }
 static CUresult host_free(void *p) { return free(p), CUDA_SUCCESS; }
-static CUresult pointer_attribute(void *data, CUpointer_attribute a, CUdeviceptr p) {
-  (void)a;
+/* As the driver: an address no allocation holds gets memory type 0 (and
+ * every other attribute 0), with CUDA_SUCCESS. */
+static CUresult pointer_attributes(unsigned n, CUpointer_attribute *a, void **data, CUdeviceptr p) {
   pthread_mutex_lock(&mu);
-  CUresult r = CUDA_ERROR_INVALID_VALUE;
+  int hit = -1;
   for (int i = 0; i < nallocs; i++)
-    if (p >= allocs[i].p && p < allocs[i].p + allocs[i].n) *(int *)data = 0, r = CUDA_SUCCESS;
+    if (p >= allocs[i].p && p < allocs[i].p + allocs[i].n) hit = i;
+  for (unsigned j = 0; j < n; j++) switch (a[j]) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *(unsigned *)data[j] = hit < 0 ? 0u : (unsigned)CU_MEMORYTYPE_DEVICE;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data[j] = hit < 0 ? 0 : allocs[hit].dev; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *(CUdeviceptr *)data[j] = hit < 0 ? 0 : allocs[hit].p;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data[j] = hit < 0 ? 0 : allocs[hit].n; break;
+    default: pthread_mutex_unlock(&mu); return CUDA_ERROR_NOT_SUPPORTED;
+    }
   pthread_mutex_unlock(&mu);
-  return r;
+  return CUDA_SUCCESS;
 }
 static CUresult module_load(CUmodule *m, const void *image) { (void)image; return *m = (CUmodule)0x2000, CUDA_SUCCESS; }
 static CUresult get_function(CUfunction *f, CUmodule m, const char *name) {
@@ -110,9 +138,29 @@ static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *status) {
 static CUresult launch(const CUlaunchConfig *cfg, CUfunction f, void **args, void **extra) {
   (void)cfg, (void)f, (void)args, (void)extra;
   __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
+  thread_launches++;
   return CUDA_SUCCESS;
 }
-static CUresult to_host(void *dst, CUdeviceptr src, size_t n) { (void)src; return memset(dst, 0, n), CUDA_SUCCESS; }
+/* Device memory reads as zeros, but for the 64-bit words a test sets. */
+static struct {
+  CUdeviceptr p;
+  uint64_t v;
+} words[4];
+static void set_word(CUdeviceptr p, uint64_t v) {
+  pthread_mutex_lock(&mu);
+  int i = 0;
+  while (i < 3 && words[i].p && words[i].p != p) i++;
+  words[i].p = p, words[i].v = v;
+  pthread_mutex_unlock(&mu);
+}
+static CUresult to_host(void *dst, CUdeviceptr src, size_t n) {
+  memset(dst, 0, n);
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < 4; i++)
+    if (words[i].p && n == 8 && src == words[i].p) memcpy(dst, &words[i].v, 8);
+  pthread_mutex_unlock(&mu);
+  return CUDA_SUCCESS;
+}
 static CUresult to_host_async(void *dst, CUdeviceptr src, size_t n, CUstream s) {
   (void)s;
   return to_host(dst, src, n);
@@ -139,7 +187,7 @@ static void make_driver(void) {
   SET(cuMemAlloc, mem_alloc);
   SET(cuMemAllocHost, host_alloc);
   SET(cuMemFreeHost, host_free);
-  SET(cuPointerGetAttribute, pointer_attribute);
+  SET(cuPointerGetAttributes, pointer_attributes);
   SET(cuModuleLoadData, module_load);
   SET(cuModuleGetFunction, get_function);
   SET(cuOccupancyMaxActiveBlocksPerMultiprocessor, occupancy);
@@ -152,18 +200,43 @@ static void make_driver(void) {
 #undef SET
 }
 
-/* ---- NCCL: a communicator is a rank; all-gathers are counted ---- */
+/* ---- NCCL: a communicator is a rank; an all-gather meets its peer ---- */
 
+/* A rank's all-gather waits for its peer's, as NCCL's would on the device,
+ * but not forever: one whose peer never comes within MEET_MS is counted as
+ * stranded (NCCL would hang there) and fails. */
+#define MEET_MS 1000
 struct ncclComm {
   int rank, n;
 };
 static struct ncclComm comms[2] = {{0, 2}, {1, 2}};
-static int allgathers[2];
+static int allgathers[2], stranded[2];
+static pthread_mutex_t meet_m = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t meet_cv = PTHREAD_COND_INITIALIZER;
+static int meet_waiting;
+static unsigned long meet_gen;
 static ncclResult_t all_gather(const void *send, void *recv, size_t count, ncclDataType_t type,
                                ncclComm_t comm, cudaStream_t s) {
   (void)send, (void)recv, (void)count, (void)type, (void)s;
   __atomic_add_fetch(&allgathers[comm->rank], 1, __ATOMIC_RELAXED);
-  return ncclSuccess;
+  pthread_mutex_lock(&meet_m);
+  int met = 1;
+  const unsigned long gen = meet_gen;
+  if (++meet_waiting == comm->n) {
+    meet_waiting = 0, meet_gen++;
+    pthread_cond_broadcast(&meet_cv);
+  } else {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += MEET_MS / 1000;
+    while (met && gen == meet_gen)
+      if (pthread_cond_timedwait(&meet_cv, &meet_m, &until) == ETIMEDOUT && gen == meet_gen)
+        meet_waiting--, met = 0;
+  }
+  pthread_mutex_unlock(&meet_m);
+  if (met) return ncclSuccess;
+  __atomic_add_fetch(&stranded[comm->rank], 1, __ATOMIC_RELAXED);
+  return ncclInternalError;
 }
 static ncclResult_t comm_count(const ncclComm_t comm, int *n) { return *n = comm->n, ncclSuccess; }
 static ncclResult_t comm_rank(const ncclComm_t comm, int *r) { return *r = comm->rank, ncclSuccess; }
@@ -185,6 +258,7 @@ static int jit(const char *source, const char *name, kl_binary *out, kl_err *err
 
 /* ---- helpers ---- */
 
+#define PTR(T, d) ((T *)(uintptr_t)(d))
 static CUdeviceptr device_buffer(size_t n) {
   CUdeviceptr p = 0;
   if (mem_alloc(&p, n) != CUDA_SUCCESS) abort(); /* the test's own allocation */
@@ -390,6 +464,271 @@ static void epilogue_without_kernels(void) {
   pair_destroy(&p);
 }
 
+/* The device check of a pointer holds for the allocation behind it, not
+ * for its address: once the caller frees a buffer the driver may give the
+ * address to another allocation, on another GPU or smaller, and a call
+ * with it then is refused. */
+static void pointer_reused(void) {
+  kl_ctx *c = one_rank();
+  if (!c) return;
+  const size_t row = 1024 * 2; /* spec1: [tokens, 1024] bf16, in and out */
+  CUdeviceptr in = device_buffer(2 * row), out = device_buffer(2 * row);
+  kl_result r = kl_gather(c, PTR(void, in), PTR(void, out), 2, NULL);
+  CHECK(r == KLRT_OK, "a gather into a buffer of GPU 0: %s", kl_result_name(r));
+  const struct {
+    int dev;
+    size_t n;
+    kl_result want;
+    const char *what;
+  } again[] = {{1, 2 * row, KLRT_EINVAL, "kl_gather: out 0x"},
+               {0, row, KLRT_EINVAL, "is too small: 2 tokens need 4096 bytes from it, and its "
+                                     "allocation ends 2048 bytes after it"},
+               {0, 2 * row, KLRT_OK, ""}};
+  for (size_t i = 0; i < sizeof again / sizeof *again; i++) {
+    mem_forget(out);
+    CUdeviceptr at;
+    if (alloc_at(&at, again[i].n, again[i].dev, out) != CUDA_SUCCESS) abort();
+    const int before = launches;
+    r = kl_gather(c, PTR(void, in), PTR(void, out), 2, NULL);
+    CHECK(r == again[i].want && (r == KLRT_OK) == (launches > before) &&
+              (r == KLRT_OK || strstr(kl_last_error(), again[i].what)),
+          "its address made again, %zu bytes on GPU %d: %s (%s), want %s with \"%s\"", again[i].n,
+          again[i].dev, kl_result_name(r), r ? kl_last_error() : "", kl_result_name(again[i].want),
+          again[i].what);
+  }
+  CHECK(strstr(kl_last_error(), "is on GPU 1, but rank 0's context is on GPU 0") || r == KLRT_OK,
+        "the message names both GPUs");
+  kl_ctx_destroy(c);
+}
+
+/* Every buffer a call reads or writes is checked against its tokens: one
+ * whose allocation ends before the call's bytes do is refused, naming it,
+ * before anything is launched; one exactly as large passes. */
+static int before_too_small;
+static void expect_small(kl_result r, const char *arg, const char *call) {
+  if (!arg)
+    CHECK(r == KLRT_OK && launches > before_too_small, "%s: %s (%s), want KLRT_OK", call,
+          kl_result_name(r), r ? kl_last_error() : "");
+  else
+    CHECK(r == KLRT_EINVAL && strstr(kl_last_error(), arg) && strstr(kl_last_error(), "too small") &&
+              launches == before_too_small,
+          "%s: %s (%s), %d launches; want EINVAL naming %s", call, kl_result_name(r),
+          r ? kl_last_error() : "", launches - before_too_small, arg);
+}
+#define SMALL(call, arg) (before_too_small = launches, expect_small((call), (arg), #call))
+static void buffers_too_small(void) {
+  kl_ctx *c = one_rank();
+  if (!c) return;
+  const int t = 3;
+  const size_t row = 1024 * 2; /* spec1's shard and output rows, bf16 */
+  /* each buffer exactly as large as t tokens need; the short ones, a row
+   * less, or 8 bytes */
+  CUdeviceptr in = device_buffer(t * row), out = device_buffer(t * row),
+              index = device_buffer(t * 16 * 8), value = device_buffer(t * 16 * 4),
+              lse = device_buffer(t * 4), top = device_buffer(t * 2 * 8), temp = device_buffer(t * 4),
+              in_short = device_buffer((t - 1) * row), out_short = device_buffer((t - 1) * row),
+              tiny = device_buffer(8);
+  kl_sampling p = {.temperature = PTR(const float, temp)};
+  kl_sampling p_short = {.temperature = PTR(const float, tiny + 4)};
+  SMALL(kl_gather(c, PTR(void, in), PTR(void, out), t, NULL), NULL);
+  SMALL(kl_gather(c, PTR(void, in_short), PTR(void, out), t, NULL), "shard");
+  SMALL(kl_gather(c, PTR(void, in), PTR(void, out_short), t, NULL), "out");
+  SMALL(kl_gather(c, PTR(void, in), PTR(void, out + 2), t, NULL), "out"); /* 2 bytes past */
+  SMALL(kl_argmax(c, PTR(void, in), PTR(int64_t, index), PTR(float, value), t, NULL), NULL);
+  SMALL(kl_argmax(c, PTR(void, in), PTR(int64_t, tiny), NULL, t, NULL), "index");
+  SMALL(kl_topk(c, PTR(void, in), PTR(int64_t, index), PTR(float, value), PTR(float, lse), t, NULL),
+        NULL);
+  SMALL(kl_topk(c, PTR(void, in), PTR(int64_t, index), PTR(float, value + 4), NULL, t, NULL),
+        "value");
+  SMALL(kl_topk(c, PTR(void, in), PTR(int64_t, index), PTR(float, value), PTR(float, tiny), t, NULL),
+        "lse");
+  SMALL(kl_sample(c, PTR(void, in), &p, PTR(int64_t, index), PTR(float, value), PTR(int64_t, top),
+                  NULL, 2, t, NULL), NULL);
+  SMALL(kl_sample(c, PTR(void, in), &p, PTR(int64_t, tiny), NULL, NULL, NULL, 0, t, NULL), "token");
+  SMALL(kl_sample(c, PTR(void, in), &p, PTR(int64_t, index), PTR(float, tiny), NULL, NULL, 0, t,
+                  NULL), "logprob");
+  SMALL(kl_sample(c, PTR(void, in), &p, PTR(int64_t, index), NULL, PTR(int64_t, top + 8), NULL, 2,
+                  t, NULL), "top_index");
+  SMALL(kl_sample(c, PTR(void, in), &p_short, PTR(int64_t, index), NULL, NULL, NULL, 0, t, NULL),
+        "temperature");
+  kl_ctx_destroy(c);
+}
+#undef SMALL
+
+/* ---- two ranks calling at once ---- */
+
+/* The calls, each rank on a thread of its own: an all-gather then meets its
+ * peer's, or is stranded. kl_sample three ways: by the shards, with a
+ * filter, and with a top-n logprob (the last two gather on the NCCL path). */
+typedef enum { OP_GATHER, OP_ARGMAX, OP_TOPK, OP_SAMPLE, OP_SAMPLE_FILTERED, OP_SAMPLE_TOP,
+               OP_COUNT } op_id;
+static const char *const op_names[OP_COUNT] = {"kl_gather", "kl_argmax", "kl_topk", "kl_sample",
+                                               "kl_sample (top_p)", "kl_sample (n_top 1)"};
+#define RANK_BUF (1 << 20) /* every buffer of a rank: room for any call here */
+typedef struct rank_bufs {
+  CUdeviceptr shard, out, index, value, lse, top, temperature, top_p;
+} rank_bufs;
+static void rank_bufs_alloc(rank_bufs *b) {
+  CUdeviceptr *all[] = {&b->shard, &b->out, &b->index, &b->value, &b->lse, &b->top,
+                        &b->temperature, &b->top_p};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) *all[i] = device_buffer(RANK_BUF);
+}
+static kl_result call_op(kl_ctx *c, op_id op, const rank_bufs *b, int tokens) {
+  const void *in = PTR(const void, b->shard);
+  kl_sampling p = {.temperature = PTR(const float, b->temperature)};
+  if (op == OP_SAMPLE_FILTERED) p.top_p = PTR(const float, b->top_p);
+  const int n_top = op == OP_SAMPLE_TOP;
+  switch (op) {
+  case OP_GATHER: return kl_gather(c, in, PTR(void, b->out), tokens, NULL);
+  case OP_ARGMAX: return kl_argmax(c, in, PTR(int64_t, b->index), PTR(float, b->value), tokens, NULL);
+  case OP_TOPK:
+    return kl_topk(c, in, PTR(int64_t, b->index), PTR(float, b->value), PTR(float, b->lse), tokens,
+                   NULL);
+  default:
+    return kl_sample(c, in, &p, PTR(int64_t, b->index), PTR(float, b->value),
+                     n_top ? PTR(int64_t, b->top) : NULL, NULL, n_top, tokens, NULL);
+  }
+}
+typedef struct call_arg {
+  kl_ctx *ctx;
+  const rank_bufs *b;
+  op_id op;
+  int tokens;
+  kl_result res;
+  int launches;
+  char err[320];
+} call_arg;
+static void *call_rank(void *v) {
+  call_arg *a = v;
+  const int before = thread_launches;
+  a->res = call_op(a->ctx, a->op, a->b, a->tokens);
+  a->launches = thread_launches - before;
+  snprintf(a->err, sizeof a->err, "%s", a->res ? kl_last_error() : "");
+  return NULL;
+}
+/* One call on both ranks at once; a[r] gets rank r's result. */
+static void call_both(pair *p, const rank_bufs b[2], op_id op, int tokens, call_arg a[2]) {
+  pthread_t t[2];
+  for (int r = 0; r < 2; r++) {
+    a[r] = (call_arg){.ctx = p->ctx[r], .b = &b[r], .op = op, .tokens = tokens};
+    pthread_create(&t[r], NULL, call_rank, &a[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+}
+
+static const char *const spec_tp2 = "return { name = 'h4', vocab_size = 2048, tp = 2, "
+                                    "dtype = 'bf16', max_tokens = 4, topk = 16 }";
+
+/* A group of two with a communicator each; 0 if it could not be made. */
+static int pair_with_nccl(pair *p) {
+  *p = (pair){.spec = spec_tp2, .has_nccl = {1, 1}, .jit_fail_rank = -1};
+  pair_create(p);
+  CHECK(p->res[0] == KLRT_OK && p->res[1] == KLRT_OK, "creation: %s / %s",
+        kl_result_name(p->res[0]), kl_result_name(p->res[1]));
+  if (p->res[0] == KLRT_OK && p->res[1] == KLRT_OK) return 1;
+  for (int i = 0; i < 2; i++)
+    if (p->res[i] == KLRT_OK) kl_ctx_destroy(p->ctx[i]);
+  kl_group_destroy(p->group);
+  return 0;
+}
+
+/* Both ranks' path counts alike. */
+static void check_counts_agree(pair *p, const char *what) {
+  kl_stats st[2] = {KL_STATS_INIT, KL_STATS_INIT};
+  for (int r = 0; r < 2; r++) CHECK(kl_ctx_stats(p->ctx[r], &st[r]) == KLRT_OK, "kl_ctx_stats");
+  CHECK(st[0].oneshot == st[1].oneshot && st[0].nccl == st[1].nccl &&
+        !memcmp(st[0].declined, st[1].declined, sizeof st[0].declined),
+        "%s: the ranks count apart: one-shot %llu / %llu, NCCL %llu / %llu, wide %llu / %llu",
+        what, (unsigned long long)st[0].oneshot, (unsigned long long)st[1].oneshot,
+        (unsigned long long)st[0].nccl, (unsigned long long)st[1].nccl,
+        (unsigned long long)st[0].declined[KL_DECLINE_WIDE],
+        (unsigned long long)st[1].declined[KL_DECLINE_WIDE]);
+}
+
+/* Every op on the NCCL path (tokens past max_tokens) on both ranks: both
+ * enter the all-gather, none is stranded, both return KLRT_OK. */
+static void nccl_calls_meet(pair *p, const rank_bufs b[2], const char *when) {
+  for (op_id op = 0; op < OP_COUNT; op++) {
+    call_arg a[2];
+    const int ag[2] = {allgathers[0], allgathers[1]}, st[2] = {stranded[0], stranded[1]};
+    call_both(p, b, op, 8, a);
+    CHECK(a[0].res == KLRT_OK && a[1].res == KLRT_OK && stranded[0] == st[0] &&
+              stranded[1] == st[1] && allgathers[0] - ag[0] == 1 && allgathers[1] - ag[1] == 1,
+          "%s, %s on the NCCL path: %s / %s, all-gathers %d / %d, stranded %d / %d (%s | %s)",
+          when, op_names[op], kl_result_name(a[0].res), kl_result_name(a[1].res),
+          allgathers[0] - ag[0], allgathers[1] - ag[1], stranded[0] - st[0], stranded[1] - st[1],
+          a[0].err, a[1].err);
+  }
+}
+
+/* The group's fault seen by rank 0's host (its mirror set: a kernel of it
+ * gave up) and not yet by rank 1's. A call on the NCCL path still runs on
+ * both, so neither waits in an all-gather its peer skipped; a one-shot call
+ * is refused on rank 0, enqueuing nothing, and enqueued on rank 1 (its
+ * kernels find the fault word on the device and write poison). The row
+ * sampler after NCCL's gather is not told the fault word (its rows are
+ * results); after the one-shot gather it is. */
+static void fault_seen_apart(void) {
+  pair p;
+  if (!pair_with_nccl(&p)) return;
+  rank_bufs b[2];
+  rank_bufs_alloc(&b[0]), rank_bufs_alloc(&b[1]);
+  nccl_calls_meet(&p, b, "no fault");
+  for (int r = 0; r < 2; r++)
+    CHECK(!p.ctx[r]->kern[KL_K_SAMPLE].prm.sample.fault,
+          "rank %d: the row sampler after NCCL's gather is given the fault word", r);
+  p.ctx[0]->mirror[0] = KL_FAULT(7, 0, 1);
+  nccl_calls_meet(&p, b, "rank 0 has seen the fault, rank 1 not");
+  for (op_id op = 0; op < OP_COUNT; op++) {
+    call_arg a[2];
+    call_both(&p, b, op, 2, a);
+    CHECK(a[0].res == KLRT_EDEVICE && a[0].launches == 0 && strstr(a[0].err, "waiting for rank 1") &&
+              a[1].res == KLRT_OK && a[1].launches > 0,
+          "%s one-shot: rank 0 (seen) %s with %d launches (%s), rank 1 %s with %d", op_names[op],
+          kl_result_name(a[0].res), a[0].launches, a[0].err, kl_result_name(a[1].res),
+          a[1].launches);
+  }
+  CHECK(p.ctx[1]->kern[KL_K_SAMPLE].prm.sample.fault == kl_fault_word(p.ctx[1]),
+        "the row sampler after the one-shot gather is not given the fault word");
+  check_counts_agree(&p, "calls after a fault seen on one rank");
+  p.ctx[1]->mirror[0] = KL_FAULT(7, 0, 1); /* its kernels saw it */
+  nccl_calls_meet(&p, b, "both ranks have seen the fault");
+  pair_destroy(&p);
+  CHECK(p.res[0] == KLRT_OK && p.res[1] == KLRT_OK, "destroy after a fault: %s / %s",
+        kl_result_name(p.res[0]), kl_result_name(p.res[1]));
+}
+
+/* kl_ctx_status finds the fault in rank 0's device copy of the word before
+ * any kernel of rank 0 has told its host: it reports it and keeps it, so
+ * rank 0's next one-shot call is refused as status said (and stays so,
+ * whatever the word reads later), while a call on the NCCL path still
+ * meets on both ranks. */
+static void status_keeps_fault(void) {
+  pair p;
+  if (!pair_with_nccl(&p)) return;
+  rank_bufs b[2];
+  rank_bufs_alloc(&b[0]), rank_bufs_alloc(&b[1]);
+  kl_result r = kl_ctx_status(p.ctx[0]);
+  CHECK(r == KLRT_OK, "status before the fault: %s", kl_result_name(r));
+  const CUdeviceptr word = (CUdeviceptr)kl_fault_word(p.ctx[0]);
+  set_word(word, KL_FAULT(3, 1, 0)); /* rank 1 gave up waiting for rank 0 */
+  r = kl_ctx_status(p.ctx[0]);
+  CHECK(r == KLRT_EDEVICE && strstr(kl_last_error(), "rank 1's one-shot step 3 timed out "
+                                                     "waiting for rank 0"),
+        "status with the device word set: %s (%s)", kl_result_name(r), kl_last_error());
+  set_word(word, 0); /* what it reads later does not matter: rank 0 knows */
+  call_arg a[2];
+  call_both(&p, b, OP_ARGMAX, 2, a);
+  CHECK(a[0].res == KLRT_EDEVICE && a[0].launches == 0 && a[1].res == KLRT_OK,
+        "one-shot after status said EDEVICE: rank 0 %s with %d launches, rank 1 %s",
+        kl_result_name(a[0].res), a[0].launches, kl_result_name(a[1].res));
+  r = kl_ctx_status(p.ctx[0]);
+  CHECK(r == KLRT_EDEVICE, "status once more: %s", kl_result_name(r));
+  nccl_calls_meet(&p, b, "after rank 0's status found the fault");
+  check_counts_agree(&p, "calls after rank 0's status found the fault");
+  pair_destroy(&p);
+}
+
 int main(void) {
   make_driver();
   kl_testing_fakes(&driver, &nccl, jit);
@@ -398,6 +737,10 @@ int main(void) {
   failed_growth();
   nccl_on_one_rank();
   epilogue_without_kernels();
+  fault_seen_apart();
+  status_keeps_fault();
+  pointer_reused();
+  buffers_too_small();
   printf("test_host: %s\n", failures ? "FAILED" : "passed");
   return failures != 0;
 }

@@ -366,7 +366,10 @@ class LogitsGather:
         }
 
     def status(self):
-        """Raises DeviceError, naming the peer and step, if a one-shot step timed out."""
+        """Raises DeviceError, naming the peer and step, once a one-shot step timed out
+        anywhere in the group (this rank's GPU holds the group's fault word). The fault
+        is kept: this rank's later one-shot calls raise DeviceError too, while calls on
+        the NCCL path run on, on every rank alike. close() on every rank to rebuild."""
         _capi.check(_capi.lib.kl_ctx_status(self._ctx))
 
     def close(self):

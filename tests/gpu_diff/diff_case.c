@@ -96,11 +96,13 @@ typedef struct rank_arg {
 static FILE *out;
 
 /* A failure is a fault (FAULT) when the library reported it as it must after
- * a peer timed out: kl_ctx_status's dead group, a later call's KLRT_EDEVICE,
- * outputs that are poison (NaN, index -1) where they differ, or anything on
- * the NCCL path in a step where the NCCL stand-in gave up on a peer (it has
- * no way to say so to the runtime; real NCCL would hang). Anything else
- * (a stale or wrong value, a wrong path, a CUDA error) is a defect (DEFECT). */
+ * a peer timed out: kl_ctx_status's dead group, a later one-shot call's
+ * KLRT_EDEVICE, a one-shot call's outputs that are poison (NaN, index -1)
+ * where they differ, or anything on the NCCL path in a step where the NCCL
+ * stand-in gave up on a peer (it has no way to say so to the runtime; real
+ * NCCL would hang). A dead group's NCCL-path calls still give results: their
+ * KLRT_EDEVICE or poison is a defect, as is anything else (a stale or wrong
+ * value, a wrong path, a CUDA error) (DEFECT). */
 enum fail_kind { DEFECT, FAULT };
 
 static void failf(diff_env *env, const diff_case *c, enum fail_kind kind, const char *fmt, ...)
@@ -960,7 +962,9 @@ static void compare(case_run *run, const ref_step *ref, long long crossover, con
       int op = p->ops[i];
       int want_path = expected_path(run, op, p->tokens, crossover);
       if (rep->rc[op] != KLRT_OK) {
-        failf(env, c, rep->rc[op] == KLRT_EDEVICE && run->dead ? FAULT : DEFECT,
+        failf(env, c,
+              rep->rc[op] == KLRT_EDEVICE && run->dead && want_path == PATH_ONESHOT ? FAULT
+                                                                                    : DEFECT,
               "%s rank %d: %s returned %s: %s", label, rank, op_names[op],
               kl_result_name(rep->rc[op]), rep->err[op]);
         continue;
@@ -983,7 +987,8 @@ static void compare(case_run *run, const ref_step *ref, long long crossover, con
       env->cov.filtered_shards += op == OP_SAMPLE && sample_by_shards(p, want_path) && (p->nulls & 7) != 7;
       env->cov.calls++;
       env->cov.path[want_path]++;
-      int excused = (run->dead && poison == bad) || (run->standin_broke && want_path == PATH_NCCL);
+      int excused = (run->dead && poison == bad && want_path == PATH_ONESHOT) ||
+                    (run->standin_broke && want_path == PATH_NCCL);
       if (bad)
         failf(env, c, excused ? FAULT : DEFECT,
               "%s rank %d: %s (%s path, tokens %d%s): %lld wrong (%lld poison), first %s (the "

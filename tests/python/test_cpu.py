@@ -258,8 +258,9 @@ def test_hostile_specs_stop_at_their_limit(monkeypatch):
 
 
 def test_a_dead_group_raises_device_error():
-    # KLRT_EDEVICE, what every call returns once a rank of the group timed out,
-    # is klgen.DeviceError in Python (the engines' drop-ins let it propagate)
+    # KLRT_EDEVICE, what a one-shot call returns once a rank of the group timed
+    # out (and kl_ctx_status), is klgen.DeviceError in Python (the engines'
+    # drop-ins let it propagate)
     from klgen import _capi
     with pytest.raises(klgen.DeviceError):
         _capi.check(_capi.EDEVICE)

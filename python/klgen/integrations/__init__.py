@@ -1,5 +1,5 @@
 """Drop-ins for the engines' logits gathers: klgen.integrations.vllm and
-klgen.integrations.sglang (README, "Use with vLLM" and "Use with SGLang").
+klgen.integrations.sglang (README, "Use with vLLM and SGLang").
 Neither engine is a dependency of klgen; each module imports its engine.
 
 The engines run their plugins in every process they start: vllm_plugin (the

@@ -20,18 +20,52 @@
  *     once. One context is used by one thread at a time: a call made while
  *     another thread is inside a call on the same context returns KLRT_EBUSY
  *     (it never waits). The functions that take no context are thread-safe.
+ *   - Device buffers: every pointer a step call (kl_gather, kl_argmax,
+ *     kl_topk, kl_sample) is given is checked before anything is enqueued,
+ *     with one driver query each, every call: CUDA memory of the context's
+ *     GPU (the device ordinal the driver reports for it), and every byte the
+ *     call reads or writes from it, for its `tokens`, inside the address
+ *     range the driver reports for its allocation; KLRT_EINVAL naming the
+ *     argument otherwise. Not checked, since the driver cannot tell: a
+ *     buffer carved out of a larger allocation (a caching allocator's
+ *     tensor, an arena) that is too small yet ends inside that allocation;
+ *     memory mapped with cuMemMap whose mapped part is smaller than the
+ *     reserved range the driver reports; a buffer freed or reused before the
+ *     enqueued work has run (the caller keeps them valid until then).
  *   - Collectives: creation and destruction are collective (every rank of the
  *     group calls them, with the same spec); kl_gather is called by every
  *     rank for every step with the same token count.
  *   - Faults: when a rank's one-shot poll times out (a peer never came), the
- *     whole group is dead. From then on every kernel of the group writes
- *     poison into its outputs instead of results (logits NaN, index -1,
- *     values and lse NaN; a step that timed out poisons what it had not
- *     written), and every call (kl_gather, kl_argmax, kl_topk) returns
- *     KLRT_EDEVICE, enqueuing nothing, once this rank's host has seen the
- *     fault (a host-memory word the kernels write; no device sync). Calls made
- *     before that return KLRT_OK and write poison: no output is left holding
- *     an older step's values. Destroy the context. */
+ *     group's one-shot path is dead for the context's life: that rank writes
+ *     the group's fault word into every rank's GPU memory, and from then on
+ *     every one-shot kernel of the group finds it (when it starts, or while
+ *     it polls) and writes poison into its outputs instead of results,
+ *     waiting for no peer (logits NaN, index and token -1, values, lse and
+ *     logprobs NaN; a step that timed out poisons what it had not written).
+ *     Each rank's host learns of the fault at a time of its own: when a
+ *     kernel of its own meets it (the kernels copy it to a host-memory word,
+ *     read without a device sync) or when kl_ctx_status reads it; from then
+ *     on it keeps it. What a call does then depends on its path, which every
+ *     rank chooses alike from what the group agreed (kl_stats):
+ *       - on the one-shot path, on a rank that knows of the fault: returns
+ *         KLRT_EDEVICE naming the rank that timed out, the peer it waited
+ *         for and the step, enqueuing nothing (outputs untouched); on a rank
+ *         that does not know yet: returns KLRT_OK, and its outputs get
+ *         poison (or results, where its kernels were done before the fault
+ *         reached them), never an older step's values; the rank knows once
+ *         that call's kernel has met the fault. Ranks may so differ on one
+ *         call, one refusing it and another writing poison; none waits for
+ *         another.
+ *       - on the NCCL path: runs on every rank as without a fault and
+ *         writes results (a rank that refused while its peers entered
+ *         NCCL's all-gather would leave them waiting for good).
+ *     A captured CUDA graph replays as captured: its one-shot launches write
+ *     poison, its NCCL paths results. The one-shot path comes back only
+ *     with a new context: kl_ctx_destroy, collective, on every rank, then
+ *     creation. Ranks see KLRT_EDEVICE at different calls, so the caller
+ *     agrees on when to rebuild (e.g. by an all-reduce of its own); once
+ *     every rank's stream has been synchronized and the ranks have met on
+ *     the host, each rank's kl_ctx_status sees a fault recorded before. */
 #ifndef KLRT_H
 #define KLRT_H
 
@@ -147,7 +181,9 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *gen, const k
  * after the previous call's work (the library makes the new stream wait for
  * it), except while capturing, where ordering the graph's launches with other
  * calls on this context is the caller's part. Both buffers must stay valid
- * until the gather has run. */
+ * until the gather has run. After a fault (Faults above): KLRT_EDEVICE or
+ * poison on the one-shot path, depending on the rank; results on the NCCL
+ * path. */
 kl_result kl_gather(kl_ctx *ctx, const void *shard, void *out, int tokens, kl_stream stream);
 
 /* Sampling-ready gathers: per token, the largest logits of the whole
@@ -156,7 +192,8 @@ kl_result kl_gather(kl_ctx *ctx, const void *shard, void *out, int tokens, kl_st
  * those cross NVLink (or, when the one-shot path cannot serve, NCCL; the
  * same results). Everything else is as for kl_gather: collective (every
  * rank, every step, the same tokens), enqueued on `stream`, capturable,
- * ordered after the previous call on another stream; shard as for kl_gather.
+ * ordered after the previous call on another stream, faults; shard as for
+ * kl_gather.
  *
  * kl_argmax: index[t] (int64, 8-byte aligned) is the column of row t's
  * largest value, as torch.argmax gives it: of equal values the lowest
@@ -205,8 +242,9 @@ typedef struct kl_sampling {
  * values are). Outputs aligned for their type, apart from each other and
  * from the parameters, and each rank's own (ranks that share a GPU do not
  * share outputs: the kernel leaves marks in them while it runs).
- * Collective, enqueued, capturable and ordered as kl_gather; KLRT_EINVAL
- * for a spec without topk. Which arguments are NULL picks the sampler, every
+ * Collective, enqueued, capturable, ordered and after a fault as kl_gather
+ * (the path is the call's: the shards' or the gather's, one-shot or NCCL);
+ * KLRT_EINVAL for a spec without topk. Which arguments are NULL picks the sampler, every
  * rank alike: with top_k, top_p and min_p NULL and n_top 0 the rows never
  * move (each rank reduces its shard to a few words a row, exchanged as
  * kl_topk's records, either path as kl_topk chooses);
@@ -243,7 +281,8 @@ typedef struct kl_stats {
   size_t size;          /* sizeof(kl_stats) (KL_STATS_INIT) */
   /* oneshot, nccl, declined: counted when the call's path is chosen, which
    * every rank does alike, so the counts agree across ranks; a call refused
-   * or failing after that counts too */
+   * or failing after that counts too (a one-shot call refused after a fault
+   * included) */
   uint64_t oneshot;     /* calls sent down the one-shot path */
   uint64_t nccl;        /* calls sent down the NCCL path */
   uint64_t declined[KL_DECLINE_COUNT];
@@ -285,11 +324,16 @@ kl_result kl_ctx_info(const kl_ctx *ctx, kl_info *info);
 kl_result kl_ctx_stats(const kl_ctx *ctx, kl_stats *stats);
 /* KLRT_EDEVICE, with a message naming the rank that timed out, the peer it
  * waited for and the step, once any rank of the group timed out (see
- * Faults above); else KLRT_OK. Waits only for a read of this rank's fault
- * word, not for queued work. */
+ * Faults above) and this rank knows of it or finds it in its GPU's copy of
+ * the fault word; else KLRT_OK. A fault it finds is kept: from then on this
+ * rank's one-shot calls return KLRT_EDEVICE too, and its NCCL-path calls
+ * still run (so a rank that asks and a peer that does not never part ways
+ * before a collective). Waits only for a read of that word, not for queued
+ * work. */
 kl_result kl_ctx_status(kl_ctx *ctx);
-/* Collective. Waits for this rank's queued work, then for every rank, and
- * frees everything. NULL: nothing (KLRT_OK). The context is gone even when an
+/* Collective, after a fault too. Waits for this rank's queued work (a
+ * one-shot kernel of a dead group ends at the fault word or its time
+ * limit), then for every rank, and frees everything. NULL: nothing (KLRT_OK). The context is gone even when an
  * error is returned, but for KLRT_EBUSY (another thread is inside a call on
  * it: nothing was done, destroy it once that call returned) and KLRT_ESTATE
  * (it was already destroyed). A CUDA graph that captured calls on it must not
