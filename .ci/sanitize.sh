@@ -8,6 +8,8 @@ cmake -S . -B build-asan -DKLGEN_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$(nproc)" >/dev/null
 # test_install compiles a consumer against the installed (instrumented)
 # libraries with a plain cc, and test_python builds its own wheel: both belong
-# to the plain build, not this one.
+# to the plain build, not this one. The long tests repeat the default ones'
+# host code over more specs (their time is NVRTC's, which is not instrumented).
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-asan --output-on-failure -LE gpu -E '^(test_install|test_python)$'
+  ctest --test-dir build-asan --output-on-failure -j"$(nproc)" -LE 'gpu|long' \
+  -E '^(test_install|test_python)$'

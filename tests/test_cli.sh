@@ -28,6 +28,9 @@ readme=$specs/../README.md
 line=$(grep '^kimi_k3_tp8: vocab ' "$readme")
 [ -n "$line" ] && [ "$line" = "$(cat "$tmp/out")" ] && ok || no "README's quick-start line '$line' is not the CLI's '$(cat "$tmp/out")'"
 [ "$(wc -l <"$readme")" -le 220 ] && ok || no "README has $(wc -l <"$readme") lines, more than 220"
+# its test command is the one CI runs
+tests=$(grep -m1 '&& ctest --test-dir build' "$readme")
+[ -n "$tests" ] && grep -qxF "$tests" "$specs/../.ci/run" && ok || no "README's test command '$tests' is not a line of .ci/run"
 
 # shipped specs by name; a file of that name wins; --list
 expect 0 "$klgen" kimi_k3_tp8 -o "$tmp/byname"

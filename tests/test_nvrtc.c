@@ -1,7 +1,8 @@
-/* NVRTC compiles every shipped spec for sm_90 and sm_100 into a non-empty
- * cubin with its entry points (topk only for a spec with topk), with no
- * warnings; a spec with topk with gpu_sample's kernels too (they call the
- * sampler's pieces no kernel of the spec calls yet).  test_nvrtc SPEC... */
+/* NVRTC compiles every spec of the files given for sm_90 and sm_100 into a
+ * non-empty cubin with its entry points (topk only for a spec with topk),
+ * with no warnings; a spec with topk with gpu_sample's kernels too (they call
+ * the sampler's pieces no kernel of the spec calls yet).
+ *   test_nvrtc [--only NAME] SPEC...   (--only: that spec of the files alone) */
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,18 +70,24 @@ static void compile_sample_kernels(const kl_spec *s) {
 }
 
 int main(int argc, char **argv) {
-  setvbuf(stdout, NULL, _IOLBF, 0); /* a line per cubin as it is made: progress, ~50 s in all */
-  for (int i = 1; i < argc; i++) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a line per cubin as it is made: the progress */
+  const char *only = NULL;
+  int first = 1, compiled = 0;
+  if (argc > 2 && !strcmp(argv[1], "--only")) only = argv[2], first = 3;
+  for (int i = first; i < argc; i++) {
     kl_spec_list l;
     kl_err e;
     int rc = kl_spec_load_file(argv[i], NULL, &l, &e);
     CHECK(rc == 0, "%s", e.msg);
     for (int k = 0; rc == 0 && k < l.n; k++) {
+      if (only && strcmp(l.v[k].name, only)) continue;
       compile_spec(&l.v[k]);
       if (l.v[k].topk) compile_sample_kernels(&l.v[k]);
+      compiled++;
     }
     kl_spec_list_free(&l);
   }
+  CHECK(compiled > 0, "no spec compiled%s%s", only ? ": none is named " : "", only ? only : "");
   kl_err e;
   kl_binary b;
   CHECK(kl_nvrtc_compile("x", "n", "compute_90", &b, &e) == KL_EARG, "bad arch accepted");

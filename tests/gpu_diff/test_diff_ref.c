@@ -4,7 +4,7 @@
  * meant valid loads; invalid ones are refused), and NVRTC on a sample of drawn
  * specs, so a template that breaks on some spec fails here, not on a GPU.
  *
- *   test_diff_ref [COMPILE_SAMPLE]   (default 12 specs compiled for sm_90) */
+ *   test_diff_ref [COMPILE_SAMPLE]   (specs compiled for sm_90; default 12) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
