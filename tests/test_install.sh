@@ -78,10 +78,21 @@ for t in c_shared c_static cxx_shared cxx_static; do
   esac
 done
 
-# pkg-config: klrt-shared, and klrt (static: no libklrt.so at run time)
+# examples/ as a project of its own, against the installed tree alone
+expect 0 cmake -S "$src/examples" -B "$tmp/ex" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_COMPILER="$cc" \
+  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+expect 0 cmake --build "$tmp/ex"
+expect 0 "$tmp/ex/examples/tp_decode" --help; has "$tmp/out" "usage: tp_decode"
+expect 0 ctest --test-dir "$tmp/ex" -N; has "$tmp/out" "gpu_example_tp_decode"
+grep -q "$prefix/share/klgen/specs/kimi_k3_tp2.lua" "$tmp/ex/CTestTestfile.cmake" && ok ||
+  no "the examples' test does not run the installed spec"
+
+# pkg-config: klrt-shared (its directory is not on the loader's path: an
+# rpath, as README says), and klrt (static: no libklrt.so at run time)
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 expect 0 $cc -std=c11 -Wall -Wextra -Werror "$src/tests/install_consumer.c" \
-  $(pkg-config --cflags --libs klrt-shared) -Wl,-rpath,"$prefix/lib" -o "$tmp/shared"
+  $(pkg-config --cflags --libs klrt-shared) -Wl,-rpath,"$(pkg-config --variable=libdir klrt-shared)" \
+  -o "$tmp/shared"
 expect 0 "$tmp/shared" "$spec"
 ldd "$tmp/shared" | grep -q 'libklrt\.so\.0' && ok || no "klrt-shared did not link libklrt.so"
 expect 0 $cc -std=c11 -Wall -Wextra -Werror "$src/tests/install_consumer.c" \
