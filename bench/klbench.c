@@ -435,6 +435,29 @@ static void write_tune(const bench *b) {
 int klbench_plot(const char *path, const char *title, const int *tokens, int n,
                  const double *series, const char *const *names, int nseries);
 
+static const char usage[] =
+    "usage: klbench SPEC [NAME] [options]\n"
+    "Times klgen's paths against NCCL and the engines' kernels on this machine's GPUs,\n"
+    "one rank per GPU (a spec for more ranks than GPUs keeps its per-rank shard).\n"
+    "Each path is captured --steps deep in a CUDA graph per rank; ranks replay together;\n"
+    "a figure is the median over --replays, then the largest over ranks, in us per step.\n"
+    "  SPEC, NAME        a spec file, and which of its specs (a file with several)\n"
+    "  --tokens LIST     tokens per step, e.g. 1,8,64 (default: powers of two up to the\n"
+    "                    16 MiB crossover; --sample: 1,8,64)\n"
+    "  --steps N         steps a graph holds (default 200)\n"
+    "  --replays R       replays timed, 1-64 (default 7)\n"
+    "  --csv FILE        the table as CSV too\n"
+    "  --plot FILE.svg   the gather's table as a plot\n"
+    "  --tune FILE       append the measured crossover (KLGEN_TUNE_FILE's format)\n"
+    "  --no-gemm         leave out the end-to-end step (LM-head GEMM + gather)\n"
+    "  --select          the fused epilogue, kl_argmax and kl_topk against the engines'\n"
+    "                    separate kernels, instead of the gather\n"
+    "  --topk K          with --select: kl_topk's k (default 8)\n"
+    "  --sample          kl_sample (greedy, plain T 0.7, and T 0.7 with top-k 50 and\n"
+    "                    top-p 0.9) against gather + argmax and NCCL pairs\n"
+    "  --templates DIR   kernels rendered from DIR instead of the built-in templates\n"
+    "  -h, --help        this text\n";
+
 /* -1 to go on, else the exit status (2 for a usage error). */
 static int parse_args(bench *b, int argc, char **argv) {
   b->steps = 200, b->replays = 7, b->gemm = 1, b->topk = 8;
@@ -442,6 +465,7 @@ static int parse_args(bench *b, int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int more = i + 1 < argc;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return fputs(usage, stdout), 0;
     if (!strcmp(a, "--tokens") && more) {
       if (parse_tokens(b, argv[++i])) die("--tokens", "expected a list like 1,2,4,8");
     } else if (!strcmp(a, "--steps") && more) b->steps = atoi(argv[++i]);
@@ -455,8 +479,7 @@ static int parse_args(bench *b, int argc, char **argv) {
     else if (!strcmp(a, "--topk") && more) b->topk = atoi(argv[++i]);
     else if (!strcmp(a, "--templates") && more) b->templates = argv[++i];
     else if (a[0] == '-' || (b->spec_path && b->name)) {
-      fprintf(stderr, "usage: klbench SPEC [NAME] [--tokens LIST] [--steps N] [--replays R] "
-                      "[--csv FILE] [--plot FILE.svg] [--tune FILE] [--no-gemm] [--templates DIR] [--select [--topk K]] [--sample]\n");
+      fprintf(stderr, "usage: klbench SPEC [NAME] [options] (see --help)\n");
       return 2;
     } else if (!b->spec_path) b->spec_path = a;
     else b->name = a;
@@ -464,7 +487,7 @@ static int parse_args(bench *b, int argc, char **argv) {
   if (b->sample && !b->ntok) parse_tokens(b, "1,8,64"); /* the sizes engines decode at */
   if (!b->spec_path || b->steps < 1 || b->replays < 1 || b->replays > 64 || b->topk < 1 ||
       b->topk > KL_TOPK_MAX || (b->select && b->sample))
-    return fprintf(stderr, "usage: klbench SPEC [NAME] [options] (--help in README)\n"), 2;
+    return fprintf(stderr, "usage: klbench SPEC [NAME] [options] (see --help)\n"), 2;
   return -1;
 }
 

@@ -247,8 +247,23 @@ static int number(const char *s, int lo, int hi) {
   return (int)v;
 }
 
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: klfloor [--ctas N] [--threads N<=1024] [--steps N] [--replays R<=%d]\n"
+          "Times the pieces of a one-shot gather step alone on GPUs 0 and 1: a kernel\n"
+          "boundary (with and without PDL), a dependent L2 load, and an NVLink hop, and\n"
+          "their sum, the floor a one-token step can be read against.\n"
+          "  --ctas N      CTAs of the boundary and hop kernels (default 20)\n"
+          "  --threads N   threads a CTA, one 16-byte chunk each (default 128)\n"
+          "  --steps N     kernels a graph holds (default 200)\n"
+          "  --replays R   replays timed, median reported (default 21)\n"
+          "  -h, --help    this text\n",
+          MAX_REPLAYS);
+}
+
 int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(stdout), 0;
     int *dst = !strcmp(argv[i], "--ctas")      ? &ctas
                : !strcmp(argv[i], "--threads") ? &threads
                : !strcmp(argv[i], "--steps")   ? &steps
@@ -256,8 +271,7 @@ int main(int argc, char **argv) {
                                                : NULL;
     int hi = dst == &threads ? 1024 : dst == &replays ? MAX_REPLAYS : 1 << 16;
     if (!dst || i + 1 == argc || (*dst = number(argv[++i], 1, hi)) < 0) {
-      fprintf(stderr, "usage: klfloor [--ctas N] [--threads N<=1024] [--steps N] [--replays R<=%d]\n",
-                      MAX_REPLAYS);
+      usage(stderr);
       return 2;
     }
   }

@@ -7,6 +7,11 @@ klbench=$1 klfloor=$2 spec=$3 tp_decode=$4
 source "$(dirname "$0")/cli_lib.sh"
 
 expect 2 "$klbench";                          has "$tmp/err" "usage: klbench SPEC"
+expect 0 "$klbench" --help;                   has "$tmp/out" "--templates DIR"
+for o in --tokens --steps --replays --csv --plot --tune --no-gemm --select --topk --sample; do
+  has "$tmp/out" "^  $o "
+done
+expect 0 "$klfloor" -h;                       has "$tmp/out" "^  --replays R"
 expect 2 "$klbench" "$spec" --frobnicate;     has "$tmp/err" "usage: klbench SPEC"
 expect 2 "$klbench" "$spec" --steps 0;        has "$tmp/err" "usage: klbench SPEC"
 expect 2 "$klbench" "$spec" --replays 65;     has "$tmp/err" "usage: klbench SPEC"
