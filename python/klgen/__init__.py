@@ -29,16 +29,21 @@ __all__ = [
 ]
 
 
+def _torch_missing(what, error):
+    """The ImportError for `what`, a part that needs PyTorch, when the import that
+    failed with `error` was torch's own; else `error` is raised as it is."""
+    if error.name != "torch":
+        raise error
+    return ImportError(f"{what} needs PyTorch: pip install 'klgen[torch]'", name="torch")
+
+
 def __getattr__(name):
     # The PyTorch part loads torch only when asked for: spec queries need no torch.
     if name in ("LogitsGather", "Sample", "TopK", "TopLogprobs"):
         try:
             import torch  # noqa: F401
         except ModuleNotFoundError as e:
-            if e.name != "torch":
-                raise
-            raise ImportError(f"klgen.{name} needs PyTorch: pip install 'klgen[torch]'",
-                              name="torch") from None
+            raise _torch_missing(f"klgen.{name}", e) from None
         from . import _torch
         return getattr(_torch, name)
     raise AttributeError(f"module 'klgen' has no attribute {name!r}")

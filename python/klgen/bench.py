@@ -48,11 +48,10 @@ try:
     import torch.distributed as dist
     import torch.multiprocessing as mp
 except ModuleNotFoundError as e:  # the benchmark is of the PyTorch part
-    if e.name != "torch":
-        raise
+    from klgen import _torch_missing
     if __name__ == "__main__":
-        sys.exit("python -m klgen.bench needs PyTorch: pip install 'klgen[torch]'")
-    raise ImportError("klgen.bench needs PyTorch: pip install 'klgen[torch]'", name="torch") from None
+        sys.exit(str(_torch_missing("python -m klgen.bench", e)))
+    raise _torch_missing("klgen.bench", e) from None
 
 import klgen
 from klgen import _capi, _libs

@@ -37,7 +37,11 @@ torch's float log may differ from it in the last bit.
 import math
 from typing import NamedTuple, Optional
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as e:
+    from klgen import _torch_missing
+    raise _torch_missing("klgen.reference", e) from None
 
 __all__ = ["Sample", "SamplingArgs", "WEIGHT_SCALE", "bits", "check_sampling_args", "keep_mask",
            "noise", "sample", "top_p_margin", "uniform"]

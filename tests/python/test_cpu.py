@@ -305,8 +305,10 @@ def test_without_torch_the_torch_parts_say_how_to_get_it():
         with pytest.raises(ImportError, match=r"^klgen\.%s needs PyTorch: pip install 'klgen\[torch\]'$"
                            % name):
             getattr(klgen, name)
-    with pytest.raises(ImportError, match=r"pip install 'klgen\[torch\]'"):
-        importlib.import_module("klgen.bench")
+    for module in ("klgen.bench", "klgen.reference"):
+        with pytest.raises(ImportError, match=r"^%s needs PyTorch: pip install 'klgen\[torch\]'$"
+                           % module.replace(".", r"\.")):
+            importlib.import_module(module)
     done = subprocess.run([sys.executable, "-m", "klgen.bench", "--help"], capture_output=True,
                           text=True, stdin=subprocess.DEVNULL)
     assert done.returncode == 1
