@@ -53,7 +53,7 @@ for tool in $tools; do
   run "$tool" "$t/gpu_fault" 5000 "$t/libkl_nccl_standin.so"
   # its misuse part passes host pointers on purpose: kl_check_ptr's query
   # fails for them as it should, which the tool would count as an error
-  flags="--report-api-errors no" run "$tool" "$t/gpu_sample" "$root/tests/sample_specs.lua" 16 \
+  flags="--report-api-errors no" run "$tool" "$t/gpu_sample" "$root/tests/sample/sample_specs.lua" 16 \
     --no-distribution
 done
 runs=$((3 * $(wc -w <<<"$tools")))

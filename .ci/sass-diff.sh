@@ -7,8 +7,8 @@
 #   bash .ci/sass-diff.sh cmp A B            compare two dumps (exit 1 on a difference)
 #
 # Specs: the shipped ones (specs/*.lua), the test specs with top-k and
-# epilogues (tests/select_specs.lua, tests/epilogue_specs.lua) and klbench's
-# (bench/*.lua). KLGEN defaults to build/klgen; pass an older build's binary
+# epilogues (tests/select/select_specs.lua, tests/spec/epilogue_specs.lua)
+# and klbench's (bench/*.lua). KLGEN defaults to build/klgen; pass an older build's binary
 # to dump the baseline (e.g. a `git worktree` of the base commit, built).
 # SASS_TEMPLATES=DIR renders with `klgen --templates DIR`.
 #
@@ -43,7 +43,7 @@ find_cuobjdump() {
 }
 
 spec_files() {
-  ls "$root"/specs/*.lua "$root"/tests/select_specs.lua "$root"/tests/epilogue_specs.lua \
+  ls "$root"/specs/*.lua "$root"/tests/select/select_specs.lua "$root"/tests/spec/epilogue_specs.lua \
     "$root"/bench/*.lua
 }
 

@@ -5,7 +5,7 @@ reference.uniform bit for bit, and on CUDA reference.noise bit for bit too
 (both take CUDA's logf); the CPU reference's logs are torch's own, so its g is
 held within 2 ulp of each log instead.
 
-Skipped without torch, a CUDA device or CuPy. tests/gpu_noise.c checks the
+Skipped without torch, a CUDA device or CuPy. tests/sample/gpu_noise.c checks the
 same kernels compiled as klgen's JIT compiles them, against a host Philox.
 """
 

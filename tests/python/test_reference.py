@@ -412,12 +412,12 @@ def test_sample_does_not_depend_on_padding_or_the_other_rows():
 
 # ---- the C reference the differential suite holds kl_sample to ----
 
-C_REFERENCE = os.path.join(os.path.dirname(__file__), os.pardir, "gpu_diff", "diff_sample.c")
+C_REFERENCE = os.path.join(os.path.dirname(__file__), os.pardir, "diff", "diff_sample.c")
 
 
 @pytest.fixture(scope="module")
 def c_reference(tmp_path_factory):
-    """tests/gpu_diff/diff_sample.c built into a shared library, through ctypes."""
+    """tests/diff/diff_sample.c built into a shared library, through ctypes."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")

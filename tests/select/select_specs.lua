@@ -1,5 +1,6 @@
--- Specs for tests/gpu_select.c: kl_argmax and kl_topk with and without an
--- epilogue, both numerics, every dtype, padded and unpadded vocabularies.
+-- Specs for tests/select/gpu_select.c: kl_argmax and kl_topk with and
+-- without an epilogue, both numerics, every dtype, padded and unpadded
+-- vocabularies.
 return {
   -- Kimi-K3's shard, no epilogue, top-8
   { name = "kimi_sel_tp8", vocab_size = 163840, tp = 8, dtype = "bf16", max_tokens = 64,

@@ -3,7 +3,7 @@
 #   test_cli.sh KLGEN SPECS_DIR TEMPLATES_DIR
 set -u
 klgen=$1 specs=$2 templates=$3
-source "$(dirname "$0")/cli_lib.sh"
+source "$(dirname "$0")/../lib/cli_lib.sh"
 empty_dir() { [ -z "$(ls -A "$1" 2>/dev/null)" ] && ok || no "$1 not empty: $(ls -A "$1")"; }
 
 # usage errors: exit 2

@@ -9,7 +9,7 @@
 #include "cu.h"
 #include "diff.h"
 #include "diff_sample.h"
-#include "../gpu_util.h" /* CU_CHECK */
+#include "gpu_util.h" /* CU_CHECK */
 #include "klrt/klrt.h"
 
 #include <stdio.h>

@@ -1,5 +1,5 @@
 -- Small specs for kl_sample's row sampler under compute-sanitizer
--- (.ci/gpu-sanitize.sh runs tests/gpu_sample over them): both out dtypes,
+-- (.ci/gpu-sanitize.sh runs gpu_sample over them): both out dtypes,
 -- the largest k, a vocabulary that is not a multiple of the block, and one
 -- smaller than it.
 return {

@@ -4,7 +4,7 @@
 #   test_prereqs.sh SOURCE_DIR
 set -u
 src=$1
-source "$(dirname "$0")/cli_lib.sh"
+source "$(dirname "$0")/../lib/cli_lib.sh"
 # configure WANT DEFINE...: a configure that must fail, its message in $tmp/err
 configure() {
   local want=$1; shift

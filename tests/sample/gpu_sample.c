@@ -3,7 +3,7 @@
  * of every kind gpu_diff draws (ties, -Inf, NaN, all equal, huge values),
  * with random parameters per row (greedy, each filter alone and together,
  * edges, and rows outside the domain), against the sampler's C reference
- * (gpu_diff/diff_sample.c). The reference takes the noise and top-p's expf
+ * (tests/diff/diff_sample.c). The reference takes the noise and top-p's expf
  * from the device (helper kernels appended to the spec's source), so
  * tokens must agree bit for bit; logprobs within 2 ulp. Each such row is
  * also split into random shards, reduced and merged on the host, and
@@ -24,10 +24,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "gpu_diff/diff.h"
+#include "diff.h"
 #include "sample_kernels.h"
 #include "spec_source.h"
-#include "gpu_diff/diff_sample.h"
+#include "diff_sample.h"
 #include "gpu_util.h"
 #include "kl_abi.h"
 #include "klrt/klrt.h"

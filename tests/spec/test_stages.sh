@@ -7,7 +7,7 @@
 set -u
 klgen=$1 src=$2
 stages="python3 $src/bench/stages.py"
-source "$(dirname "$0")/cli_lib.sh"
+source "$(dirname "$0")/../lib/cli_lib.sh"
 
 cat >"$tmp/spec.lua" <<'LUA'
 return { name = "stages_k64", vocab_size = 163840, pad_to = 64, tp = 8, dtype = "bf16",

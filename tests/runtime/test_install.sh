@@ -8,7 +8,7 @@
 #   test_install.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1 src=$2
-source "$(dirname "$0")/cli_lib.sh"
+source "$(dirname "$0")/../lib/cli_lib.sh"
 cc=${CC:-cc} cxx=${CXX:-c++}
 if ! command -v "$cxx" >/dev/null; then
   echo "test_install: no C++ compiler ($cxx): install one (Debian: g++) or set CXX" >&2
@@ -29,8 +29,8 @@ grep -E -i "^(Cflags|Libs).*(cuda|nccl)" "$prefix"/lib/pkgconfig/*.pc && no ".pc
 # find_package(klrt CONFIG), from the installed prefix alone, in C and C++;
 # and a header made by the installed klgen, used from C++ as README shows
 mkdir -p "$tmp/cm"
-cp "$src/tests/install_consumer.c" "$tmp/cm/consumer.c"
-cp "$src/tests/install_consumer.c" "$tmp/cm/consumer.cpp"
+cp "$src/tests/runtime/install_consumer.c" "$tmp/cm/consumer.c"
+cp "$src/tests/runtime/install_consumer.c" "$tmp/cm/consumer.cpp"
 "$prefix/bin/klgen" -q kimi_k3_tp8 -o "$tmp/cm/gen"
 cat >"$tmp/cm/generated.cpp" <<'CPP'
 #include <klrt/klrt.h>
@@ -90,12 +90,12 @@ grep -q "$prefix/share/klgen/specs/kimi_k3_tp2.lua" "$tmp/ex/CTestTestfile.cmake
 # pkg-config: klrt-shared (its directory is not on the loader's path: an
 # rpath, as README says), and klrt (static: no libklrt.so at run time)
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
-expect 0 $cc -std=c11 -Wall -Wextra -Werror "$src/tests/install_consumer.c" \
+expect 0 $cc -std=c11 -Wall -Wextra -Werror "$src/tests/runtime/install_consumer.c" \
   $(pkg-config --cflags --libs klrt-shared) -Wl,-rpath,"$(pkg-config --variable=libdir klrt-shared)" \
   -o "$tmp/shared"
 expect 0 "$tmp/shared" "$spec"
 ldd "$tmp/shared" | grep -q 'libklrt\.so\.0' && ok || no "klrt-shared did not link libklrt.so"
-expect 0 $cc -std=c11 -Wall -Wextra -Werror "$src/tests/install_consumer.c" \
+expect 0 $cc -std=c11 -Wall -Wextra -Werror "$src/tests/runtime/install_consumer.c" \
   $(pkg-config --cflags --static --libs klrt) -o "$tmp/static"
 expect 0 "$tmp/static" "$spec"
 ldd "$tmp/static" | grep -q libklrt && no "klrt linked libklrt.so" || ok

@@ -4,7 +4,7 @@
 #   test_bench_cli.sh KLBENCH KLFLOOR SPEC TP_DECODE
 set -u
 klbench=$1 klfloor=$2 spec=$3 tp_decode=$4
-source "$(dirname "$0")/cli_lib.sh"
+source "$(dirname "$0")/../lib/cli_lib.sh"
 
 expect 2 "$klbench";                          has "$tmp/err" "usage: klbench SPEC"
 expect 0 "$klbench" --help;                   has "$tmp/out" "--templates DIR"

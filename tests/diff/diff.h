@@ -1,4 +1,4 @@
-/* The randomized differential suite (tests/gpu_diff): random specs and steps,
+/* The randomized differential suite (tests/diff): random specs and steps,
  * every call of kl_gather, kl_argmax and kl_topk compared with a reference
  * computed on the host from the gathered input. See diff_main.c. */
 #ifndef KL_DIFF_H

@@ -40,7 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../spec_source.h"
+#include "spec_source.h"
 #include "diff_env.h"
 #include "rt.h"
 

@@ -1,6 +1,6 @@
 /* GPU test: a fault never looks like success, and never strands a rank in
  * a collective. Two ranks as threads on one GPU (CUDA_DEVICE_MAX_CONNECTIONS=32),
- * each with a communicator of the NCCL stand-in (tests/gpu_diff/nccl_standin.c,
+ * each with a communicator of the NCCL stand-in (tests/diff/nccl_standin.c,
  * whose path is argv[2]: NCCL refuses two ranks on one GPU), a spec with
  * timeout_ms = 200 (or argv[1]), and rank 1 skipping one call, for each of
  * kl_gather, kl_argmax, kl_topk and kl_sample (by the shards bare, by the
