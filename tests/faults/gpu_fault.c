@@ -81,7 +81,7 @@ typedef struct shared {
   CUcontext cuctx;
   kl_group *group;
   ncclComm_t comms[2];
-  pthread_barrier_t bar;
+  rank_threads threads;
   int op;
   int failures;
   pthread_mutex_t m;
@@ -289,8 +289,7 @@ static void *rank_main(void *arg) {
   snprintf(src, sizeof src, "return { name = 'fault_test', vocab_size = %d, tp = 2, dtype = "
            "'bf16', max_tokens = %d, timeout_ms = %d, topk = %d }", VOCAB, MAX_TOKENS,
            sh->timeout_ms, K);
-  kl_config cfg = KL_CONFIG_INIT;
-  cfg.rank = rank, cfg.nranks = 2, cfg.device = 0, cfg.group = sh->group;
+  kl_config cfg = rank_config(rank, 2, 0, sh->group);
   cfg.nccl = sh->comms[rank];
   kl_ctx *c = NULL;
   if (kl_ctx_create_string(&c, src, NULL, &cfg) != KLRT_OK) {
@@ -310,25 +309,24 @@ static void *rank_main(void *arg) {
   }
   /* a good NCCL-path step: its buffers grow here, not in the capture below */
   nccl_step(sh, rank, c, &b, "a good NCCL-path step");
-  pthread_barrier_wait(&sh->bar);
-  CUgraph g, gn;
-  CUgraphExec ge, gne;
-  CU_CHECK(cu, cuStreamBeginCapture(b.s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  ranks_sync(&sh->threads);
+  gpu_graph g, gn;
+  gpu_capture_begin(cu, b.s);
   expect_rc(sh, rank, call(sh, c, &b, 1), KLRT_OK, "capture");
-  CU_CHECK(cu, cuStreamEndCapture(b.s, &g));
-  CU_CHECK(cu, cuStreamBeginCapture(b.s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  gpu_capture_end(cu, b.s, &g);
+  gpu_capture_begin(cu, b.s);
   expect_rc(sh, rank, call_n(sh, c, &b, NCCL_SET, NCCL_TOKENS), KLRT_OK,
             "capture on the NCCL path");
-  CU_CHECK(cu, cuStreamEndCapture(b.s, &gn));
-  pthread_barrier_wait(&sh->bar);
-  CU_CHECK(cu, cuGraphInstantiate(&ge, g, 0));
-  CU_CHECK(cu, cuGraphInstantiate(&gne, gn, 0));
-  pthread_barrier_wait(&sh->bar);
+  gpu_capture_end(cu, b.s, &gn);
+  ranks_sync(&sh->threads);
+  gpu_graph_instantiate(cu, &g);
+  gpu_graph_instantiate(cu, &gn);
+  ranks_sync(&sh->threads);
   if (rank == 1 && sh->op == SAMPLE_MARKS) {
     canary(sh, &b, 0);
     lose_marks(sh, c, &b);
   }
-  pthread_barrier_wait(&sh->bar);
+  ranks_sync(&sh->threads);
   if (rank == 0) {
     /* rank 1 skips this call: it times out. The call right after it is made
      * before the host can know (the first has its time limit to go): its kernel
@@ -344,14 +342,14 @@ static void *rank_main(void *arg) {
     printf("rank 0, %s: %s\n", names[sh->op], kl_last_error());
     expect_rc(sh, rank, kl_ctx_status(c), KLRT_EDEVICE, "kl_ctx_status");
     canary(sh, &b, 1);
-    CU_CHECK(cu, cuGraphLaunch(ge, b.s));
+    gpu_graph_replay(cu, &g, b.s, 1);
     if (!outputs_are(sh, &b, 1, 1)) failf(sh, rank, "a graph replayed after is not poison");
   }
-  pthread_barrier_wait(&sh->bar); /* rank 0 has timed out */
+  ranks_sync(&sh->threads); /* rank 0 has timed out */
   /* Rank 0 knows of the fault, rank 1 (but with lost marks) not yet: the
    * NCCL path still runs on both, with results. */
   nccl_step(sh, rank, c, &b, "an NCCL-path call, rank 0 knowing of the fault");
-  pthread_barrier_wait(&sh->bar);
+  ranks_sync(&sh->threads);
   if (rank == 1 && sh->op == GATHER_STATUS) {
     /* rank 0's timed-out step is done (its stream waited for before the
      * barriers): the fault is in this rank's memory, not in its mirror.
@@ -376,18 +374,16 @@ static void *rank_main(void *arg) {
     expect_rc(sh, rank, call(sh, c, &b, 0), KLRT_EDEVICE, "the call after that");
     printf("rank 1, %s: %s\n", names[sh->op], kl_last_error());
   }
-  pthread_barrier_wait(&sh->bar);
+  ranks_sync(&sh->threads);
   /* both know: the NCCL path still gives results, eager and replayed */
   nccl_step(sh, rank, c, &b, "an NCCL-path call, both ranks knowing of the fault");
   canary(sh, &b, NCCL_SET);
-  CU_CHECK(cu, cuGraphLaunch(gne, b.s));
+  gpu_graph_replay(cu, &gn, b.s, 1);
   if (!outputs_are_n(sh, &b, NCCL_SET, 0, NCCL_TOKENS))
     failf(sh, rank, "an NCCL-path graph replayed after the fault is not results");
-  CU_CHECK(cu, cuGraphExecDestroy(ge));
-  CU_CHECK(cu, cuGraphDestroy(g));
-  CU_CHECK(cu, cuGraphExecDestroy(gne));
-  CU_CHECK(cu, cuGraphDestroy(gn));
-  pthread_barrier_wait(&sh->bar);
+  gpu_graph_destroy(cu, &g);
+  gpu_graph_destroy(cu, &gn);
+  ranks_sync(&sh->threads);
   expect_rc(sh, rank, kl_ctx_destroy(c), KLRT_OK, "destroy");
   cu->cuMemFree(b.shard);
   cu->cuMemFree(b.temperature);
@@ -430,9 +426,7 @@ int main(int argc, char **argv) {
   sh.timeout_ms = atoi(argv[1]); /* longer under compute-sanitizer */
   sh.cu = gpu_require(1);
   if (load_standin(argv[2]) != 0) return 1;
-  CUdevice dev;
-  CU_CHECK(sh.cu, cuDeviceGet(&dev, 0));
-  CU_CHECK(sh.cu, cuDevicePrimaryCtxRetain(&sh.cuctx, dev));
+  sh.cuctx = gpu_primary(sh.cu, 0, 0);
   pthread_mutex_init(&sh.m, NULL);
   const int devs[2] = {0, 0};
   for (sh.op = GATHER; sh.op < OPS; sh.op++) {
@@ -442,15 +436,12 @@ int main(int argc, char **argv) {
       return 1;
     }
     const unsigned gave_up = standin_timeouts();
-    pthread_barrier_init(&sh.bar, NULL, 2);
-    pthread_t th[2];
     rank_arg args[2] = {{&sh, 0}, {&sh, 1}};
-    for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, rank_main, &args[r]);
-    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    ranks_start(&sh.threads, 2, rank_main, args, sizeof *args);
+    ranks_join(&sh.threads);
     /* a rank the NCCL path left waiting for its peer: a collective one rank skipped */
     if (standin_timeouts() != gave_up)
       failf(&sh, -1, "the NCCL stand-in gave up on a peer %u time(s)", standin_timeouts() - gave_up);
-    pthread_barrier_destroy(&sh.bar);
     for (int r = 0; r < 2; r++) standin_destroy(sh.comms[r]);
     kl_group_destroy(sh.group);
   }

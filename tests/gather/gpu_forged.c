@@ -61,8 +61,8 @@ int main(void) {
                                      "malformed agreement record", "malformed agreement record"};
   for (int f = 0; f < N_CASES; f++) {
     forgery which = (forgery)f;
-    kl_config cfg = {.size = sizeof(kl_config), .rank = 0, .nranks = 2, .device = 0, .allgather = forge,
-                     .allgather_user = &which};
+    kl_config cfg = rank_config(0, 2, 0, NULL);
+    cfg.allgather = forge, cfg.allgather_user = &which;
     kl_ctx *ctx = NULL;
     kl_result r = kl_ctx_create_string(&ctx, spec, NULL, &cfg);
     const char *m = kl_last_error();

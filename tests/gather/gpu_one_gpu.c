@@ -46,32 +46,24 @@ typedef struct shared {
   int tokens[4];
   const kl_cu *cu;
   CUcontext cuctx;
-  pthread_barrier_t bar; /* all rank threads */
+  rank_threads threads;
 } shared;
 
 typedef struct rank_ctx {
   shared *sh;
-  int rank;
+  rank_status st;
   long long bad_device, bad_host, host_checks;
-  int failed;
-  char msg[512];
 } rank_ctx;
 
 static int thread_allgather(const void *send, void *recv, size_t bytes, void *user) {
   rank_ctx *r = user;
   callback_xchg *x = r->sh->xchg;
   if (bytes > sizeof x->buf[0]) return -1;
-  memcpy(x->buf[r->rank], send, bytes);
+  memcpy(x->buf[r->st.rank], send, bytes);
   pthread_barrier_wait(&x->bar);
   for (int i = 0; i < x->n; i++) memcpy((char *)recv + (size_t)i * bytes, x->buf[i], bytes);
   pthread_barrier_wait(&x->bar); /* nobody refills buf before all have read it */
   return 0;
-}
-
-static int fail(rank_ctx *r, const char *what, const char *detail) {
-  snprintf(r->msg, sizeof r->msg, "rank %d: %s: %s", r->rank, what, detail);
-  r->failed = 1;
-  return -1;
 }
 
 /* Device buffers of one rank. */
@@ -85,13 +77,13 @@ static int one_step(rank_ctx *r, kl_ctx *ctx, bufs *b, int tokens) {
   const kl_cu *cu = r->sh->cu;
   const kl_layout *l = &r->sh->layout;
   long long vocab = r->sh->spec.vocab_size;
-  if (launch_fill(cu, &b->k, b->shard, tokens, l->shard, (unsigned)r->rank, b->step, b->s))
-    return fail(r, "fill", "launch failed");
+  if (launch_fill(cu, &b->k, b->shard, tokens, l->shard, (unsigned)r->st.rank, b->step, b->s))
+    return rank_fail(&r->st, "fill", "launch failed");
   if (kl_gather(ctx, (void *)b->shard, (void *)b->out, tokens, b->s) != KLRT_OK)
-    return fail(r, "kl_gather", kl_last_error());
+    return rank_fail(&r->st, "kl_gather", kl_last_error());
   if (launch_verify(cu, &b->k, b->out, tokens, vocab, l->shard, b->step, b->bad, b->s) ||
       launch_bump(cu, &b->k, b->step, b->s))
-    return fail(r, "verify", "launch failed");
+    return rank_fail(&r->st, "verify", "launch failed");
   return 0;
 }
 
@@ -104,7 +96,7 @@ static int host_check(rank_ctx *r, bufs *b, int tokens, uint32_t step) {
   CU_CHECK(cu, cuStreamSynchronize(b->s));
   CU_CHECK(cu, cuMemcpyDtoH(h, b->out, bytes));
   char what[96];
-  snprintf(what, sizeof what, "%s rank %d", r->sh->spec.name, r->rank);
+  snprintf(what, sizeof what, "%s rank %d", r->sh->spec.name, r->st.rank);
   r->bad_host += ref_check(elem, h, tokens, r->sh->spec.vocab_size, r->sh->layout.shard, step, what);
   r->host_checks++;
   free(h);
@@ -120,34 +112,34 @@ static int eager(rank_ctx *r, kl_ctx *ctx, bufs *b) {
   return 0;
 }
 
-/* GRAPH_STEPS steps captured once, replayed until `steps` steps have run. */
+/* A graph's step: one_step with the token count of its place. */
+typedef struct graph_arg {
+  rank_ctx *r;
+  kl_ctx *ctx;
+  bufs *b;
+} graph_arg;
+static int graph_step(void *arg, int s) {
+  graph_arg *a = arg;
+  return one_step(a->r, a->ctx, a->b, a->r->sh->tokens[s % 4]);
+}
+
+/* GRAPH_STEPS steps captured once, replayed until `steps` steps have run.
+ * Instantiation may synchronize the device: every rank finishes its eager
+ * steps first, and replays start only once every graph exists. */
 static int graph(rank_ctx *r, kl_ctx *ctx, bufs *b) {
   const kl_cu *cu = r->sh->cu;
-  CUgraph g;
-  CUgraphExec ge;
-  /* Instantiation may synchronize the device: every rank finishes its eager
-   * steps first, and replays start only once every graph exists. */
-  CU_CHECK(cu, cuStreamSynchronize(b->s));
-  pthread_barrier_wait(&r->sh->bar);
-  int ok = !r->failed;
-  if (ok) {
-    CU_CHECK(cu, cuStreamBeginCapture(b->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-    for (int s = 0; s < GRAPH_STEPS && ok; s++) ok = one_step(r, ctx, b, r->sh->tokens[s % 4]) == 0;
-    CU_CHECK(cu, cuStreamEndCapture(b->s, &g));
-    if (ok) CU_CHECK(cu, cuGraphInstantiate(&ge, g, 0));
-  }
-  pthread_barrier_wait(&r->sh->bar);
-  if (!ok) return -1;
-  int replays = r->sh->steps / GRAPH_STEPS;
-  for (int i = 0; i < replays; i++) CU_CHECK(cu, cuGraphLaunch(ge, b->s));
+  graph_arg a = {r, ctx, b};
+  gpu_graph gr;
+  if (gpu_graph_steps(cu, b->s, &r->sh->threads, r->st.failed, GRAPH_STEPS, graph_step, &a,
+                      r->sh->steps / GRAPH_STEPS, &gr))
+    return -1;
   /* The last replayed step used tokens[(GRAPH_STEPS-1) % 4]; its step number is
    * the counter before the final bump. */
   uint32_t step;
   CU_CHECK(cu, cuStreamSynchronize(b->s));
   CU_CHECK(cu, cuMemcpyDtoH(&step, b->step, 4));
   host_check(r, b, r->sh->tokens[(GRAPH_STEPS - 1) % 4], step - 1);
-  cu->cuGraphExecDestroy(ge);
-  cu->cuGraphDestroy(g);
+  gpu_graph_destroy(cu, &gr);
   return 0;
 }
 
@@ -163,7 +155,7 @@ static void *run_rank(void *arg) {
   /* Nothing that may synchronize the device (allocation, module load, a
    * memset on the legacy stream) once steps run: with all ranks on one GPU, a
    * rank stalled in such a call would leave its peers' kernels waiting. */
-  if (testkern_load(cu, sh->layout.elem_bytes, &b.k)) fail(r, "test kernels", "did not build");
+  if (testkern_load(cu, sh->layout.elem_bytes, &b.k)) rank_fail(&r->st, "test kernels", "did not build");
   size_t max_t = (size_t)sh->spec.max_tokens, elem = (size_t)sh->layout.elem_bytes;
   CU_CHECK(cu, cuStreamCreate(&b.s, CU_STREAM_NON_BLOCKING));
   CU_CHECK(cu, cuMemAlloc(&b.shard, max_t * (size_t)sh->layout.shard * elem));
@@ -178,7 +170,7 @@ static void *run_rank(void *arg) {
   CU_CHECK(cu, cuMemsetD32Async(b.step, 0, 4, b.s));
   CU_CHECK(cu, cuMemsetD32Async(b.bad, 0, 2, b.s));
   CU_CHECK(cu, cuStreamSynchronize(b.s));
-  kl_config cfg = {.size = sizeof(kl_config), .rank = r->rank, .nranks = sh->spec.tp, .device = 0, .group = sh->group};
+  kl_config cfg = rank_config(r->st.rank, sh->spec.tp, 0, sh->group);
   if (sh->xchg) cfg.group = NULL, cfg.allgather = thread_allgather, cfg.allgather_user = r;
   kl_ctx *ctx = NULL;
 #ifdef KL_GENERATED_H
@@ -186,22 +178,21 @@ static void *run_rank(void *arg) {
 #else
   kl_result made = kl_ctx_create_file(&ctx, sh->file, sh->spec.name, &cfg);
 #endif
-  kl_stats st = KL_STATS_INIT;
-  if (made != KLRT_OK) fail(r, "create", kl_last_error()); /* still meets the others below */
-  else if (kl_ctx_stats(ctx, &st), !st.oneshot_ready) fail(r, "one-shot not ready", st.not_ready);
-  if (!r->failed) eager(r, ctx, &b);
+  rank_created(&r->st, made, ctx); /* a failed rank still meets the others below */
+  if (!r->st.failed) eager(r, ctx, &b);
   graph(r, ctx, &b);
-  if (!r->failed && ctx) {
+  if (!r->st.failed && ctx) {
     CU_CHECK(cu, cuStreamSynchronize(b.s));
     unsigned long long bad = 0;
     CU_CHECK(cu, cuMemcpyDtoH(&bad, b.bad, 8));
     r->bad_device = (long long)bad;
-    if (kl_ctx_status(ctx) != KLRT_OK) fail(r, "device status", kl_last_error());
+    if (kl_ctx_status(ctx) != KLRT_OK) rank_fail(&r->st, "device status", kl_last_error());
+    kl_stats st = KL_STATS_INIT;
     kl_ctx_stats(ctx, &st);
-    if (st.nccl != 0) fail(r, "path", "a call went to NCCL");
+    if (st.nccl != 0) rank_fail(&r->st, "path", "a call went to NCCL");
   }
   cu->cuStreamSynchronize(b.s);
-  if (ctx && kl_ctx_destroy(ctx) != KLRT_OK) fail(r, "kl_ctx_destroy", kl_last_error());
+  if (ctx && kl_ctx_destroy(ctx) != KLRT_OK) rank_fail(&r->st, "kl_ctx_destroy", kl_last_error());
   cu->cuMemFree(b.shard), cu->cuMemFree(b.out), cu->cuMemFree(b.step), cu->cuMemFree(b.bad);
   cu->cuModuleUnload(b.k.mod);
   cu->cuStreamDestroy(b.s);
@@ -256,7 +247,7 @@ static void *create_with_few_queues(void *arg) {
                              "max_tokens = 4 }";
   const kl_cu *cu = kl_cu_get(NULL);
   cu->cuCtxSetCurrent(q->cuctx);
-  kl_config cfg = {.size = sizeof(kl_config), .rank = q->rank, .nranks = 2, .device = 0, .group = q->group};
+  kl_config cfg = rank_config(q->rank, 2, 0, q->group);
   kl_ctx *ctx = NULL;
   q->res = kl_ctx_create_string(&ctx, spec, "q", &cfg);
   snprintf(q->msg, sizeof q->msg, "%s", q->res == KLRT_OK ? "created" : kl_last_error());
@@ -269,9 +260,7 @@ static int few_queues_refused(CUcontext cuctx) {
   queue_probe q[2] = {{.cuctx = cuctx, .rank = 0}, {.cuctx = cuctx, .rank = 1}};
   kl_group_create(&q[0].group, 2);
   q[1].group = q[0].group;
-  pthread_t th[2];
-  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, create_with_few_queues, &q[i]);
-  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  ranks_run(2, create_with_few_queues, q, sizeof *q);
   kl_group_destroy(q[0].group);
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
   int ok = 1;
@@ -292,17 +281,13 @@ static int run_spec(shared *sh) {
     pthread_barrier_init(&xchg.bar, NULL, (unsigned)tp);
     sh->xchg = &xchg;
   }
-  pthread_barrier_init(&sh->bar, NULL, (unsigned)tp);
   rank_ctx *r = calloc((size_t)tp, sizeof *r);
-  pthread_t *th = calloc((size_t)tp, sizeof *th);
-  for (int i = 0; i < tp; i++) {
-    r[i] = (rank_ctx){.sh = sh, .rank = i};
-    pthread_create(&th[i], NULL, run_rank, &r[i]);
-  }
-  for (int i = 0; i < tp; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < tp; i++) r[i] = (rank_ctx){.sh = sh, .st.rank = i};
+  ranks_start(&sh->threads, tp, run_rank, r, sizeof *r);
+  ranks_join(&sh->threads);
   long long dev = 0, host = 0, checks = 0;
   for (int i = 0; i < tp; i++) {
-    if (r[i].failed) fprintf(stderr, "FAIL %s\n", r[i].msg), fails++;
+    fails += rank_failed(&r[i].st);
     dev += r[i].bad_device, host += r[i].bad_host, checks += r[i].host_checks;
   }
   if (dev || host) fails++;
@@ -311,8 +296,7 @@ static int run_spec(shared *sh) {
          fails ? "FAIL" : "ok", sh->spec.name, sh->xchg ? " (allgather callback)" : "", tp, sh->tokens[0], sh->tokens[1], sh->tokens[2],
          sh->tokens[3], sh->steps, sh->steps / GRAPH_STEPS * GRAPH_STEPS, dev, host, checks);
   kl_group_destroy(sh->group);
-  pthread_barrier_destroy(&sh->bar);
-  free(r), free(th);
+  free(r);
   return fails;
 }
 

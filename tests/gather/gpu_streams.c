@@ -7,7 +7,6 @@
  * Every step is checked on the device; the last ones against the host
  * reference. KLGEN_FAULT_NO_STREAM_ORDER=1 (the tests' library only) turns the
  * ordering off, to see this test fail. Exit 77 without a GPU. */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,8 +41,7 @@ static void *run(void *arg) {
   rank *R = arg;
   const kl_cu *cu = R->cu;
   cu->cuCtxSetCurrent(R->cuctx);
-  kl_config cfg = KL_CONFIG_INIT;
-  cfg.rank = R->r, cfg.nranks = 2, cfg.device = 0, cfg.group = R->group;
+  kl_config cfg = rank_config(R->r, 2, 0, R->group);
   kl_ctx *ctx = NULL;
   kl_info info = KL_INFO_INIT;
   testkern k;
@@ -93,22 +91,15 @@ out:
 
 int main(void) {
   const kl_cu *cu = gpu_require(1);
-  CUdevice dev;
-  CUcontext cuctx;
-  CU_CHECK(cu, cuDeviceGet(&dev, 0));
-  CU_CHECK(cu, cuDevicePrimaryCtxRetain(&cuctx, dev));
+  CUcontext cuctx = gpu_primary(cu, 0, 0);
   kl_group *g;
   if (kl_group_create(&g, 2) != KLRT_OK) return fprintf(stderr, "%s\n", kl_last_error()), 1;
   rank R[2];
-  pthread_t th[2];
   memset(R, 0, sizeof R);
-  for (int r = 0; r < 2; r++) {
-    R[r].r = r, R[r].cu = cu, R[r].cuctx = cuctx, R[r].group = g;
-    pthread_create(&th[r], NULL, run, &R[r]);
-  }
+  for (int r = 0; r < 2; r++) R[r].r = r, R[r].cu = cu, R[r].cuctx = cuctx, R[r].group = g;
+  ranks_run(2, run, R, sizeof *R);
   int fails = 0;
   for (int r = 0; r < 2; r++) {
-    pthread_join(th[r], NULL);
     if (R[r].msg[0] || R[r].bad || R[r].host_bad) {
       fails++;
       fprintf(stderr, "FAIL rank %d: %lld device-checked and %lld host-checked mismatches %s\n",

@@ -14,8 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <nccl.h> /* and cuda_runtime.h: klrt.h includes neither */
 
@@ -45,8 +43,15 @@ typedef struct rank_env {
     }                                                            \
   } while (0)
 
+/* Rank r's kl_config on its GPU, with its communicator. */
+static kl_config config_of(const rank_env *e, int r) {
+  kl_config cfg = rank_config(r, 2, e->rank, NULL);
+  cfg.nccl = e->comm;
+  return cfg;
+}
+
 static kl_ctx *make_ctx(rank_env *e, const char *file, const char *name) {
-  kl_config cfg = {.size = sizeof(kl_config), .rank = e->rank, .nranks = 2, .device = e->rank, .nccl = e->comm};
+  kl_config cfg = config_of(e, e->rank);
   kl_ctx *c = NULL;
   kl_result r = kl_ctx_create_file(&c, file, name, &cfg);
   EXPECT(e, r == KLRT_OK, "create: %s", kl_last_error());
@@ -265,24 +270,22 @@ static void test_nccl_graph(rank_env *e, const char *file, const char *name) {
   const kl_cu *cu = e->cu;
   int T = 3;
   size_t shard_bytes = (size_t)T * (size_t)e->l.shard_bytes;
-  CUgraph g;
-  CUgraphExec ge;
-  CU_CHECK(cu, cuStreamBeginCapture(e->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  gpu_graph gr;
+  gpu_capture_begin(cu, e->s);
   launch_fill(cu, &e->k, e->shard, T, e->l.shard, (unsigned)e->rank, e->step, e->s);
   kl_result r = kl_gather(c, (void *)e->shard, (void *)e->out, T, e->s);
   NCCL_CHECK_REF(e, e->shard, shard_bytes);
   launch_bump(cu, &e->k, e->step, e->s);
-  CU_CHECK(cu, cuStreamEndCapture(e->s, &g));
+  gpu_capture_end(cu, e->s, &gr);
   EXPECT(e, r == KLRT_OK, "capturing the NCCL path: %s", kl_last_error());
-  CU_CHECK(cu, cuGraphInstantiate(&ge, g, 0));
+  gpu_graph_instantiate(cu, &gr);
   long long bad = 0;
   for (int rep = 0; rep < 5; rep++) {
-    CU_CHECK(cu, cuGraphLaunch(ge, e->s));
+    gpu_graph_replay(cu, &gr, e->s, 1);
     bad += compare_with_ref(e, e->out, T);
   }
   EXPECT(e, bad == 0, "NCCL path in a graph: %lld mismatches", bad);
-  cu->cuGraphExecDestroy(ge);
-  cu->cuGraphDestroy(g);
+  gpu_graph_destroy(cu, &gr);
   kl_ctx_destroy(c);
   printf("rank %d: NCCL path captured in a CUDA graph, 5 replays: %s\n", e->rank,
          bad ? "FAIL" : "ok");
@@ -290,7 +293,7 @@ static void test_nccl_graph(rank_env *e, const char *file, const char *name) {
 
 /* Ranks that disagree with their communicator refuse alike, without hanging. */
 static void test_rank_mismatch(rank_env *e, const char *file, const char *name) {
-  kl_config cfg = {.size = sizeof(kl_config), .rank = 1 - e->rank, .nranks = 2, .device = e->rank, .nccl = e->comm};
+  kl_config cfg = config_of(e, 1 - e->rank);
   kl_ctx *c = NULL;
   kl_result r = kl_ctx_create_file(&c, file, name, &cfg);
   EXPECT(e, r == KLRT_EINVAL && c == NULL && strstr(kl_last_error(), "NCCL communicator says"),
@@ -306,7 +309,7 @@ static void test_skipped_step(rank_env *e) {
            "return { name = 'skip_test', vocab_size = %lld, tp = 2, dtype = '%s', "
            "max_tokens = 4, timeout_ms = 300 }",
            (long long)e->spec.vocab_size, kl_dtype_name(e->spec.dtype));
-  kl_config cfg = {.size = sizeof(kl_config), .rank = e->rank, .nranks = 2, .device = e->rank, .nccl = e->comm};
+  kl_config cfg = config_of(e, e->rank);
   kl_ctx *c = NULL;
   if (kl_ctx_create_string(&c, src, NULL, &cfg) != KLRT_OK) {
     EXPECT(e, 0, "create skip ctx: %s", kl_last_error());
@@ -323,23 +326,17 @@ static void test_skipped_step(rank_env *e) {
   kl_ctx_destroy(c);
 }
 
-static int run_rank(int rank, int fd_id[2], const char *file, const char *name) {
+/* The spec file and the name of the spec in it. */
+typedef struct spec_arg {
+  const char *file, *name;
+} spec_arg;
+
+static int run_rank(int rank, const int fd_id[2], void *arg) {
+  const char *file = ((const spec_arg *)arg)->file, *name = ((const spec_arg *)arg)->name;
   rank_env e = {.rank = rank};
   e.cu = gpu_require(2);
   const kl_cu *cu = e.cu;
-  ncclUniqueId id;
-  if (rank == 0) {
-    ncclGetUniqueId(&id);
-    if (write(fd_id[1], &id, sizeof id) != (ssize_t)sizeof id) return 1;
-  } else if (read(fd_id[0], &id, sizeof id) != (ssize_t)sizeof id) {
-    return 1;
-  }
-  CUdevice dev;
-  CUcontext ctx;
-  CU_CHECK(cu, cuDeviceGet(&dev, rank));
-  CU_CHECK(cu, cuDevicePrimaryCtxRetain(&ctx, dev));
-  CU_CHECK(cu, cuCtxSetCurrent(ctx)); /* NCCL's runtime uses the current context */
-  if (ncclCommInitRank(&e.comm, 2, id, rank) != ncclSuccess) return 1;
+  if (gpu_nccl_rank(cu, rank, 2, fd_id, NULL, &e.comm)) return 1;
   kl_spec_list l;
   kl_err err;
   if (kl_spec_load_file(file, NULL, &l, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
@@ -380,25 +377,9 @@ int main(int argc, char **argv) {
     printf("SKIP: needs 2 GPUs, found %d\n", n);
     return SKIP;
   }
-  int fd[2];
-  if (pipe(fd) != 0) return 1;
-  pid_t pid[2];
-  for (int r = 0; r < 2; r++) {
-    fflush(stdout);
-    pid[r] = fork();
-    if (pid[r] == 0) {
-      int rc = run_rank(r, fd, argv[1], argv[2]);
-      fflush(stdout);
-      fflush(stderr);
-      _exit(rc);
-    }
-  }
-  int fails = 0;
-  for (int r = 0; r < 2; r++) {
-    int st = 0;
-    waitpid(pid[r], &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fails++;
-  }
+  spec_arg a = {argv[1], argv[2]};
+  int fails = ranks_fork(2, run_rank, &a);
+  if (fails < 0) return 1;
   printf("%s\n", fails ? "FAILED" : "PASSED");
   return fails ? 1 : 0;
 }

@@ -37,18 +37,37 @@ int gpu_count_in_child(void) {
   return WEXITSTATUS(st);
 }
 
+CUcontext gpu_primary(const kl_cu *cu, int dev, int current) {
+  CUdevice d;
+  CUcontext cuctx;
+  CU_CHECK(cu, cuDeviceGet(&d, dev));
+  CU_CHECK(cu, cuDevicePrimaryCtxRetain(&cuctx, d));
+  if (current) CU_CHECK(cu, cuCtxSetCurrent(cuctx));
+  return cuctx;
+}
+
 CUcontext gpu_one_device(const kl_cu *cu, const char *file, kl_spec_list *list) {
   kl_err err;
   if (kl_spec_load_file(file, NULL, list, &err)) {
     fprintf(stderr, "%s\n", err.msg);
     exit(1);
   }
-  CUdevice dev;
-  CUcontext cuctx;
-  CU_CHECK(cu, cuDeviceGet(&dev, 0));
-  CU_CHECK(cu, cuDevicePrimaryCtxRetain(&cuctx, dev));
-  CU_CHECK(cu, cuCtxSetCurrent(cuctx));
-  return cuctx;
+  return gpu_primary(cu, 0, 1);
+}
+
+int gpu_nccl_rank(const kl_cu *cu, int rank, int n, const int pipe[2], CUcontext *ctx,
+                  ncclComm_t *comm) {
+  ncclUniqueId id;
+  if (rank == 0) {
+    ncclGetUniqueId(&id);
+    for (int i = 1; i < n; i++)
+      if (write(pipe[1], &id, sizeof id) != (ssize_t)sizeof id) return -1;
+  } else if (read(pipe[0], &id, sizeof id) != (ssize_t)sizeof id) {
+    return -1;
+  }
+  CUcontext cuctx = gpu_primary(cu, rank, 1);
+  if (ctx) *ctx = cuctx;
+  return ncclCommInitRank(comm, n, id, rank) == ncclSuccess ? 0 : -1;
 }
 
 /* The same function on both sides: keep ref_value and VALUE_SRC in step. */
@@ -153,6 +172,16 @@ int gpu_load_source(const kl_cu *cu, const char *src, const char *name, CUmodule
   return rc ? -1 : 0;
 }
 
+int gpu_load_functions(const kl_cu *cu, const char *src, const char *name, CUmodule *mod,
+                       const char *const *names, CUfunction *fn, int n) {
+  if (gpu_load_source(cu, src, name, mod)) return -1;
+  for (int i = 0; i < n; i++)
+    if (cu->cuModuleGetFunction(&fn[i], *mod, names[i]) != CUDA_SUCCESS) return -1;
+  for (int i = 0; i < n && cu->cuFuncLoad; i++)
+    if (cu->cuFuncLoad(fn[i]) != CUDA_SUCCESS) return -1;
+  return 0;
+}
+
 CUdeviceptr gpu_to_device(const kl_cu *cu, const void *p, size_t bytes) {
   CUdeviceptr d;
   CU_CHECK(cu, cuMemAlloc(&d, bytes ? bytes : 8));
@@ -164,6 +193,46 @@ void gpu_from_device(const kl_cu *cu, void *p, CUdeviceptr d, size_t bytes) {
   CU_CHECK(cu, cuCtxSynchronize());
   CU_CHECK(cu, cuMemcpyDtoH(p, d, bytes));
   CU_CHECK(cu, cuMemFree(d));
+}
+
+void gpu_capture_begin(const kl_cu *cu, CUstream s) {
+  CU_CHECK(cu, cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+}
+
+void gpu_capture_end(const kl_cu *cu, CUstream s, gpu_graph *gr) {
+  gr->ge = NULL;
+  CU_CHECK(cu, cuStreamEndCapture(s, &gr->g));
+}
+
+void gpu_graph_instantiate(const kl_cu *cu, gpu_graph *gr) {
+  CU_CHECK(cu, cuGraphInstantiate(&gr->ge, gr->g, 0));
+}
+
+void gpu_graph_replay(const kl_cu *cu, const gpu_graph *gr, CUstream s, int times) {
+  for (int i = 0; i < times; i++) CU_CHECK(cu, cuGraphLaunch(gr->ge, s));
+}
+
+void gpu_graph_destroy(const kl_cu *cu, gpu_graph *gr) {
+  CU_CHECK(cu, cuGraphExecDestroy(gr->ge));
+  CU_CHECK(cu, cuGraphDestroy(gr->g));
+}
+
+int gpu_graph_steps(const kl_cu *cu, CUstream s, rank_threads *t, int failed, int n,
+                    int (*step)(void *arg, int i), void *arg, int times, gpu_graph *gr) {
+  CU_CHECK(cu, cuStreamSynchronize(s));
+  if (t) ranks_sync(t);
+  int ok = !failed;
+  if (ok) {
+    gpu_capture_begin(cu, s);
+    for (int i = 0; i < n && ok; i++) ok = step(arg, i) == 0;
+    gpu_capture_end(cu, s, gr);
+    if (ok) gpu_graph_instantiate(cu, gr);
+    else cu->cuGraphDestroy(gr->g);
+  }
+  if (t) ranks_sync(t);
+  if (!ok) return -1;
+  gpu_graph_replay(cu, gr, s, times);
+  return 0;
 }
 
 gpu_marks gpu_marks_of(kl_ctx *ctx) {
@@ -198,22 +267,17 @@ void gpu_marks_clear(const kl_cu *cu, const gpu_marks *m, CUstream s) {
 }
 
 int testkern_load(const kl_cu *cu, int elem, testkern *k) {
+  static const char *const names[] = {"fill", "verify", "bump"};
   char *src = malloc(strlen(kernels_src) + 32);
   if (!src) return -1;
   sprintf(src, "#define ELEM %d\n%s", elem, kernels_src);
-  int rc = gpu_load_source(cu, src, "testdata", &k->mod);
+  CUfunction fn[3];
+  int rc = gpu_load_functions(cu, src, "testdata", &k->mod, names, fn, 3);
   free(src);
   if (rc) return -1;
   k->elem = elem;
-  rc = cu->cuModuleGetFunction(&k->fill, k->mod, "fill") != CUDA_SUCCESS ||
-       cu->cuModuleGetFunction(&k->verify, k->mod, "verify") != CUDA_SUCCESS ||
-       cu->cuModuleGetFunction(&k->bump, k->mod, "bump") != CUDA_SUCCESS;
-  /* never lazily: a first launch may wait for the context to go idle, and
-   * peers sharing the GPU may already spin on this rank's gather */
-  if (!rc && cu->cuFuncLoad)
-    rc = cu->cuFuncLoad(k->fill) != CUDA_SUCCESS || cu->cuFuncLoad(k->verify) != CUDA_SUCCESS ||
-         cu->cuFuncLoad(k->bump) != CUDA_SUCCESS;
-  return rc ? -1 : 0;
+  k->fill = fn[0], k->verify = fn[1], k->bump = fn[2];
+  return 0;
 }
 
 static unsigned grid_for(long long n) {

@@ -1,13 +1,18 @@
-/* Shared by the GPU tests: skip (exit 77) without a GPU, test-data kernels, and
- * the host reference those kernels must agree with. */
+/* The GPU part of the tests' harness (ranks.h is the part without a GPU):
+ * skip (exit 77) without a GPU, a device's context, CU_CHECK, test-data
+ * kernels and the host reference they must agree with, graph capture and
+ * replay, the NCCL bootstrap of rank processes, a context's marks. */
 #ifndef KL_GPU_UTIL_H
 #define KL_GPU_UTIL_H
 
 #include <stdint.h>
 
+#include <nccl.h> /* klrt.h includes no NCCL header */
+
 #include "cu.h"
 #include "klgen.h"
 #include "klrt/klrt.h"
+#include "ranks.h"
 
 #define SKIP 77
 
@@ -16,9 +21,17 @@ const kl_cu *gpu_require(int need);
 /* GPUs present, from a child process, so the caller may still fork ranks. */
 int gpu_count_in_child(void);
 
+/* GPU dev's primary context, retained, and made current if `current`. */
+CUcontext gpu_primary(const kl_cu *cu, int dev, int current);
 /* The start of the one-GPU tests: the specs of `file` (exit 1 with the
  * message if they do not load) and GPU 0's primary context, made current. */
 CUcontext gpu_one_device(const kl_cu *cu, const char *file, kl_spec_list *list);
+/* Rank `rank` of n processes (ranks_fork): GPU `rank`'s primary context made
+ * current (NCCL's runtime uses the current context; *ctx gets it unless ctx
+ * is NULL) and a communicator of the n, whose unique id rank 0 sends through
+ * `pipe`. 0, or -1 if the id or the communicator could not be had. */
+int gpu_nccl_rank(const kl_cu *cu, int rank, int n, const int pipe[2], CUcontext *ctx,
+                  ncclComm_t *comm);
 
 /* Kernels that make and check test data, from a step counter in device memory,
  * so a captured CUDA graph replays with new data every step:
@@ -34,6 +47,11 @@ int testkern_load(const kl_cu *cu, int elem_bytes, testkern *k);
 /* src compiled by NVRTC (as the runtime's JIT) for the current context's GPU
  * and loaded: 0, or -1 with the compiler's message on stderr under `name`. */
 int gpu_load_source(const kl_cu *cu, const char *src, const char *name, CUmodule *mod);
+/* The same, and its n functions `names` into fn, loaded now rather than at
+ * their first launch: that may wait for the context to go idle, while peers
+ * sharing the GPU may already spin on this rank. 0 or -1. */
+int gpu_load_functions(const kl_cu *cu, const char *src, const char *name, CUmodule *mod,
+                       const char *const *names, CUfunction *fn, int n);
 /* bytes (at least 8) of device memory, holding p's when p is not NULL; and
  * back: the context synchronized, d's bytes to p, d freed. */
 CUdeviceptr gpu_to_device(const kl_cu *cu, const void *p, size_t bytes);
@@ -43,6 +61,29 @@ int launch_fill(const kl_cu *cu, const testkern *k, CUdeviceptr shard, int token
 int launch_verify(const kl_cu *cu, const testkern *k, CUdeviceptr out, int tokens, long long vocab,
                   long long shard_cols, CUdeviceptr step, CUdeviceptr bad, CUstream s);
 int launch_bump(const kl_cu *cu, const testkern *k, CUdeviceptr step, CUstream s);
+
+/* A CUDA graph captured from a stream, and its instance. The calls exit 1
+ * on a CUDA error (CU_CHECK). */
+typedef struct gpu_graph {
+  CUgraph g;
+  CUgraphExec ge;
+} gpu_graph;
+/* Stream s captured from here (this thread's calls only: rank threads
+ * capturing beside it go on) into gr->g at gpu_capture_end. */
+void gpu_capture_begin(const kl_cu *cu, CUstream s);
+void gpu_capture_end(const kl_cu *cu, CUstream s, gpu_graph *gr);
+void gpu_graph_instantiate(const kl_cu *cu, gpu_graph *gr);
+/* gr's instance launched `times` times on s. */
+void gpu_graph_replay(const kl_cu *cu, const gpu_graph *gr, CUstream s, int times);
+void gpu_graph_destroy(const kl_cu *cu, gpu_graph *gr);
+/* A rank thread's steps in a graph: its stream's work done, the ranks of t
+ * meet (t NULL: a rank alone); unless `failed`, steps 0..n-1 (step(arg, i),
+ * 0 or -1) are captured on s and, every one enqueued, instantiated; the
+ * ranks meet again (instantiation may synchronize the device: no peer may
+ * then spin waiting for this rank); the graph is replayed `times` times.
+ * 0, or -1 (failed, or a step failed: nothing replayed). */
+int gpu_graph_steps(const kl_cu *cu, CUstream s, rank_threads *t, int failed, int n,
+                    int (*step)(void *arg, int i), void *arg, int times, gpu_graph *gr);
 
 /* A context's staged-row marks (kl_testing_marks; exit 1 if it has none):
  * how many are set (not the sentinel), read on stream s once the stream's

@@ -15,18 +15,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "check.h"
+#include "ranks.h"
 #include "rt.h"
-
-static int failures;
-#define CHECK(cond, ...)                                                  \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                \
-      fprintf(stderr, __VA_ARGS__);                                       \
-      fprintf(stderr, " (last error: %s)\n", kl_last_error());           \
-      failures++;                                                         \
-    }                                                                     \
-  } while (0)
 
 /* ---- the driver: device memory is address ranges, launches are counted ---- */
 
@@ -269,11 +260,10 @@ static const char *const spec1 = "return { name = 'h1', vocab_size = 1024, tp = 
                                  "dtype = 'bf16', max_tokens = 4, topk = 16 }";
 
 static kl_ctx *one_rank(void) {
-  kl_config cfg = KL_CONFIG_INIT;
-  cfg.nranks = 1;
+  kl_config cfg = rank_config(0, 1, 0, NULL);
   kl_ctx *c = NULL;
   kl_result r = kl_ctx_create_string(&c, spec1, NULL, &cfg);
-  CHECK(r == KLRT_OK, "one rank: creation: %s", kl_result_name(r));
+  CHECK_KL(r == KLRT_OK, "one rank: creation: %s", kl_result_name(r));
   return c;
 }
 
@@ -294,8 +284,7 @@ typedef struct rank_arg {
 static void *create_rank(void *v) {
   rank_arg *a = v;
   pair *p = a->p;
-  kl_config cfg = KL_CONFIG_INIT;
-  cfg.nranks = 2, cfg.rank = a->rank, cfg.group = p->group, cfg.device = 0;
+  kl_config cfg = rank_config(a->rank, 2, 0, p->group);
   if (p->has_nccl[a->rank]) cfg.nccl = &comms[a->rank];
   jit_fails = a->rank == p->jit_fail_rank;
   p->res[a->rank] = kl_ctx_create_string(&p->ctx[a->rank], p->spec, NULL, &cfg);
@@ -308,10 +297,8 @@ static void *destroy_rank(void *v) {
   return NULL;
 }
 static void on_both(pair *p, void *(*fn)(void *)) {
-  pthread_t t[2];
   rank_arg a[2] = {{p, 0}, {p, 1}};
-  for (int r = 0; r < 2; r++) pthread_create(&t[r], NULL, fn, &a[r]);
-  for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+  ranks_run(2, fn, a, sizeof *a);
 }
 static void pair_create(pair *p) {
   if (kl_group_create(&p->group, 2) != KLRT_OK) abort();
@@ -328,12 +315,13 @@ static void pair_destroy(pair *p) {
 static void check_counts(kl_ctx *c, uint64_t oneshot, uint64_t nccl, const char *what) {
   kl_stats st = KL_STATS_INIT;
   uint64_t declined = 0;
-  CHECK(kl_ctx_stats(c, &st) == KLRT_OK, "kl_ctx_stats");
+  CHECK_KL(kl_ctx_stats(c, &st) == KLRT_OK, "kl_ctx_stats");
   for (int i = 0; i < KL_DECLINE_COUNT; i++) declined += st.declined[i];
-  CHECK(st.oneshot == oneshot && st.nccl == nccl && declined == nccl,
-        "%s: want %llu one-shot, %llu NCCL calls and as many declines; got %llu, %llu, %llu", what,
-        (unsigned long long)oneshot, (unsigned long long)nccl, (unsigned long long)st.oneshot,
-        (unsigned long long)st.nccl, (unsigned long long)declined);
+  CHECK_KL(st.oneshot == oneshot && st.nccl == nccl && declined == nccl,
+           "%s: want %llu one-shot, %llu NCCL calls and as many declines; got %llu, %llu, %llu",
+           what, (unsigned long long)oneshot, (unsigned long long)nccl,
+           (unsigned long long)st.oneshot, (unsigned long long)st.nccl,
+           (unsigned long long)declined);
 }
 
 /* ---- the cases ---- */
@@ -350,8 +338,8 @@ static void sample_alignment(void) {
   int before = launches;
   kl_result r = kl_sample(c, (void *)(uintptr_t)shard, &p, (int64_t *)(uintptr_t)token, NULL, NULL,
                           NULL, 0, 2, NULL);
-  CHECK(r == KLRT_OK && launches > before, "aligned parameters: %s, %d launches",
-        kl_result_name(r), launches - before);
+  CHECK_KL(r == KLRT_OK && launches > before, "aligned parameters: %s, %d launches",
+           kl_result_name(r), launches - before);
   const struct {
     kl_sampling p;
     const char *what;
@@ -371,9 +359,9 @@ static void sample_alignment(void) {
     before = launches;
     r = kl_sample(c, (void *)(uintptr_t)shard, &odd[i].p, (int64_t *)(uintptr_t)token, NULL, NULL,
                   NULL, 0, 2, NULL);
-    CHECK(r == KLRT_EINVAL && strstr(kl_last_error(), odd[i].what) && launches == before,
-          "want EINVAL with \"%s\" and no launch: %s, %d launches", odd[i].what,
-          kl_result_name(r), launches - before);
+    CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), odd[i].what) && launches == before,
+             "want EINVAL with \"%s\" and no launch: %s, %d launches", odd[i].what,
+             kl_result_name(r), launches - before);
   }
   kl_ctx_destroy(c);
 }
@@ -392,17 +380,17 @@ static void failed_growth(void) {
   capturing = 1;
   kl_result r = kl_argmax(c, in, out, NULL, 4, NULL);
   capturing = 0;
-  CHECK(r == KLRT_OK, "captured kl_argmax within max_tokens: %s", kl_result_name(r));
+  CHECK_KL(r == KLRT_OK, "captured kl_argmax within max_tokens: %s", kl_result_name(r));
   alloc_limit = 1;
   r = kl_argmax(c, in, out, NULL, 100, NULL);
   alloc_limit = 0;
-  CHECK(r == KLRT_ENOMEM, "kl_argmax past max_tokens, its allocation failing: %s",
-        kl_result_name(r));
+  CHECK_KL(r == KLRT_ENOMEM, "kl_argmax past max_tokens, its allocation failing: %s",
+           kl_result_name(r));
   capturing = 1;
   r = kl_argmax(c, in, out, NULL, 4, NULL);
   capturing = 0;
-  CHECK(r == KLRT_OK, "captured kl_argmax within max_tokens after a failed growth: %s",
-        kl_result_name(r));
+  CHECK_KL(r == KLRT_OK, "captured kl_argmax within max_tokens after a failed growth: %s",
+           kl_result_name(r));
   check_counts(c, 0, 3, "three calls sent down the NCCL path, one failing there");
   kl_ctx_destroy(c);
 }
@@ -415,8 +403,8 @@ static void nccl_on_one_rank(void) {
                     "max_tokens = 4, topk = 16 }",
             .has_nccl = {1, 0}, .jit_fail_rank = -1};
   pair_create(&p);
-  CHECK(p.res[0] == KLRT_OK && p.res[1] == KLRT_OK, "creation: %s / %s",
-        kl_result_name(p.res[0]), kl_result_name(p.res[1]));
+  CHECK_KL(p.res[0] == KLRT_OK && p.res[1] == KLRT_OK, "creation: %s / %s",
+           kl_result_name(p.res[0]), kl_result_name(p.res[1]));
   if (p.res[0] == KLRT_OK && p.res[1] == KLRT_OK) {
     allgathers[0] = allgathers[1] = 0;
     kl_result r[2];
@@ -424,9 +412,9 @@ static void nccl_on_one_rank(void) {
       CUdeviceptr in = device_buffer(1 << 20), out = device_buffer(1 << 20);
       r[i] = kl_gather(p.ctx[i], (void *)(uintptr_t)in, (void *)(uintptr_t)out, 8, NULL);
     }
-    CHECK(r[0] == KLRT_EUNAVAILABLE && r[1] == KLRT_EUNAVAILABLE && !allgathers[0],
-          "past max_tokens, NCCL on rank 0 only: %s / %s, rank 0's all-gathers %d",
-          kl_result_name(r[0]), kl_result_name(r[1]), allgathers[0]);
+    CHECK_KL(r[0] == KLRT_EUNAVAILABLE && r[1] == KLRT_EUNAVAILABLE && !allgathers[0],
+             "past max_tokens, NCCL on rank 0 only: %s / %s, rank 0's all-gathers %d",
+             kl_result_name(r[0]), kl_result_name(r[1]), allgathers[0]);
     for (int i = 0; i < 2; i++) check_counts(p.ctx[i], 0, 1, "a call refused on the NCCL path");
     pair_destroy(&p);
   }
@@ -434,9 +422,9 @@ static void nccl_on_one_rank(void) {
   pair q = p;
   q.jit_fail_rank = 1, q.ctx[0] = q.ctx[1] = NULL;
   pair_create(&q);
-  CHECK(q.res[0] == KLRT_EUNAVAILABLE && q.res[1] == KLRT_EUNAVAILABLE,
-        "not ready, NCCL on rank 0 only: creation %s / %s", kl_result_name(q.res[0]),
-        kl_result_name(q.res[1]));
+  CHECK_KL(q.res[0] == KLRT_EUNAVAILABLE && q.res[1] == KLRT_EUNAVAILABLE,
+           "not ready, NCCL on rank 0 only: creation %s / %s", kl_result_name(q.res[0]),
+           kl_result_name(q.res[1]));
   for (int i = 0; i < 2; i++)
     if (q.res[i] == KLRT_OK) kl_ctx_destroy(q.ctx[i]);
   kl_group_destroy(q.group);
@@ -449,8 +437,8 @@ static void epilogue_without_kernels(void) {
                     "max_tokens = 4, softcap = 30 }",
             .has_nccl = {1, 1}, .jit_fail_rank = 1};
   pair_create(&p);
-  CHECK(p.res[0] == KLRT_OK && p.res[1] == KLRT_OK, "creation: %s / %s",
-        kl_result_name(p.res[0]), kl_result_name(p.res[1]));
+  CHECK_KL(p.res[0] == KLRT_OK && p.res[1] == KLRT_OK, "creation: %s / %s",
+           kl_result_name(p.res[0]), kl_result_name(p.res[1]));
   if (p.res[0] != KLRT_OK || p.res[1] != KLRT_OK) return;
   allgathers[0] = allgathers[1] = 0;
   kl_result r[2];
@@ -458,9 +446,10 @@ static void epilogue_without_kernels(void) {
     CUdeviceptr in = device_buffer(1 << 20), out = device_buffer(1 << 20);
     r[i] = kl_gather(p.ctx[i], (void *)(uintptr_t)in, (void *)(uintptr_t)out, 2, NULL);
   }
-  CHECK(r[0] == KLRT_EUNAVAILABLE && r[1] == KLRT_EUNAVAILABLE && !allgathers[0] && !allgathers[1],
-        "epilogue, kernels missing on rank 1: %s / %s, all-gathers %d / %d",
-        kl_result_name(r[0]), kl_result_name(r[1]), allgathers[0], allgathers[1]);
+  CHECK_KL(r[0] == KLRT_EUNAVAILABLE && r[1] == KLRT_EUNAVAILABLE && !allgathers[0] &&
+               !allgathers[1],
+           "epilogue, kernels missing on rank 1: %s / %s, all-gathers %d / %d",
+           kl_result_name(r[0]), kl_result_name(r[1]), allgathers[0], allgathers[1]);
   pair_destroy(&p);
 }
 
@@ -474,7 +463,7 @@ static void pointer_reused(void) {
   const size_t row = 1024 * 2; /* spec1: [tokens, 1024] bf16, in and out */
   CUdeviceptr in = device_buffer(2 * row), out = device_buffer(2 * row);
   kl_result r = kl_gather(c, PTR(void, in), PTR(void, out), 2, NULL);
-  CHECK(r == KLRT_OK, "a gather into a buffer of GPU 0: %s", kl_result_name(r));
+  CHECK_KL(r == KLRT_OK, "a gather into a buffer of GPU 0: %s", kl_result_name(r));
   const struct {
     int dev;
     size_t n;
@@ -490,14 +479,14 @@ static void pointer_reused(void) {
     if (alloc_at(&at, again[i].n, again[i].dev, out) != CUDA_SUCCESS) abort();
     const int before = launches;
     r = kl_gather(c, PTR(void, in), PTR(void, out), 2, NULL);
-    CHECK(r == again[i].want && (r == KLRT_OK) == (launches > before) &&
-              (r == KLRT_OK || strstr(kl_last_error(), again[i].what)),
-          "its address made again, %zu bytes on GPU %d: %s (%s), want %s with \"%s\"", again[i].n,
-          again[i].dev, kl_result_name(r), r ? kl_last_error() : "", kl_result_name(again[i].want),
-          again[i].what);
+    CHECK_KL(r == again[i].want && (r == KLRT_OK) == (launches > before) &&
+                 (r == KLRT_OK || strstr(kl_last_error(), again[i].what)),
+             "its address made again, %zu bytes on GPU %d: %s (%s), want %s with \"%s\"",
+             again[i].n, again[i].dev, kl_result_name(r), r ? kl_last_error() : "",
+             kl_result_name(again[i].want), again[i].what);
   }
-  CHECK(strstr(kl_last_error(), "is on GPU 1, but rank 0's context is on GPU 0") || r == KLRT_OK,
-        "the message names both GPUs");
+  CHECK_KL(strstr(kl_last_error(), "is on GPU 1, but rank 0's context is on GPU 0") || r == KLRT_OK,
+           "the message names both GPUs");
   kl_ctx_destroy(c);
 }
 
@@ -507,13 +496,13 @@ static void pointer_reused(void) {
 static int before_too_small;
 static void expect_small(kl_result r, const char *arg, const char *call) {
   if (!arg)
-    CHECK(r == KLRT_OK && launches > before_too_small, "%s: %s (%s), want KLRT_OK", call,
-          kl_result_name(r), r ? kl_last_error() : "");
+    CHECK_KL(r == KLRT_OK && launches > before_too_small, "%s: %s (%s), want KLRT_OK", call,
+             kl_result_name(r), r ? kl_last_error() : "");
   else
-    CHECK(r == KLRT_EINVAL && strstr(kl_last_error(), arg) && strstr(kl_last_error(), "too small") &&
-              launches == before_too_small,
-          "%s: %s (%s), %d launches; want EINVAL naming %s", call, kl_result_name(r),
-          r ? kl_last_error() : "", launches - before_too_small, arg);
+    CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), arg) &&
+                 strstr(kl_last_error(), "too small") && launches == before_too_small,
+             "%s: %s (%s), %d launches; want EINVAL naming %s", call, kl_result_name(r),
+             r ? kl_last_error() : "", launches - before_too_small, arg);
 }
 #define SMALL(call, arg) (before_too_small = launches, expect_small((call), (arg), #call))
 static void buffers_too_small(void) {
@@ -608,12 +597,9 @@ static void *call_rank(void *v) {
 }
 /* One call on both ranks at once; a[r] gets rank r's result. */
 static void call_both(pair *p, const rank_bufs b[2], op_id op, int tokens, call_arg a[2]) {
-  pthread_t t[2];
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < 2; r++)
     a[r] = (call_arg){.ctx = p->ctx[r], .b = &b[r], .op = op, .tokens = tokens};
-    pthread_create(&t[r], NULL, call_rank, &a[r]);
-  }
-  for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+  ranks_run(2, call_rank, a, sizeof *a);
 }
 
 static const char *const spec_tp2 = "return { name = 'h4', vocab_size = 2048, tp = 2, "
@@ -623,8 +609,8 @@ static const char *const spec_tp2 = "return { name = 'h4', vocab_size = 2048, tp
 static int pair_with_nccl(pair *p) {
   *p = (pair){.spec = spec_tp2, .has_nccl = {1, 1}, .jit_fail_rank = -1};
   pair_create(p);
-  CHECK(p->res[0] == KLRT_OK && p->res[1] == KLRT_OK, "creation: %s / %s",
-        kl_result_name(p->res[0]), kl_result_name(p->res[1]));
+  CHECK_KL(p->res[0] == KLRT_OK && p->res[1] == KLRT_OK, "creation: %s / %s",
+           kl_result_name(p->res[0]), kl_result_name(p->res[1]));
   if (p->res[0] == KLRT_OK && p->res[1] == KLRT_OK) return 1;
   for (int i = 0; i < 2; i++)
     if (p->res[i] == KLRT_OK) kl_ctx_destroy(p->ctx[i]);
@@ -635,14 +621,14 @@ static int pair_with_nccl(pair *p) {
 /* Both ranks' path counts alike. */
 static void check_counts_agree(pair *p, const char *what) {
   kl_stats st[2] = {KL_STATS_INIT, KL_STATS_INIT};
-  for (int r = 0; r < 2; r++) CHECK(kl_ctx_stats(p->ctx[r], &st[r]) == KLRT_OK, "kl_ctx_stats");
-  CHECK(st[0].oneshot == st[1].oneshot && st[0].nccl == st[1].nccl &&
-        !memcmp(st[0].declined, st[1].declined, sizeof st[0].declined),
-        "%s: the ranks count apart: one-shot %llu / %llu, NCCL %llu / %llu, wide %llu / %llu",
-        what, (unsigned long long)st[0].oneshot, (unsigned long long)st[1].oneshot,
-        (unsigned long long)st[0].nccl, (unsigned long long)st[1].nccl,
-        (unsigned long long)st[0].declined[KL_DECLINE_WIDE],
-        (unsigned long long)st[1].declined[KL_DECLINE_WIDE]);
+  for (int r = 0; r < 2; r++) CHECK_KL(kl_ctx_stats(p->ctx[r], &st[r]) == KLRT_OK, "kl_ctx_stats");
+  CHECK_KL(st[0].oneshot == st[1].oneshot && st[0].nccl == st[1].nccl &&
+           !memcmp(st[0].declined, st[1].declined, sizeof st[0].declined),
+           "%s: the ranks count apart: one-shot %llu / %llu, NCCL %llu / %llu, wide %llu / %llu",
+           what, (unsigned long long)st[0].oneshot, (unsigned long long)st[1].oneshot,
+           (unsigned long long)st[0].nccl, (unsigned long long)st[1].nccl,
+           (unsigned long long)st[0].declined[KL_DECLINE_WIDE],
+           (unsigned long long)st[1].declined[KL_DECLINE_WIDE]);
 }
 
 /* Every op on the NCCL path (tokens past max_tokens) on both ranks: both
@@ -652,12 +638,12 @@ static void nccl_calls_meet(pair *p, const rank_bufs b[2], const char *when) {
     call_arg a[2];
     const int ag[2] = {allgathers[0], allgathers[1]}, st[2] = {stranded[0], stranded[1]};
     call_both(p, b, op, 8, a);
-    CHECK(a[0].res == KLRT_OK && a[1].res == KLRT_OK && stranded[0] == st[0] &&
-              stranded[1] == st[1] && allgathers[0] - ag[0] == 1 && allgathers[1] - ag[1] == 1,
-          "%s, %s on the NCCL path: %s / %s, all-gathers %d / %d, stranded %d / %d (%s | %s)",
-          when, op_names[op], kl_result_name(a[0].res), kl_result_name(a[1].res),
-          allgathers[0] - ag[0], allgathers[1] - ag[1], stranded[0] - st[0], stranded[1] - st[1],
-          a[0].err, a[1].err);
+    CHECK_KL(a[0].res == KLRT_OK && a[1].res == KLRT_OK && stranded[0] == st[0] &&
+                 stranded[1] == st[1] && allgathers[0] - ag[0] == 1 && allgathers[1] - ag[1] == 1,
+             "%s, %s on the NCCL path: %s / %s, all-gathers %d / %d, stranded %d / %d (%s | %s)",
+             when, op_names[op], kl_result_name(a[0].res), kl_result_name(a[1].res),
+             allgathers[0] - ag[0], allgathers[1] - ag[1], stranded[0] - st[0], stranded[1] - st[1],
+             a[0].err, a[1].err);
   }
 }
 
@@ -675,27 +661,28 @@ static void fault_seen_apart(void) {
   rank_bufs_alloc(&b[0]), rank_bufs_alloc(&b[1]);
   nccl_calls_meet(&p, b, "no fault");
   for (int r = 0; r < 2; r++)
-    CHECK(!p.ctx[r]->kern[KL_K_SAMPLE].prm.sample.fault,
-          "rank %d: the row sampler after NCCL's gather is given the fault word", r);
+    CHECK_KL(!p.ctx[r]->kern[KL_K_SAMPLE].prm.sample.fault,
+             "rank %d: the row sampler after NCCL's gather is given the fault word", r);
   p.ctx[0]->mirror[0] = KL_FAULT(7, 0, 1);
   nccl_calls_meet(&p, b, "rank 0 has seen the fault, rank 1 not");
   for (op_id op = 0; op < OP_COUNT; op++) {
     call_arg a[2];
     call_both(&p, b, op, 2, a);
-    CHECK(a[0].res == KLRT_EDEVICE && a[0].launches == 0 && strstr(a[0].err, "waiting for rank 1") &&
-              a[1].res == KLRT_OK && a[1].launches > 0,
-          "%s one-shot: rank 0 (seen) %s with %d launches (%s), rank 1 %s with %d", op_names[op],
-          kl_result_name(a[0].res), a[0].launches, a[0].err, kl_result_name(a[1].res),
-          a[1].launches);
+    CHECK_KL(a[0].res == KLRT_EDEVICE && a[0].launches == 0 &&
+                 strstr(a[0].err, "waiting for rank 1") && a[1].res == KLRT_OK &&
+                 a[1].launches > 0,
+             "%s one-shot: rank 0 (seen) %s with %d launches (%s), rank 1 %s with %d", op_names[op],
+             kl_result_name(a[0].res), a[0].launches, a[0].err, kl_result_name(a[1].res),
+             a[1].launches);
   }
-  CHECK(p.ctx[1]->kern[KL_K_SAMPLE].prm.sample.fault == kl_fault_word(p.ctx[1]),
-        "the row sampler after the one-shot gather is not given the fault word");
+  CHECK_KL(p.ctx[1]->kern[KL_K_SAMPLE].prm.sample.fault == kl_fault_word(p.ctx[1]),
+           "the row sampler after the one-shot gather is not given the fault word");
   check_counts_agree(&p, "calls after a fault seen on one rank");
   p.ctx[1]->mirror[0] = KL_FAULT(7, 0, 1); /* its kernels saw it */
   nccl_calls_meet(&p, b, "both ranks have seen the fault");
   pair_destroy(&p);
-  CHECK(p.res[0] == KLRT_OK && p.res[1] == KLRT_OK, "destroy after a fault: %s / %s",
-        kl_result_name(p.res[0]), kl_result_name(p.res[1]));
+  CHECK_KL(p.res[0] == KLRT_OK && p.res[1] == KLRT_OK, "destroy after a fault: %s / %s",
+           kl_result_name(p.res[0]), kl_result_name(p.res[1]));
 }
 
 /* kl_ctx_status finds the fault in rank 0's device copy of the word before
@@ -709,21 +696,21 @@ static void status_keeps_fault(void) {
   rank_bufs b[2];
   rank_bufs_alloc(&b[0]), rank_bufs_alloc(&b[1]);
   kl_result r = kl_ctx_status(p.ctx[0]);
-  CHECK(r == KLRT_OK, "status before the fault: %s", kl_result_name(r));
+  CHECK_KL(r == KLRT_OK, "status before the fault: %s", kl_result_name(r));
   const CUdeviceptr word = (CUdeviceptr)kl_fault_word(p.ctx[0]);
   set_word(word, KL_FAULT(3, 1, 0)); /* rank 1 gave up waiting for rank 0 */
   r = kl_ctx_status(p.ctx[0]);
-  CHECK(r == KLRT_EDEVICE && strstr(kl_last_error(), "rank 1's one-shot step 3 timed out "
-                                                     "waiting for rank 0"),
-        "status with the device word set: %s (%s)", kl_result_name(r), kl_last_error());
+  CHECK_KL(r == KLRT_EDEVICE && strstr(kl_last_error(), "rank 1's one-shot step 3 timed out "
+                                                        "waiting for rank 0"),
+           "status with the device word set: %s (%s)", kl_result_name(r), kl_last_error());
   set_word(word, 0); /* what it reads later does not matter: rank 0 knows */
   call_arg a[2];
   call_both(&p, b, OP_ARGMAX, 2, a);
-  CHECK(a[0].res == KLRT_EDEVICE && a[0].launches == 0 && a[1].res == KLRT_OK,
-        "one-shot after status said EDEVICE: rank 0 %s with %d launches, rank 1 %s",
-        kl_result_name(a[0].res), a[0].launches, kl_result_name(a[1].res));
+  CHECK_KL(a[0].res == KLRT_EDEVICE && a[0].launches == 0 && a[1].res == KLRT_OK,
+           "one-shot after status said EDEVICE: rank 0 %s with %d launches, rank 1 %s",
+           kl_result_name(a[0].res), a[0].launches, kl_result_name(a[1].res));
   r = kl_ctx_status(p.ctx[0]);
-  CHECK(r == KLRT_EDEVICE, "status once more: %s", kl_result_name(r));
+  CHECK_KL(r == KLRT_EDEVICE, "status once more: %s", kl_result_name(r));
   nccl_calls_meet(&p, b, "after rank 0's status found the fault");
   check_counts_agree(&p, "calls after rank 0's status found the fault");
   pair_destroy(&p);
@@ -741,6 +728,6 @@ int main(void) {
   status_keeps_fault();
   pointer_reused();
   buffers_too_small();
-  printf("test_host: %s\n", failures ? "FAILED" : "passed");
-  return failures != 0;
+  printf("test_host: %s\n", check_fail ? "FAILED" : "passed");
+  return check_fail != 0;
 }

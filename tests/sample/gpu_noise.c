@@ -34,11 +34,7 @@ static void launch(const gpu *g, int k, int n, void **args) {
 
 /* The rendered spec's source with the test kernels, for this GPU. */
 static void load(gpu *g, const char *spec) {
-  CUdevice dev;
-  CUcontext ctx;
-  CU_CHECK(g->cu, cuDeviceGet(&dev, 0));
-  CU_CHECK(g->cu, cuDevicePrimaryCtxRetain(&ctx, dev));
-  CU_CHECK(g->cu, cuCtxSetCurrent(ctx));
+  gpu_primary(g->cu, 0, 1);
   kl_err e;
   char *src = noise_test_source(spec, &e);
   if (!src) {

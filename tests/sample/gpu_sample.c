@@ -18,7 +18,6 @@
  * again and at either tp.
  *   gpu_sample SPECS [ROWS [--no-distribution]]   (exit 77 without a GPU) */
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -568,24 +567,22 @@ static void api_shards(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w, rng *r) 
   CU_CHECK(d->cu, cuCtxSynchronize());
   CUstream s;
   CU_CHECK(d->cu, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  CUgraph g;
-  CUgraphExec ge;
-  CU_CHECK(d->cu, cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  gpu_graph g;
+  gpu_capture_begin(d->cu, s);
   kl_result rc = api_call(ctx, b, &bare, 0, 16, s);
-  CU_CHECK(d->cu, cuStreamEndCapture(s, &g));
+  gpu_capture_end(d->cu, s, &g);
   CHECK(rc == KLRT_OK, "kl_sample by the shards captured: %s", kl_last_error());
-  CU_CHECK(d->cu, cuGraphInstantiate(&ge, g, 0));
+  gpu_graph_instantiate(d->cu, &g);
   w->n = 16;
   for (int replay = 0; replay < 2; replay++) {
     for (int i = 0; i < 16; i++) w->seed[i] = rng_next(r);
     CU_CHECK(d->cu, cuMemcpyHtoDAsync(b->S, w->seed, 8 * 16, s));
-    CU_CHECK(d->cu, cuGraphLaunch(ge, s));
+    gpu_graph_replay(d->cu, &g, s, 1);
     api_results(d, w, b);
     for (int i = 0; i < 16; i++)
       check_row(d, w, i, replay ? "kl_sample by the shards, replayed again" : "kl_sample by the shards, replayed", 0);
   }
-  CU_CHECK(d->cu, cuGraphExecDestroy(ge));
-  CU_CHECK(d->cu, cuGraphDestroy(g));
+  gpu_graph_destroy(d->cu, &g);
   CU_CHECK(d->cu, cuStreamDestroy(s));
   put_filters(w, &kept);
 }
@@ -613,8 +610,7 @@ static void api(dev *d) {
     for (long long c = 0; c < v; c++) w.bits[(size_t)i * v + c] = row[c];
     draw_params(&r, &w, i);
   }
-  kl_config cfg = KL_CONFIG_INIT;
-  cfg.nranks = 1;
+  kl_config cfg = rank_config(0, 1, 0, NULL);
   kl_ctx *ctx = NULL;
   CHECK(kl_ctx_create_string(&ctx, API_SPEC, NULL, &cfg) == KLRT_OK, "create: %s", kl_last_error());
   if (!ctx) exit(1);
@@ -643,37 +639,34 @@ static void api(dev *d) {
   /* captured: a replay reads the parameters as they are then (new seeds) */
   CUstream s;
   CU_CHECK(d->cu, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  CUgraph g;
-  CUgraphExec ge;
-  CU_CHECK(d->cu, cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  gpu_graph g;
+  gpu_capture_begin(d->cu, s);
   kl_result rc = api_call(ctx, &b, &p, 8, 16, s);
-  CU_CHECK(d->cu, cuStreamEndCapture(s, &g));
+  gpu_capture_end(d->cu, s, &g);
   CHECK(rc == KLRT_OK, "kl_sample captured: %s", kl_last_error());
-  CU_CHECK(d->cu, cuGraphInstantiate(&ge, g, 0));
+  gpu_graph_instantiate(d->cu, &g);
   for (int i = 0; i < 16; i++) w.seed[i] = rng_next(&r);
   CU_CHECK(d->cu, cuMemcpyHtoDAsync(b.S, w.seed, 8 * 16, s)); /* before the replay, in order */
-  CU_CHECK(d->cu, cuGraphLaunch(ge, s));
+  gpu_graph_replay(d->cu, &g, s, 1);
   api_results(d, &w, &b);
   for (int i = 0; i < 16; i++) check_row(d, &w, i, "kl_sample replayed", 1);
-  CU_CHECK(d->cu, cuGraphExecDestroy(ge));
-  CU_CHECK(d->cu, cuGraphDestroy(g));
+  gpu_graph_destroy(d->cu, &g);
   /* without top-n: split rows, whose counters each replay must leave at 0 */
-  CU_CHECK(d->cu, cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  gpu_capture_begin(d->cu, s);
   rc = api_call(ctx, &b, &p, 0, 16, s);
-  CU_CHECK(d->cu, cuStreamEndCapture(s, &g));
+  gpu_capture_end(d->cu, s, &g);
   CHECK(rc == KLRT_OK, "kl_sample captured without top-n: %s", kl_last_error());
-  CU_CHECK(d->cu, cuGraphInstantiate(&ge, g, 0));
+  gpu_graph_instantiate(d->cu, &g);
   w.n_top = 0;
   for (int replay = 0; replay < 2; replay++) {
     for (int i = 0; i < 16; i++) w.seed[i] = rng_next(&r);
     CU_CHECK(d->cu, cuMemcpyHtoDAsync(b.S, w.seed, 8 * 16, s));
-    CU_CHECK(d->cu, cuGraphLaunch(ge, s));
+    gpu_graph_replay(d->cu, &g, s, 1);
     api_results(d, &w, &b);
     for (int i = 0; i < 16; i++) check_row(d, &w, i, "kl_sample replayed, split", 0);
   }
   w.n_top = 8;
-  CU_CHECK(d->cu, cuGraphExecDestroy(ge));
-  CU_CHECK(d->cu, cuGraphDestroy(g));
+  gpu_graph_destroy(d->cu, &g);
   CU_CHECK(d->cu, cuStreamDestroy(s));
   CHECK(kl_ctx_destroy(ctx) == KLRT_OK, "destroy: %s", kl_last_error());
   CUdeviceptr all[] = {b.shard, b.T, b.K, b.P, b.MP, b.S, b.O, b.token, b.logprob, b.top_index,
@@ -747,8 +740,7 @@ static void *chi_rank_main(void *arg) {
    * this, none of 20 with it). So the stream works once before any peer spins. */
   CU_CHECK(cu, cuMemsetD8Async(dtok, 0, 8, s));
   CU_CHECK(cu, cuCtxSynchronize()); /* no kernel of this group runs yet */
-  kl_config cfg = KL_CONFIG_INIT;
-  cfg.rank = r->rank, cfg.nranks = r->tp, cfg.group = r->group;
+  kl_config cfg = rank_config(r->rank, r->tp, 0, r->group);
   kl_ctx *ctx = NULL;
   rc = kl_ctx_create_string(&ctx, r->spec, NULL, &cfg);
   for (size_t j = 0; j <= calls && !rc; j++) {
@@ -783,16 +775,13 @@ static int chi_draws(CUcontext cuctx, int tp, const float *logits, sample_args a
   kl_group *group;
   kl_group_create(&group, tp);
   chi_rank r[4];
-  pthread_t th[4];
   const size_t n = (size_t)(CHI_CALLS + 1) * CHI_ROWS;
-  for (int i = 0; i < tp; i++) {
+  for (int i = 0; i < tp; i++)
     r[i] = (chi_rank){i, tp, group, cuctx, spec, a, bare, gathered, logits,
                       i ? xmalloc(8 * n) : tokens, KLRT_OK, ""};
-    pthread_create(&th[i], NULL, chi_rank_main, &r[i]);
-  }
+  ranks_run(tp, chi_rank_main, r, sizeof *r);
   int ok = 1;
   for (int i = 0; i < tp; i++) {
-    pthread_join(th[i], NULL);
     CHECK(r[i].rc == KLRT_OK, "chi tp %d rank %d: %s: %s", tp, i, kl_result_name(r[i].rc),
           r[i].err);
     ok &= r[i].rc == KLRT_OK;

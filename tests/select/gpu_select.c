@@ -23,12 +23,9 @@
  * the log-sum-exp against a float64 sum (1e-5 relative). Then the same steps
  * captured in a CUDA graph and replayed. Exit 77 without a GPU. */
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <nccl.h> /* klrt.h includes no NCCL header */
 
@@ -126,16 +123,14 @@ typedef struct shared {
   int steps, k;
   const kl_cu *cu;
   CUcontext cuctx;
-  pthread_barrier_t bar;
+  rank_threads threads;
 } shared;
 
 typedef struct rank_ctx {
   shared *sh;
-  int rank;
+  rank_status st;
   long long bad_out, bad_argmax, bad_topk, bad_lse, checks;
   double worst_lse;
-  int failed;
-  char msg[512];
 } rank_ctx;
 
 /* Host buffers are pinned and allocated before creation. With pageable ones
@@ -152,21 +147,9 @@ typedef struct bufs {
   kernels k;
 } bufs;
 
-static int fail(rank_ctx *r, const char *what, const char *detail) {
-  snprintf(r->msg, sizeof r->msg, "rank %d: %s: %s", r->rank, what, detail);
-  r->failed = 1;
-  return -1;
-}
-
 static int load_kernels(const shared *sh, kernels *k) {
-  const kl_cu *cu = sh->cu;
-  CUdevice dev;
-  int maj = 0, min = 0;
-  cu->cuCtxGetDevice(&dev);
-  cu->cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-  cu->cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-  char arch[16], head[512];
-  snprintf(arch, sizeof arch, "sm_%d%d", maj, min);
+  static const char *const names[] = {"fill", "ref", "bump"};
+  char head[512];
   const kl_spec *s = &sh->spec;
   snprintf(head, sizeof head,
            "#define ELEM %d\n#define FP16 %d\n#define OUT_ELEM %d\n#define VOCAB %lldLL\n"
@@ -177,25 +160,12 @@ static int load_kernels(const shared *sh, kernels *k) {
   char *src = malloc(strlen(head) + strlen(kernels_src) + 1);
   strcpy(src, head);
   strcat(src, kernels_src);
-  kl_binary bin;
-  kl_err err;
-  int rc = kl_nvrtc_compile(src, "select_test", arch, &bin, &err);
+  CUfunction fn[3];
+  int rc = gpu_load_functions(sh->cu, src, "select_test", &k->mod, names, fn, 3);
   free(src);
-  if (rc) {
-    fprintf(stderr, "test kernels: %s\n", err.msg);
-    return -1;
-  }
-  rc = cu->cuModuleLoadData(&k->mod, bin.data) != CUDA_SUCCESS ||
-       cu->cuModuleGetFunction(&k->fill, k->mod, "fill") != CUDA_SUCCESS ||
-       cu->cuModuleGetFunction(&k->ref, k->mod, "ref") != CUDA_SUCCESS ||
-       cu->cuModuleGetFunction(&k->bump, k->mod, "bump") != CUDA_SUCCESS;
-  /* never lazily: a first launch may wait for the context to go idle, and a
-   * peer's gather may already spin on this rank's */
-  if (!rc && cu->cuFuncLoad)
-    rc = cu->cuFuncLoad(k->fill) != CUDA_SUCCESS || cu->cuFuncLoad(k->ref) != CUDA_SUCCESS ||
-         cu->cuFuncLoad(k->bump) != CUDA_SUCCESS;
-  kl_binary_free(&bin);
-  return rc ? -1 : 0;
+  if (rc) return -1;
+  k->fill = fn[0], k->ref = fn[1], k->bump = fn[2];
+  return 0;
 }
 
 static int launch(const kl_cu *cu, CUfunction f, long long n, void **args, CUstream s) {
@@ -208,7 +178,7 @@ static int launch(const kl_cu *cu, CUfunction f, long long n, void **args, CUstr
 static int one_step(rank_ctx *r, kl_ctx *ctx, bufs *b, int tokens) {
   const shared *sh = r->sh;
   const kl_cu *cu = sh->cu;
-  unsigned rank = (unsigned)r->rank;
+  unsigned rank = (unsigned)r->st.rank;
   void *fa[] = {&b->shard, &tokens, &rank, &b->step};
   /* The one-shot path and the epilogue read -0 as +0; the NCCL path of a
    * spec without epilogue moves it as it is (README, "Using it"). */
@@ -216,17 +186,17 @@ static int one_step(rank_ctx *r, kl_ctx *ctx, bufs *b, int tokens) {
   void *ra[] = {&b->ref, &tokens, &b->step, &keep0};
   void *ba[] = {&b->step};
   if (launch(cu, b->k.fill, (long long)tokens * sh->l.shard, fa, b->s))
-    return fail(r, "fill", "launch failed");
+    return rank_fail(&r->st, "fill", "launch failed");
   if (kl_gather(ctx, (void *)b->shard, (void *)b->out, tokens, b->s) != KLRT_OK)
-    return fail(r, "kl_gather", kl_last_error());
+    return rank_fail(&r->st, "kl_gather", kl_last_error());
   if (kl_argmax(ctx, (void *)b->shard, (int64_t *)b->idx1, (float *)b->val1, tokens, b->s))
-    return fail(r, "kl_argmax", kl_last_error());
+    return rank_fail(&r->st, "kl_argmax", kl_last_error());
   if (kl_topk(ctx, (void *)b->shard, (int64_t *)b->idxk, (float *)b->valk, (float *)b->lse,
               tokens, b->s))
-    return fail(r, "kl_topk", kl_last_error());
+    return rank_fail(&r->st, "kl_topk", kl_last_error());
   if (launch(cu, b->k.ref, (long long)tokens * sh->spec.vocab_size, ra, b->s) ||
       cu->cuLaunchKernel(b->k.bump, 1, 1, 1, 1, 1, 1, 0, b->s, ba, NULL) != CUDA_SUCCESS)
-    return fail(r, "reference", "launch failed");
+    return rank_fail(&r->st, "reference", "launch failed");
   return 0;
 }
 
@@ -302,14 +272,14 @@ static void check_token(rank_ctx *r, bufs *b, int t, uint32_t step) {
   if (b->h_idx1[t] != idx[0] || !same(b->h_val1[t], val[0])) {
     if (r->bad_argmax++ < 3)
       fprintf(stderr, "%s rank %d step %u token %d: argmax %lld (%a), want %lld (%a)\n",
-              sh->spec.name, r->rank, step, t, (long long)b->h_idx1[t], (double)b->h_val1[t],
+              sh->spec.name, r->st.rank, step, t, (long long)b->h_idx1[t], (double)b->h_val1[t],
               idx[0], (double)val[0]);
   }
   for (int p = 0; p < K; p++)
     if (b->h_idxk[t * K + p] != idx[p] || !same(b->h_valk[t * K + p], val[p])) {
       if (r->bad_topk++ < 3)
         fprintf(stderr, "%s rank %d step %u token %d: top-k[%d] %lld (%a), want %lld (%a)\n",
-                sh->spec.name, r->rank, step, t, p, (long long)b->h_idxk[t * K + p],
+                sh->spec.name, r->st.rank, step, t, p, (long long)b->h_idxk[t * K + p],
                 (double)b->h_valk[t * K + p], idx[p], (double)val[p]);
       break;
     }
@@ -321,8 +291,8 @@ static void check_token(rank_ctx *r, bufs *b, int t, uint32_t step) {
     ok = rel <= LSE_TOL;
   }
   if (!ok && r->bad_lse++ < 3)
-    fprintf(stderr, "%s rank %d step %u token %d: lse %.9g, want %.12g\n", sh->spec.name, r->rank,
-            step, t, got, want);
+    fprintf(stderr, "%s rank %d step %u token %d: lse %.9g, want %.12g\n", sh->spec.name,
+            r->st.rank, step, t, got, want);
 }
 
 /* Copies the step's results back and checks them all. */
@@ -342,8 +312,9 @@ static int host_check(rank_ctx *r, bufs *b, int tokens, uint32_t step) {
   long long n = (long long)tokens * sh->spec.vocab_size, bad = 0;
   for (long long i = 0; i < n; i++)
     if (!same(out_at(sh, b->h_out, i), out_at(sh, b->h_ref, i)) && bad++ < 3)
-      fprintf(stderr, "%s rank %d step %u: out[%lld] %a, reference %a\n", sh->spec.name, r->rank,
-              step, i, (double)out_at(sh, b->h_out, i), (double)out_at(sh, b->h_ref, i));
+      fprintf(stderr, "%s rank %d step %u: out[%lld] %a, reference %a\n", sh->spec.name,
+              r->st.rank, step, i, (double)out_at(sh, b->h_out, i),
+              (double)out_at(sh, b->h_ref, i));
   r->bad_out += bad;
   for (int t = 0; t < tokens; t++) check_token(r, b, t, step);
   r->checks += tokens;
@@ -358,36 +329,37 @@ static int tokens_at(const shared *sh, int s) {
 }
 
 static int eager(rank_ctx *r, kl_ctx *ctx, bufs *b) {
-  for (int s = 0; s < r->sh->steps && !r->failed; s++) {
+  for (int s = 0; s < r->sh->steps && !r->st.failed; s++) {
     int tokens = tokens_at(r->sh, s);
     if (one_step(r, ctx, b, tokens) || host_check(r, b, tokens, (uint32_t)s)) return -1;
   }
   return 0;
 }
 
+/* A graph's step: one_step with the token count of its place. */
+typedef struct graph_arg {
+  rank_ctx *r;
+  kl_ctx *ctx;
+  bufs *b;
+} graph_arg;
+static int graph_step(void *arg, int s) {
+  graph_arg *a = arg;
+  return one_step(a->r, a->ctx, a->b, tokens_at(a->r->sh, s));
+}
+
 /* GRAPH_STEPS steps captured once, replayed; the last replayed step checked. */
 static int graph(rank_ctx *r, kl_ctx *ctx, bufs *b) {
   const kl_cu *cu = r->sh->cu;
-  CUgraph g;
-  CUgraphExec ge;
-  CU_CHECK(cu, cuStreamSynchronize(b->s));
-  if (r->sh->group) pthread_barrier_wait(&r->sh->bar);
-  int ok = !r->failed;
-  if (ok) {
-    CU_CHECK(cu, cuStreamBeginCapture(b->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-    for (int s = 0; s < GRAPH_STEPS && ok; s++) ok = one_step(r, ctx, b, tokens_at(r->sh, s)) == 0;
-    CU_CHECK(cu, cuStreamEndCapture(b->s, &g));
-    if (ok) CU_CHECK(cu, cuGraphInstantiate(&ge, g, 0));
-  }
-  if (r->sh->group) pthread_barrier_wait(&r->sh->bar);
-  if (!ok) return -1;
-  for (int i = 0; i < 16; i++) CU_CHECK(cu, cuGraphLaunch(ge, b->s));
+  graph_arg a = {r, ctx, b};
+  gpu_graph gr;
+  if (gpu_graph_steps(cu, b->s, r->sh->group ? &r->sh->threads : NULL, r->st.failed, GRAPH_STEPS,
+                      graph_step, &a, 16, &gr))
+    return -1;
   uint32_t step;
   CU_CHECK(cu, cuStreamSynchronize(b->s));
   CU_CHECK(cu, cuMemcpyDtoH(&step, b->step, 4));
   host_check(r, b, tokens_at(r->sh, GRAPH_STEPS - 1), step - 1);
-  cu->cuGraphExecDestroy(ge);
-  cu->cuGraphDestroy(g);
+  gpu_graph_destroy(cu, &gr);
   return 0;
 }
 
@@ -446,29 +418,26 @@ static void *run_rank(void *arg) {
   bufs b;
   memset(&b, 0, sizeof b);
   /* Everything that may synchronize the device happens before creation. */
-  if (load_kernels(sh, &b.k)) fail(r, "test kernels", "did not build");
+  if (load_kernels(sh, &b.k)) rank_fail(&r->st, "test kernels", "did not build");
   alloc_bufs(sh, &b);
   CU_CHECK(cu, cuCtxSynchronize());
-  kl_config cfg = KL_CONFIG_INIT;
-  cfg.rank = r->rank, cfg.nranks = sh->spec.tp, cfg.device = sh->device, cfg.group = sh->group;
+  kl_config cfg = rank_config(r->st.rank, sh->spec.tp, sh->device, sh->group);
   cfg.nccl = sh->comm;
   cfg.crossover_bytes = 1LL << 40; /* NCCL only where the test says: tokens, KLGEN_DISABLE */
   kl_ctx *ctx = NULL;
-  kl_stats st = KL_STATS_INIT;
-  if (kl_ctx_create_file(&ctx, sh->file, sh->spec.name, &cfg) != KLRT_OK)
-    fail(r, "create", kl_last_error()); /* still meets the others below */
-  else if (kl_ctx_stats(ctx, &st), !st.oneshot_ready)
-    fail(r, "one-shot not ready", st.not_ready);
+  /* a failed rank still meets the others below */
+  rank_created(&r->st, kl_ctx_create_file(&ctx, sh->file, sh->spec.name, &cfg), ctx);
   /* Creation made the group's own streams work; this rank's stream works
    * once more after that and every rank waits for every other's, so no
    * first step waits behind a peer's first step (gpu_diff does the same). */
   CU_CHECK(cu, cuMemsetD32Async(b.step, 0, 4, b.s));
   CU_CHECK(cu, cuStreamSynchronize(b.s));
-  if (sh->group) pthread_barrier_wait(&sh->bar);
-  if (!r->failed) eager(r, ctx, &b);
+  if (sh->group) ranks_sync(&sh->threads);
+  if (!r->st.failed) eager(r, ctx, &b);
   graph(r, ctx, &b);
-  if (!r->failed && ctx) {
-    if (kl_ctx_status(ctx) != KLRT_OK) fail(r, "device status", kl_last_error());
+  if (!r->st.failed && ctx) {
+    if (kl_ctx_status(ctx) != KLRT_OK) rank_fail(&r->st, "device status", kl_last_error());
+    kl_stats st = KL_STATS_INIT;
     kl_ctx_stats(ctx, &st);
     int disabled = getenv("KLGEN_DISABLE") != NULL;
     uint64_t over = sh->mixed ? 3 * (uint64_t)((sh->steps + 2) / 10) : 0; /* 3 calls a step */
@@ -476,11 +445,11 @@ static void *run_rank(void *arg) {
       char why[128];
       snprintf(why, sizeof why, "%llu one-shot and %llu NCCL calls", (unsigned long long)st.oneshot,
                (unsigned long long)st.nccl);
-      fail(r, "paths", why);
+      rank_fail(&r->st, "paths", why);
     }
   }
   cu->cuStreamSynchronize(b.s);
-  if (ctx && kl_ctx_destroy(ctx) != KLRT_OK) fail(r, "kl_ctx_destroy", kl_last_error());
+  if (ctx && kl_ctx_destroy(ctx) != KLRT_OK) rank_fail(&r->st, "kl_ctx_destroy", kl_last_error());
   free_bufs(cu, &b);
   return NULL;
 }
@@ -491,7 +460,7 @@ static int summarize(const shared *sh, const rank_ctx *r, int n, const char *how
   long long out = 0, am = 0, tk = 0, lse = 0, checks = 0;
   double worst = 0;
   for (int i = 0; i < n; i++) {
-    if (r[i].failed) fprintf(stderr, "FAIL %s\n", r[i].msg), fails++;
+    fails += rank_failed(&r[i].st);
     out += r[i].bad_out, am += r[i].bad_argmax, tk += r[i].bad_topk, lse += r[i].bad_lse;
     checks += r[i].checks;
     if (r[i].worst_lse > worst) worst = r[i].worst_lse;
@@ -507,73 +476,49 @@ static int summarize(const shared *sh, const rank_ctx *r, int n, const char *how
 static int run_spec(shared *sh) {
   int tp = sh->spec.tp;
   kl_group_create(&sh->group, tp);
-  pthread_barrier_init(&sh->bar, NULL, (unsigned)tp);
   rank_ctx *r = calloc((size_t)tp, sizeof *r);
-  pthread_t *th = calloc((size_t)tp, sizeof *th);
-  for (int i = 0; i < tp; i++) {
-    r[i] = (rank_ctx){.sh = sh, .rank = i};
-    pthread_create(&th[i], NULL, run_rank, &r[i]);
-  }
-  for (int i = 0; i < tp; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < tp; i++) r[i] = (rank_ctx){.sh = sh, .st.rank = i};
+  ranks_start(&sh->threads, tp, run_rank, r, sizeof *r);
+  ranks_join(&sh->threads);
   char how[64];
   snprintf(how, sizeof how, "tp %d on one GPU", tp);
   int fails = summarize(sh, r, tp, how);
   kl_group_destroy(sh->group);
-  pthread_barrier_destroy(&sh->bar);
-  free(r), free(th);
+  free(r);
   return fails;
 }
 
+/* A --tp2 run: the spec, its file, the steps, how the run goes (its line). */
+typedef struct tp2_run_arg {
+  const kl_spec *spec;
+  const char *file;
+  int steps;
+  const char *how;
+} tp2_run_arg;
+
 /* Rank `rank` of a tp 2 spec, in a process of its own, on GPU `rank`. */
-static int tp2_rank(const kl_spec *spec, const char *file, int steps, int rank, int fd[2],
-                    const char *how) {
+static int tp2_rank(int rank, const int fd[2], void *arg) {
+  const tp2_run_arg *a = arg;
   const kl_cu *cu = gpu_require(2);
-  ncclUniqueId id;
-  if (rank == 0) {
-    ncclGetUniqueId(&id);
-    if (write(fd[1], &id, sizeof id) != (ssize_t)sizeof id) return 1;
-  } else if (read(fd[0], &id, sizeof id) != (ssize_t)sizeof id) {
-    return 1;
-  }
-  CUdevice dev;
-  CUcontext cuctx;
-  CU_CHECK(cu, cuDeviceGet(&dev, rank));
-  CU_CHECK(cu, cuDevicePrimaryCtxRetain(&cuctx, dev));
-  CU_CHECK(cu, cuCtxSetCurrent(cuctx)); /* NCCL's runtime uses the current context */
-  shared sh = {.file = file, .spec = *spec, .cu = cu, .cuctx = cuctx, .device = rank,
-               .mixed = 1, .steps = steps, .k = spec->topk};
+  shared sh = {.file = a->file, .spec = *a->spec, .cu = cu, .device = rank, .mixed = 1,
+               .steps = a->steps, .k = a->spec->topk};
+  if (gpu_nccl_rank(cu, rank, 2, fd, &sh.cuctx, &sh.comm)) return 1;
   kl_err err;
   kl_layout_derive(&sh.spec, &sh.l, &err);
-  if (ncclCommInitRank(&sh.comm, 2, id, rank) != ncclSuccess) return 1;
-  rank_ctx r = {.sh = &sh, .rank = rank};
+  rank_ctx r = {.sh = &sh, .st.rank = rank};
   run_rank(&r);
-  if (r.failed) fprintf(stderr, "FAIL %s\n", r.msg);
+  rank_failed(&r.st);
   char line[96];
-  snprintf(line, sizeof line, "rank %d of 2 processes, %s", rank, how);
-  int fails = summarize(&sh, &r, 1, line) + r.failed;
+  snprintf(line, sizeof line, "rank %d of 2 processes, %s", rank, a->how);
+  int fails = summarize(&sh, &r, 1, line) + r.st.failed;
   ncclCommDestroy(sh.comm);
   return fails ? 1 : 0;
 }
 
 static int tp2_run(const kl_spec *spec, const char *file, int steps, const char *how) {
-  int fd[2], fails = 0;
-  if (pipe(fd) != 0) return 1;
-  pid_t pid[2];
-  for (int r = 0; r < 2; r++) {
-    fflush(stdout);
-    if ((pid[r] = fork()) == 0) {
-      int rc = tp2_rank(spec, file, steps, r, fd, how);
-      fflush(stdout), fflush(stderr);
-      _exit(rc);
-    }
-  }
-  for (int r = 0; r < 2; r++) {
-    int st = 0;
-    waitpid(pid[r], &st, 0);
-    fails += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
-  }
-  close(fd[0]), close(fd[1]);
-  return fails;
+  tp2_run_arg a = {spec, file, steps, how};
+  int fails = ranks_fork(2, tp2_rank, &a);
+  return fails < 0 ? 1 : fails;
 }
 
 /* --tp2: forked ranks on two GPUs; the parent never starts CUDA. */
