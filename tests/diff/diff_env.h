@@ -106,8 +106,9 @@ typedef struct diff_env {
   diff_coverage cov;
 } diff_env;
 
-/* diff_case.c */
+/* diff_case.c (the parts of a case: diff_case.h) */
 void diff_run_case(diff_env *env, const diff_case *c);
+/* diff_ranks.c */
 int diff_context_lost(void); /* a sticky CUDA error: nothing more can run */
 /* diff_main.c */
 void diff_device_tanh(diff_env *env, size_t n); /* h_tout[i] = tanhf(h_targ[i]) */

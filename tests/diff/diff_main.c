@@ -545,8 +545,8 @@ static int run_into(diff_env *env, const diff_case *c, char **buf) {
 /* One case, its failures kept apart until judged. Ranks sharing one GPU get
  * no promise from CUDA that their grids run side by side, and now and then
  * (about 2 cases in 100 at tp 16) one rank's step starts on the device only
- * once its peers' grids have given up. A case that shows this (diff_case.c
- * held_back) and whose every failure is a fault the library reported as it
+ * once its peers' grids have given up. A case that shows this (diff_report.c
+ * diff_held_back) and whose every failure is a fault the library reported as it
  * must runs once more; it passes if that run passes (returns 1), and
  * anything else is printed and counted as it came. On two GPUs, or without
  * the late start, a time-out is a failure. */

@@ -1,6 +1,6 @@
 /* The reference: written from torch's and IEEE's definitions on the host, not
  * from the kernels' helpers. Only tanhf comes from the device (it is not
- * correctly rounded, so the host's would differ in the last bit); diff_case.c
+ * correctly rounded, so the host's would differ in the last bit); diff_inputs.c
  * evaluates it there for every argument this file asks for. */
 #include <math.h>
 #include <stdlib.h>

@@ -1,0 +1,170 @@
+/* A step's inputs and their reference (see diff_case.h): hostile rows
+ * split into each rank's shard, the values the gather must deliver (the
+ * epilogue with the device's tanhf), kl_sample's parameters per row, and
+ * the selections and samples diff_ref.c and diff_sample.c give for them. */
+#include <math.h>
+#include <string.h>
+
+#include "diff_case.h"
+
+static void make_inputs(case_run *run, rng *r, ref_step *ref, int tokens) {
+  const diff_case *c = run->c;
+  int64_t padded = c->layout.padded_vocab, shard = c->layout.shard;
+  int elem = c->layout.elem_bytes;
+  for (int t = 0; t < tokens; t++)
+    diff_fill_row(r, (int)c->spec.dtype, (int)rng_below(r, (uint64_t)diff_row_kinds()),
+                  ref->rows + (size_t)t * (size_t)padded, c->spec.vocab_size, padded);
+  for (int k = 0; k < run->tp; k++) {
+    unsigned char *h = run->env->slots[k].h_in;
+    for (int t = 0; t < tokens; t++) {
+      const uint32_t *src = ref->rows + (size_t)t * (size_t)padded + (size_t)k * (size_t)shard;
+      for (int64_t j = 0; j < shard; j++) {
+        size_t at_ = ((size_t)t * (size_t)shard + (size_t)j) * (size_t)elem;
+        if (elem == 2) {
+          uint16_t v = (uint16_t)src[j];
+          memcpy(h + at_, &v, 2);
+        } else {
+          memcpy(h + at_, &src[j], 4);
+        }
+      }
+    }
+  }
+}
+
+/* The epilogue's outputs, with tanhf from the device. */
+static void reference_values(case_run *run, ref_step *ref, int tokens) {
+  const diff_case *c = run->c;
+  diff_env *env = run->env;
+  epilogue e;
+  epilogue_of(&c->spec, &e);
+  int64_t vocab = c->spec.vocab_size, padded = c->layout.padded_vocab;
+  size_t n = (size_t)tokens * (size_t)vocab;
+  for (int t = 0; t < tokens; t++)
+    for (int64_t j = 0; j < vocab; j++) {
+      uint32_t b = ref->rows[(size_t)t * (size_t)padded + (size_t)j];
+      if (b == neg_zero(e.dtype)) b = 0; /* the selections read -0 as +0, as the gather has it */
+      float x = elem_to_f(e.dtype, b);
+      size_t i = (size_t)t * (size_t)vocab + (size_t)j;
+      ref->vals[i] = x;
+      if (e.has_cap) env->h_targ[i] = epilogue_arg(&e, x);
+    }
+  if (!e.on) return;
+  if (e.has_cap) diff_device_tanh(env, n);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t o = epilogue_finish(&e, ref->vals[i], e.has_cap ? env->h_tout[i] : 0.0f);
+    ref->gbits[i] = o;
+    ref->vals[i] = e.out_dtype == KL_FP32 ? elem_to_f(KL_FP32, o) : elem_to_f(e.dtype, o);
+  }
+}
+
+/* kl_sample's parameters for the step's rows, into the pinned block every
+ * rank uploads: each filter alone and together, their edges, greedy rows,
+ * and now and then a row outside the domain (it must draw -1). */
+static void draw_sample_params(case_run *run, rng *r, int tokens) {
+  const diff_env *env = run->env;
+  const long long v = run->c->spec.vocab_size, cap = run->c->spec.topk;
+  static const float temps[] = {0.f, 0.f, 1e-3f, 0.37f, 0.7f, 1.f, 1.f, 1.7f, 9.5f};
+  static const float ps[] = {1.f, 1.f, 1.f, 1e-7f, 0.05f, 0.5f, 0.9f, 0.99999f};
+  static const float mps[] = {0.f, 0.f, 0.f, 1e-6f, 0.05f, 0.3f, 0.999f, 1.f};
+  float *T = host_param(env, P_T), *P = host_param(env, P_TOP_P), *MP = host_param(env, P_MIN_P);
+  int64_t *K = host_param(env, P_TOP_K);
+  uint64_t *S = host_param(env, P_SEED), *O = host_param(env, P_OFFSET);
+  for (int i = 0; i < tokens; i++) {
+    const long long ks[] = {0, 0, 1, 2, cap, v, v + 3, cap + 1};
+    T[i] = temps[rng_below(r, sizeof temps / sizeof *temps)];
+    P[i] = ps[rng_below(r, sizeof ps / sizeof *ps)];
+    MP[i] = mps[rng_below(r, sizeof mps / sizeof *mps)];
+    K[i] = ks[rng_below(r, rng_chance(r, 0.95) ? 7 : 8)];
+    S[i] = rng_next(r);
+    O[i] = rng_below(r, 1ull << 40);
+    if (rng_chance(r, 0.03)) T[i] = rng_chance(r, 0.5) ? -1.f : NAN;
+  }
+}
+
+/* Row t's parameters as kl_sample reads them (NULL arrays off, 0). */
+static int row_params(const case_run *run, int t, sample_args *a, uint64_t *seed,
+                      uint64_t *offset) {
+  const diff_env *env = run->env;
+  const unsigned nulls = run->plan.nulls;
+  const long long v = run->c->spec.vocab_size;
+  const int64_t k = (nulls & 1) ? 0 : ((int64_t *)host_param(env, P_TOP_K))[t];
+  a->temperature = ((float *)host_param(env, P_T))[t];
+  a->top_k = k >= v ? 0 : k;
+  a->top_p = (nulls & 2) ? 1.f : ((float *)host_param(env, P_TOP_P))[t];
+  a->min_p = (nulls & 4) ? 0.f : ((float *)host_param(env, P_MIN_P))[t];
+  *seed = (nulls & 8) ? 0 : ((uint64_t *)host_param(env, P_SEED))[t];
+  *offset = (nulls & 16) ? 0 : ((uint64_t *)host_param(env, P_OFFSET))[t];
+  return a->temperature >= 0.f && isfinite(a->temperature) && a->top_p > 0.f && a->top_p <= 1.f &&
+         a->min_p >= 0.f && a->min_p <= 1.f && a->top_k >= 0 && a->top_k <= run->c->spec.topk;
+}
+
+/* kl_sample's reference inputs, before the ranks start (the main thread
+ * makes no CUDA call while they run: an error of theirs must reach compare,
+ * not end the run here): each row's parameters, its tempered values t (in
+ * h_targ) and the device's noise and expf for them (h_tg, h_tout). */
+static void sample_inputs(case_run *run, ref_step *ref, int tokens) {
+  diff_env *env = run->env;
+  const int64_t vocab = run->c->spec.vocab_size;
+  diff_noise_row *rows = env->h_srow;
+  for (int r = 0; r < tokens; r++) {
+    ref->sok[r] = row_params(run, r, &ref->sargs[r], &rows[r].seed, &rows[r].offset);
+    ref->sm[r] = sample_tempered(ref->vals + (size_t)r * (size_t)vocab, vocab,
+                                 ref->sargs[r].temperature, env->h_targ + (size_t)r * (size_t)vocab);
+    rows[r].m = isfinite(ref->sm[r]) ? ref->sm[r] : 0.f;
+  }
+  diff_device_noise(env, vocab, tokens);
+}
+
+/* kl_sample's reference (diff_sample.c) on the values the gather delivers. */
+static void reference_samples(case_run *run, ref_step *ref, int tokens) {
+  const diff_env *env = run->env;
+  const int64_t vocab = run->c->spec.vocab_size;
+  const int n = run->plan.n_top;
+  int64_t top[64];
+  for (int r = 0; r < tokens; r++) {
+    const float *x = ref->vals + (size_t)r * (size_t)vocab;
+    const size_t o = (size_t)r * (size_t)vocab;
+    const int ok = ref->sok[r];
+    double mx;
+    const double ls = sample_log_sum(x, vocab, &mx);
+    ref->tok[r] = ok ? sample_token(env->h_targ + o, ref->sm[r], vocab, &ref->sargs[r],
+                                    env->h_tout + o, env->h_tg + o, NULL)
+                     : -1;
+    ref->lp[r] = ok ? sample_logprob_at(x[ref->tok[r]], mx, ls) : NAN;
+    if (n) sample_top(x, vocab, n, top);
+    for (int j = 0; j < n; j++) {
+      const size_t i = (size_t)r * (size_t)n + (size_t)j;
+      ref->tidx[i] = ok ? top[j] : -1;
+      ref->tlp[i] = ok ? sample_logprob_at(x[top[j]], mx, ls) : NAN;
+    }
+  }
+}
+
+static void reference_selections(case_run *run, ref_step *ref, int tokens) {
+  const diff_case *c = run->c;
+  int64_t vocab = c->spec.vocab_size;
+  int k = c->spec.topk;
+  for (int t = 0; t < tokens; t++) {
+    const float *v = ref->vals + (size_t)t * (size_t)vocab;
+    ref_topk(v, vocab, 1, &ref->idx1[t], &ref->val1[t]);
+    if (k) {
+      ref_topk(v, vocab, k, ref->idxk + (size_t)t * (size_t)k, ref->valk + (size_t)t * (size_t)k);
+      ref->lse[t] = ref_lse(v, vocab);
+    }
+  }
+}
+
+void diff_step_inputs(case_run *run, rng *r, ref_step *ref) {
+  const int tokens = run->plan.tokens;
+  make_inputs(run, r, ref, tokens);
+  reference_values(run, ref, tokens);
+  if (has_op(&run->plan, OP_SAMPLE)) {
+    draw_sample_params(run, r, tokens);
+    sample_inputs(run, ref, tokens);
+  }
+}
+
+void diff_step_reference(case_run *run, ref_step *ref) {
+  reference_selections(run, ref, run->plan.tokens);
+  if (has_op(&run->plan, OP_SAMPLE)) reference_samples(run, ref, run->plan.tokens);
+}
