@@ -52,6 +52,8 @@ typedef struct shared {
 typedef struct rank_ctx {
   shared *sh;
   rank_status st;
+  kl_ctx *ctx;     /* the rank's context and buffers, for its graph's steps */
+  struct bufs *b;
   long long bad_device, bad_host, host_checks;
 } rank_ctx;
 
@@ -113,14 +115,9 @@ static int eager(rank_ctx *r, kl_ctx *ctx, bufs *b) {
 }
 
 /* A graph's step: one_step with the token count of its place. */
-typedef struct graph_arg {
-  rank_ctx *r;
-  kl_ctx *ctx;
-  bufs *b;
-} graph_arg;
 static int graph_step(void *arg, int s) {
-  graph_arg *a = arg;
-  return one_step(a->r, a->ctx, a->b, a->r->sh->tokens[s % 4]);
+  rank_ctx *r = arg;
+  return one_step(r, r->ctx, r->b, r->sh->tokens[s % 4]);
 }
 
 /* GRAPH_STEPS steps captured once, replayed until `steps` steps have run.
@@ -128,9 +125,9 @@ static int graph_step(void *arg, int s) {
  * steps first, and replays start only once every graph exists. */
 static int graph(rank_ctx *r, kl_ctx *ctx, bufs *b) {
   const kl_cu *cu = r->sh->cu;
-  graph_arg a = {r, ctx, b};
   gpu_graph gr;
-  if (gpu_graph_steps(cu, b->s, &r->sh->threads, r->st.failed, GRAPH_STEPS, graph_step, &a,
+  r->ctx = ctx, r->b = b;
+  if (gpu_graph_steps(cu, b->s, &r->sh->threads, r->st.failed, GRAPH_STEPS, graph_step, r,
                       r->sh->steps / GRAPH_STEPS, &gr))
     return -1;
   /* The last replayed step used tokens[(GRAPH_STEPS-1) % 4]; its step number is
@@ -237,8 +234,7 @@ typedef struct queue_probe {
   kl_group *group;
   CUcontext cuctx;
   int rank;
-  kl_result res;
-  char msg[512];
+  rank_result res; /* "created", or why not */
 } queue_probe;
 
 static void *create_with_few_queues(void *arg) {
@@ -249,8 +245,7 @@ static void *create_with_few_queues(void *arg) {
   cu->cuCtxSetCurrent(q->cuctx);
   kl_config cfg = rank_config(q->rank, 2, 0, q->group);
   kl_ctx *ctx = NULL;
-  q->res = kl_ctx_create_string(&ctx, spec, "q", &cfg);
-  snprintf(q->msg, sizeof q->msg, "%s", q->res == KLRT_OK ? "created" : kl_last_error());
+  rank_result_set(&q->res, kl_ctx_create_string(&ctx, spec, "q", &cfg), "created");
   if (ctx) kl_ctx_destroy(ctx);
   return NULL;
 }
@@ -265,8 +260,9 @@ static int few_queues_refused(CUcontext cuctx) {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
   int ok = 1;
   for (int i = 0; i < 2; i++) {
-    int good = q[i].res == KLRT_EUNAVAILABLE && strstr(q[i].msg, "CUDA_DEVICE_MAX_CONNECTIONS=32");
-    printf("%s rank %d with CUDA_DEVICE_MAX_CONNECTIONS=8: %s\n", good ? "ok" : "FAIL", i, q[i].msg);
+    const rank_result *r = &q[i].res;
+    int good = r->rc == KLRT_EUNAVAILABLE && strstr(r->err, "CUDA_DEVICE_MAX_CONNECTIONS=32");
+    printf("%s rank %d with CUDA_DEVICE_MAX_CONNECTIONS=8: %s\n", good ? "ok" : "FAIL", i, r->err);
     ok &= good;
   }
   return ok ? 0 : -1;
@@ -300,34 +296,25 @@ static int run_spec(shared *sh) {
   return fails;
 }
 
+static int one_spec(const gpu_spec_run *g, int steps) {
+  shared sh = {.file = g->file, .spec = *g->spec, .cu = g->cu, .cuctx = g->cuctx, .steps = steps};
+  kl_err err;
+  kl_layout_derive(&sh.spec, &sh.layout, &err);
+  int m = (int)sh.spec.max_tokens, fails = 0;
+  int want[4] = {1, 3, 64, m};
+  for (int t = 0; t < 4; t++) sh.tokens[t] = want[t] < m ? want[t] : m;
+  if (g->index == 0 && planted_error_is_caught(g->cu, &sh.spec, &sh.layout) != 0) {
+    fprintf(stderr, "FAIL: a planted error was not caught\n");
+    fails++;
+  }
+  if (g->index == 0 && few_queues_refused(g->cuctx) != 0) fails++;
+  return fails + run_spec(&sh);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s SPEC_FILE [STEPS]\n", argv[0]);
     return 2;
   }
-  /* Before CUDA starts: every rank's stream gets its own hardware queue
-   * (libklrt refuses ranks sharing a GPU otherwise; see few_queues_refused). */
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
-  const kl_cu *cu = gpu_require(1);
-  kl_spec_list list;
-  kl_err err;
-  CUcontext cuctx = gpu_one_device(cu, argv[1], &list);
-  int fails = 0;
-  for (int i = 0; i < list.n; i++) {
-    shared sh = {.file = argv[1], .spec = list.v[i], .cu = cu, .cuctx = cuctx};
-    sh.steps = argc > 2 ? atoi(argv[2]) : 1024;
-    kl_layout_derive(&sh.spec, &sh.layout, &err);
-    int m = (int)sh.spec.max_tokens;
-    int want[4] = {1, 3, 64, m};
-    for (int t = 0; t < 4; t++) sh.tokens[t] = want[t] < m ? want[t] : m;
-    if (i == 0 && planted_error_is_caught(cu, &sh.spec, &sh.layout) != 0) {
-      fprintf(stderr, "FAIL: a planted error was not caught\n");
-      fails++;
-    }
-    if (i == 0 && few_queues_refused(cuctx) != 0) fails++;
-    fails += run_spec(&sh);
-  }
-  kl_spec_list_free(&list);
-  printf("%s\n", fails ? "FAILED" : "PASSED");
-  return fails ? 1 : 0;
+  return gpu_specs_main(argv[1], one_spec, argc > 2 ? atoi(argv[2]) : 1024);
 }

@@ -372,11 +372,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: %s SPEC_FILE NAME\n", argv[0]);
     return 2;
   }
-  int n = gpu_count_in_child();
-  if (n < 2) {
-    printf("SKIP: needs 2 GPUs, found %d\n", n);
-    return SKIP;
-  }
+  gpu_require_in_child(2);
   spec_arg a = {argv[1], argv[2]};
   int fails = ranks_fork(2, run_rank, &a);
   if (fails < 0) return 1;

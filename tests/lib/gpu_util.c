@@ -26,15 +26,18 @@ const kl_cu *gpu_require(int need) {
   return cu;
 }
 
-int gpu_count_in_child(void) {
+void gpu_require_in_child(int need) {
   pid_t pid = fork();
   if (pid == 0) {
     int n = kl_device_count();
     _exit(n < 0 ? 0 : (n > 100 ? 100 : n));
   }
-  int st = 0;
-  if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st)) return 0;
-  return WEXITSTATUS(st);
+  int st = 0, n = 0;
+  if (pid >= 0 && waitpid(pid, &st, 0) >= 0 && WIFEXITED(st)) n = WEXITSTATUS(st);
+  if (n < need) {
+    printf("SKIP: needs %d GPUs, found %d\n", need, n);
+    exit(SKIP);
+  }
 }
 
 CUcontext gpu_primary(const kl_cu *cu, int dev, int current) {
@@ -53,6 +56,21 @@ CUcontext gpu_one_device(const kl_cu *cu, const char *file, kl_spec_list *list) 
     exit(1);
   }
   return gpu_primary(cu, 0, 1);
+}
+
+int gpu_specs_main(const char *file, int (*fn)(const gpu_spec_run *run, int steps), int steps) {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+  gpu_spec_run run = {.cu = gpu_require(1), .file = file};
+  kl_spec_list list;
+  run.cuctx = gpu_one_device(run.cu, file, &list);
+  int fails = 0;
+  for (run.index = 0; run.index < list.n; run.index++) {
+    run.spec = &list.v[run.index];
+    fails += fn(&run, steps);
+  }
+  kl_spec_list_free(&list);
+  printf("%s\n", fails ? "FAILED" : "PASSED");
+  return fails ? 1 : 0;
 }
 
 int gpu_nccl_rank(const kl_cu *cu, int rank, int n, const int pipe[2], CUcontext *ctx,

@@ -18,14 +18,30 @@
 
 /* The driver, or exit(77) with a reason if fewer than `need` GPUs. */
 const kl_cu *gpu_require(int need);
-/* GPUs present, from a child process, so the caller may still fork ranks. */
-int gpu_count_in_child(void);
+/* exit(77) likewise, the GPUs counted in a child process: the caller does
+ * not start CUDA, so it may still fork ranks. */
+void gpu_require_in_child(int need);
 
 /* GPU dev's primary context, retained, and made current if `current`. */
 CUcontext gpu_primary(const kl_cu *cu, int dev, int current);
 /* The start of the one-GPU tests: the specs of `file` (exit 1 with the
  * message if they do not load) and GPU 0's primary context, made current. */
 CUcontext gpu_one_device(const kl_cu *cu, const char *file, kl_spec_list *list);
+/* The main of a test whose ranks share GPU 0 as threads: each rank's stream
+ * gets a hardware queue of its own (CUDA_DEVICE_MAX_CONNECTIONS=32, set
+ * before CUDA starts: libklrt refuses ranks sharing a GPU otherwise), GPU 0's
+ * context is made current (gpu_one_device), and each spec of `file` goes
+ * through fn with the test's step count; fn returns its failures. Prints
+ * PASSED or FAILED; returns the exit status (exits 77 without a GPU, 1 if
+ * the file does not load). */
+typedef struct gpu_spec_run {
+  const kl_cu *cu;
+  CUcontext cuctx;
+  const char *file;
+  const kl_spec *spec;
+  int index; /* the spec's in the file */
+} gpu_spec_run;
+int gpu_specs_main(const char *file, int (*fn)(const gpu_spec_run *run, int steps), int steps);
 /* Rank `rank` of n processes (ranks_fork): GPU `rank`'s primary context made
  * current (NCCL's runtime uses the current context; *ctx gets it unless ctx
  * is NULL) and a communicator of the n, whose unique id rank 0 sends through

@@ -82,6 +82,12 @@ int rank_created(rank_status *s, kl_result made, kl_ctx *ctx) {
   return st.oneshot_ready ? 0 : rank_fail(s, "one-shot not ready", st.not_ready);
 }
 
+kl_result rank_result_set(rank_result *r, kl_result rc, const char *ok) {
+  r->rc = rc;
+  snprintf(r->err, sizeof r->err, "%s", rc != KLRT_OK ? kl_last_error() : ok);
+  return rc;
+}
+
 kl_config rank_config(int rank, int n, int device, kl_group *group) {
   kl_config cfg = KL_CONFIG_INIT;
   cfg.rank = rank, cfg.nranks = n, cfg.device = device, cfg.group = group;

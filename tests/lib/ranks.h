@@ -52,6 +52,16 @@ int rank_failed(const rank_status *s);
  * "one-shot not ready" and why). */
 int rank_created(rank_status *s, kl_result made, kl_ctx *ctx);
 
+/* A libklrt call's result on a rank thread, and its message: libklrt's
+ * last error is the calling thread's, so it is read there. */
+typedef struct rank_result {
+  kl_result rc;
+  char err[512];
+} rank_result;
+/* Records rc with libklrt's last error if it failed, else with `ok`;
+ * returns rc. */
+kl_result rank_result_set(rank_result *r, kl_result rc, const char *ok);
+
 /* The kl_config of rank `rank` of n on CUDA device `device`, in `group`
  * (NULL: none); every other field as KL_CONFIG_INIT leaves it. */
 kl_config rank_config(int rank, int n, int device, kl_group *group);

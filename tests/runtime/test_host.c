@@ -583,16 +583,14 @@ typedef struct call_arg {
   const rank_bufs *b;
   op_id op;
   int tokens;
-  kl_result res;
+  rank_result r;
   int launches;
-  char err[320];
 } call_arg;
 static void *call_rank(void *v) {
   call_arg *a = v;
   const int before = thread_launches;
-  a->res = call_op(a->ctx, a->op, a->b, a->tokens);
+  rank_result_set(&a->r, call_op(a->ctx, a->op, a->b, a->tokens), "");
   a->launches = thread_launches - before;
-  snprintf(a->err, sizeof a->err, "%s", a->res ? kl_last_error() : "");
   return NULL;
 }
 /* One call on both ranks at once; a[r] gets rank r's result. */
@@ -638,12 +636,12 @@ static void nccl_calls_meet(pair *p, const rank_bufs b[2], const char *when) {
     call_arg a[2];
     const int ag[2] = {allgathers[0], allgathers[1]}, st[2] = {stranded[0], stranded[1]};
     call_both(p, b, op, 8, a);
-    CHECK_KL(a[0].res == KLRT_OK && a[1].res == KLRT_OK && stranded[0] == st[0] &&
+    CHECK_KL(a[0].r.rc == KLRT_OK && a[1].r.rc == KLRT_OK && stranded[0] == st[0] &&
                  stranded[1] == st[1] && allgathers[0] - ag[0] == 1 && allgathers[1] - ag[1] == 1,
              "%s, %s on the NCCL path: %s / %s, all-gathers %d / %d, stranded %d / %d (%s | %s)",
-             when, op_names[op], kl_result_name(a[0].res), kl_result_name(a[1].res),
+             when, op_names[op], kl_result_name(a[0].r.rc), kl_result_name(a[1].r.rc),
              allgathers[0] - ag[0], allgathers[1] - ag[1], stranded[0] - st[0], stranded[1] - st[1],
-             a[0].err, a[1].err);
+             a[0].r.err, a[1].r.err);
   }
 }
 
@@ -668,11 +666,11 @@ static void fault_seen_apart(void) {
   for (op_id op = 0; op < OP_COUNT; op++) {
     call_arg a[2];
     call_both(&p, b, op, 2, a);
-    CHECK_KL(a[0].res == KLRT_EDEVICE && a[0].launches == 0 &&
-                 strstr(a[0].err, "waiting for rank 1") && a[1].res == KLRT_OK &&
+    CHECK_KL(a[0].r.rc == KLRT_EDEVICE && a[0].launches == 0 &&
+                 strstr(a[0].r.err, "waiting for rank 1") && a[1].r.rc == KLRT_OK &&
                  a[1].launches > 0,
              "%s one-shot: rank 0 (seen) %s with %d launches (%s), rank 1 %s with %d", op_names[op],
-             kl_result_name(a[0].res), a[0].launches, a[0].err, kl_result_name(a[1].res),
+             kl_result_name(a[0].r.rc), a[0].launches, a[0].r.err, kl_result_name(a[1].r.rc),
              a[1].launches);
   }
   CHECK_KL(p.ctx[1]->kern[KL_K_SAMPLE].prm.sample.fault == kl_fault_word(p.ctx[1]),
@@ -706,9 +704,9 @@ static void status_keeps_fault(void) {
   set_word(word, 0); /* what it reads later does not matter: rank 0 knows */
   call_arg a[2];
   call_both(&p, b, OP_ARGMAX, 2, a);
-  CHECK_KL(a[0].res == KLRT_EDEVICE && a[0].launches == 0 && a[1].res == KLRT_OK,
+  CHECK_KL(a[0].r.rc == KLRT_EDEVICE && a[0].launches == 0 && a[1].r.rc == KLRT_OK,
            "one-shot after status said EDEVICE: rank 0 %s with %d launches, rank 1 %s",
-           kl_result_name(a[0].res), a[0].launches, kl_result_name(a[1].res));
+           kl_result_name(a[0].r.rc), a[0].launches, kl_result_name(a[1].r.rc));
   r = kl_ctx_status(p.ctx[0]);
   CHECK_KL(r == KLRT_EDEVICE, "status once more: %s", kl_result_name(r));
   nccl_calls_meet(&p, b, "after rank 0's status found the fault");

@@ -693,14 +693,8 @@ typedef struct chi_rank {
   int gathered; /* a top-n logprob asked for: the gather and the row sampler */
   const float *logits; /* [CHI_VOCAB], every row */
   int64_t *tokens;     /* [CHI_CALLS + 1, CHI_ROWS]: the draws, then call 0 again */
-  kl_result rc;
-  char err[300];
+  rank_result res;
 } chi_rank;
-
-static void chi_fail(chi_rank *r, kl_result rc) {
-  r->rc = rc;
-  snprintf(r->err, sizeof r->err, "%s", kl_last_error());
-}
 
 /* One rank: CHI_CALLS calls of CHI_ROWS rows of the same logits, row i with
  * seed i + 1 and call j with offset j, so every draw has noise of its own. */
@@ -712,7 +706,7 @@ static void *chi_rank_main(void *arg) {
    * a peer is created its kernels may spin, waiting for this rank. */
   kl_info info = KL_INFO_INIT;
   kl_result rc = kl_spec_info_string(r->spec, NULL, &info);
-  if (rc) return chi_fail(r, rc), NULL;
+  if (rc) return rank_result_set(&r->res, rc, ""), NULL;
   const size_t shard = (size_t)info.shard, rows = CHI_ROWS, calls = CHI_CALLS;
   float *x = xmalloc(4 * rows * shard), *T = xmalloc(4 * rows), *P = xmalloc(4 * rows),
         *MP = xmalloc(4 * rows);
@@ -753,13 +747,13 @@ static void *chi_rank_main(void *arg) {
                    r->gathered ? (int64_t *)dtop : NULL, NULL, r->gathered, CHI_ROWS, (kl_stream)s);
   }
   CU_CHECK(cu, cuStreamSynchronize(s));
-  if (rc) chi_fail(r, rc);
+  if (rc) rank_result_set(&r->res, rc, "");
   if (!rc) down(&d, r->tokens, dtok, 8 * (calls + 1) * rows);
   CUdeviceptr all[] = {dx, dT, dP, dMP, dK, dS, dO, dtop};
   for (size_t j = 0; j < sizeof all / sizeof *all; j++) cu->cuMemFree(all[j]);
   free(x), free(T), free(P), free(MP), free(K), free(S), free(O);
   CU_CHECK(cu, cuStreamDestroy(s));
-  if (ctx && (rc = kl_ctx_destroy(ctx)) != KLRT_OK && !r->rc) chi_fail(r, rc);
+  if (ctx && (rc = kl_ctx_destroy(ctx)) != KLRT_OK && !r->res.rc) rank_result_set(&r->res, rc, "");
   return NULL;
 }
 
@@ -778,13 +772,13 @@ static int chi_draws(CUcontext cuctx, int tp, const float *logits, sample_args a
   const size_t n = (size_t)(CHI_CALLS + 1) * CHI_ROWS;
   for (int i = 0; i < tp; i++)
     r[i] = (chi_rank){i, tp, group, cuctx, spec, a, bare, gathered, logits,
-                      i ? xmalloc(8 * n) : tokens, KLRT_OK, ""};
+                      i ? xmalloc(8 * n) : tokens, {KLRT_OK, ""}};
   ranks_run(tp, chi_rank_main, r, sizeof *r);
   int ok = 1;
   for (int i = 0; i < tp; i++) {
-    CHECK(r[i].rc == KLRT_OK, "chi tp %d rank %d: %s: %s", tp, i, kl_result_name(r[i].rc),
-          r[i].err);
-    ok &= r[i].rc == KLRT_OK;
+    CHECK(r[i].res.rc == KLRT_OK, "chi tp %d rank %d: %s: %s", tp, i, kl_result_name(r[i].res.rc),
+          r[i].res.err);
+    ok &= r[i].res.rc == KLRT_OK;
   }
   for (int i = 1; i < tp; i++) {
     CHECK(!ok || memcmp(r[i].tokens, tokens, 8 * n) == 0, "tp %d: rank %d drew other tokens than "

@@ -129,6 +129,8 @@ typedef struct shared {
 typedef struct rank_ctx {
   shared *sh;
   rank_status st;
+  kl_ctx *ctx;     /* the rank's context and buffers, for its graph's steps */
+  struct bufs *b;
   long long bad_out, bad_argmax, bad_topk, bad_lse, checks;
   double worst_lse;
 } rank_ctx;
@@ -337,23 +339,18 @@ static int eager(rank_ctx *r, kl_ctx *ctx, bufs *b) {
 }
 
 /* A graph's step: one_step with the token count of its place. */
-typedef struct graph_arg {
-  rank_ctx *r;
-  kl_ctx *ctx;
-  bufs *b;
-} graph_arg;
 static int graph_step(void *arg, int s) {
-  graph_arg *a = arg;
-  return one_step(a->r, a->ctx, a->b, tokens_at(a->r->sh, s));
+  rank_ctx *r = arg;
+  return one_step(r, r->ctx, r->b, tokens_at(r->sh, s));
 }
 
 /* GRAPH_STEPS steps captured once, replayed; the last replayed step checked. */
 static int graph(rank_ctx *r, kl_ctx *ctx, bufs *b) {
   const kl_cu *cu = r->sh->cu;
-  graph_arg a = {r, ctx, b};
   gpu_graph gr;
+  r->ctx = ctx, r->b = b;
   if (gpu_graph_steps(cu, b->s, r->sh->group ? &r->sh->threads : NULL, r->st.failed, GRAPH_STEPS,
-                      graph_step, &a, 16, &gr))
+                      graph_step, r, 16, &gr))
     return -1;
   uint32_t step;
   CU_CHECK(cu, cuStreamSynchronize(b->s));
@@ -523,11 +520,7 @@ static int tp2_run(const kl_spec *spec, const char *file, int steps, const char 
 
 /* --tp2: forked ranks on two GPUs; the parent never starts CUDA. */
 static int tp2_main(const char *file, int steps) {
-  int n = gpu_count_in_child();
-  if (n < 2) {
-    printf("SKIP: needs 2 GPUs, found %d\n", n);
-    return SKIP;
-  }
+  gpu_require_in_child(2);
   kl_spec_list list;
   kl_err err;
   if (kl_spec_load_file(file, NULL, &list, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
@@ -547,6 +540,14 @@ static int tp2_main(const char *file, int steps) {
   return fails ? 1 : 0;
 }
 
+static int one_spec(const gpu_spec_run *g, int steps) {
+  shared sh = {.file = g->file, .spec = *g->spec, .cu = g->cu, .cuctx = g->cuctx, .steps = steps,
+               .k = g->spec->topk};
+  kl_err err;
+  kl_layout_derive(&sh.spec, &sh.l, &err);
+  return run_spec(&sh);
+}
+
 int main(int argc, char **argv) {
   int tp2 = argc > 1 && !strcmp(argv[1], "--tp2");
   if (argc < 2 + tp2) {
@@ -554,20 +555,5 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (tp2) return tp2_main(argv[2], argc > 3 ? atoi(argv[3]) : 1000);
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1); /* before CUDA starts: see gpu_one_gpu.c */
-  const kl_cu *cu = gpu_require(1);
-  kl_spec_list list;
-  kl_err err;
-  CUcontext cuctx = gpu_one_device(cu, argv[1], &list);
-  int fails = 0;
-  for (int i = 0; i < list.n; i++) {
-    shared sh = {.file = argv[1], .spec = list.v[i], .cu = cu, .cuctx = cuctx};
-    sh.steps = argc > 2 ? atoi(argv[2]) : 1000;
-    sh.k = sh.spec.topk;
-    kl_layout_derive(&sh.spec, &sh.l, &err);
-    fails += run_spec(&sh);
-  }
-  kl_spec_list_free(&list);
-  printf("%s\n", fails ? "FAILED" : "PASSED");
-  return fails ? 1 : 0;
+  return gpu_specs_main(argv[1], one_spec, argc > 2 ? atoi(argv[2]) : 1000);
 }
