@@ -152,7 +152,8 @@ static void *run_rank(void *arg) {
   /* Nothing that may synchronize the device (allocation, module load, a
    * memset on the legacy stream) once steps run: with all ranks on one GPU, a
    * rank stalled in such a call would leave its peers' kernels waiting. */
-  if (testkern_load(cu, sh->layout.elem_bytes, &b.k)) rank_fail(&r->st, "test kernels", "did not build");
+  if (testkern_load(cu, sh->layout.elem_bytes, &b.k))
+    rank_fail(&r->st, "test kernels", "did not build");
   size_t max_t = (size_t)sh->spec.max_tokens, elem = (size_t)sh->layout.elem_bytes;
   CU_CHECK(cu, cuStreamCreate(&b.s, CU_STREAM_NON_BLOCKING));
   CU_CHECK(cu, cuMemAlloc(&b.shard, max_t * (size_t)sh->layout.shard * elem));
