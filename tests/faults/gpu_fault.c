@@ -397,8 +397,15 @@ static void *rank_main(void *arg) {
   return NULL;
 }
 
-/* The stand-in at path, for libklrt too (KLGEN_NCCL_LIBRARY); 0 or -1. */
+/* The stand-in at path, for libklrt too (KLGEN_NCCL_LIBRARY); 0 or -1.
+ * libklrt takes a libnccl already in the process before that variable's, so
+ * none may be: the test is linked without NCCL. */
 static int load_standin(const char *path) {
+  if (dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD)) {
+    fprintf(stderr, "gpu_fault: libnccl.so.2 is in this process, so libklrt would use it and "
+            "not the NCCL stand-in: link the test without NCCL\n");
+    return -1;
+  }
   void *lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
   if (!lib) {
     fprintf(stderr, "gpu_fault: cannot load the NCCL stand-in %s: %s\n", path, dlerror());

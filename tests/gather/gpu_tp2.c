@@ -17,7 +17,7 @@
 
 #include <nccl.h> /* and cuda_runtime.h: klrt.h includes neither */
 
-#include "gpu_util.h"
+#include "gpu_nccl.h"
 #include "klrt/klrt.h"
 
 typedef struct rank_env {

@@ -1,13 +1,12 @@
 /* The GPU part of the tests' harness (ranks.h is the part without a GPU):
  * skip (exit 77) without a GPU, a device's context, CU_CHECK, test-data
  * kernels and the host reference they must agree with, graph capture and
- * replay, the NCCL bootstrap of rank processes, a context's marks. */
+ * replay, a context's marks (the NCCL bootstrap of rank processes is
+ * gpu_nccl.h's). */
 #ifndef KL_GPU_UTIL_H
 #define KL_GPU_UTIL_H
 
 #include <stdint.h>
-
-#include <nccl.h> /* klrt.h includes no NCCL header */
 
 #include "cu.h"
 #include "klgen.h"
@@ -42,12 +41,6 @@ typedef struct gpu_spec_run {
   int index; /* the spec's in the file */
 } gpu_spec_run;
 int gpu_specs_main(const char *file, int (*fn)(const gpu_spec_run *run, int steps), int steps);
-/* Rank `rank` of n processes (ranks_fork): GPU `rank`'s primary context made
- * current (NCCL's runtime uses the current context; *ctx gets it unless ctx
- * is NULL) and a communicator of the n, whose unique id rank 0 sends through
- * `pipe`. 0, or -1 if the id or the communicator could not be had. */
-int gpu_nccl_rank(const kl_cu *cu, int rank, int n, const int pipe[2], CUcontext *ctx,
-                  ncclComm_t *comm);
 
 /* Kernels that make and check test data, from a step counter in device memory,
  * so a captured CUDA graph replays with new data every step:

@@ -29,7 +29,7 @@
 
 #include <nccl.h> /* klrt.h includes no NCCL header */
 
-#include "gpu_util.h"
+#include "gpu_nccl.h"
 #include "klrt/klrt.h"
 
 #define GRAPH_STEPS 4
@@ -422,8 +422,10 @@ static void *run_rank(void *arg) {
   cfg.nccl = sh->comm;
   cfg.crossover_bytes = 1LL << 40; /* NCCL only where the test says: tokens, KLGEN_DISABLE */
   kl_ctx *ctx = NULL;
-  /* a failed rank still meets the others below */
-  rank_created(&r->st, kl_ctx_create_file(&ctx, sh->file, sh->spec.name, &cfg), ctx);
+  /* a failed rank still meets the others below (ctx is read only once
+   * creation returned: an argument list has no order) */
+  const kl_result made = kl_ctx_create_file(&ctx, sh->file, sh->spec.name, &cfg);
+  rank_created(&r->st, made, ctx);
   /* Creation made the group's own streams work; this rank's stream works
    * once more after that and every rank waits for every other's, so no
    * first step waits behind a peer's first step (gpu_diff does the same). */
