@@ -145,6 +145,16 @@ echo 'while true do pcall(function() while true do end end) end' >"$tmp/loop.lua
 expect 1 timeout 20 "$klgen" --time-limit 200 "$tmp/loop.lua"; has "$tmp/err" "loop.lua:1: ran past its time limit (200 ms)"
 expect 2 "$klgen" --time-limit 0 "$tmp/loop.lua"; has "$tmp/err" "expected milliseconds"
 
+# the message for a long field chain is built without recursion (a crash,
+# SIGSEGV, before Lua 5.4.8), and bitwise operations on constants past the
+# 256th compute the right value (1000 | 2, not 2)
+{ printf 'local t = {}\nt.x = t\nreturn t'; yes .x | head -n 100000 | tr -d '\n'; echo '.nope + 1'; } >"$tmp/chain.lua"
+expect 1 "$klgen" --time-limit 500 "$tmp/chain.lua"
+has "$tmp/err" "chain.lua:3: attempt to perform arithmetic on a nil value (field 'nope')"
+{ printf 'local k = {'; seq -f ' %g.5,' 0 299 | tr -d '\n'; echo ' }';
+  echo "return { name = 'm', vocab_size = 1000 | (2 or 3), tp = 1, dtype = 'bf16', max_tokens = 1 }"; } >"$tmp/bits.lua"
+expect 0 "$klgen" "$tmp/bits.lua" -o "$tmp/bits"; has "$tmp/out" "^m: vocab 1002 -> padded 1024"
+
 # files are made as any program makes them: 0666 less the caller's umask
 (umask 077 && "$klgen" -q --cubin "$specs/gpt2_tp4.lua" -o "$tmp/u77")
 [ "$(stat -c %a "$tmp/u77"/* | sort -u | tr '\n' ' ')" = "600 " ] && ok || no "umask 077: $(stat -c '%a %n' "$tmp/u77"/*)"

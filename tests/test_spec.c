@@ -273,6 +273,38 @@ static void scan_bound(void) {
   free(src);
 }
 
+/* Two faults of Lua releases before 5.4.8: building the message for a long
+ * field chain recursed once per field (a stack overflow: SIGSEGV, in every
+ * loader), and bitwise operations on constants past the 256th computed the
+ * wrong value. */
+static void lua_release(void) {
+  enum { N = 100000 };
+  size_t cap = 2 * (size_t)N + 64, n = 0;
+  char *src = malloc(cap);
+  if (!src) return;
+  n += (size_t)snprintf(src, cap, "local t = {}\nt.x = t\nreturn t");
+  for (int i = 0; i < N; i++) memcpy(src + n, ".x", 2), n += 2;
+  snprintf(src + n, cap - n, ".nope + 1");
+  kl_limits lim = {500, 0};
+  kl_spec_list l;
+  kl_err e = {{0}};
+  double t0 = seconds();
+  int rc = kl_spec_load_string("t.lua", src, strlen(src), &lim, &l, &e);
+  double dt = seconds() - t0;
+  CHECK(rc == KL_ESPEC && !strcmp(e.msg, "t.lua:3: attempt to perform arithmetic on a nil "
+                                  "value (field 'nope')"), "field chain: rc %d, '%s'", rc, e.msg);
+  CHECK(dt < 0.75, "a field chain's message took %.2f s", dt);
+  n = (size_t)snprintf(src, cap, "local k = {");
+  for (int i = 0; i < 300; i++) n += (size_t)snprintf(src + n, cap - n, " %d.5,", i);
+  snprintf(src + n, cap - n, " }\nreturn { name = 'm', vocab_size = 1000 | (2 or 3), tp = 1, "
+           "dtype = 'bf16', max_tokens = 1 }");
+  rc = load(src, &l, &e);
+  CHECK(rc == 0 && l.v[0].vocab_size == 1002, "1000 | (2 or 3) past 256 constants: rc %d, %lld",
+        rc, rc == 0 ? (long long)l.v[0].vocab_size : 0LL);
+  if (rc == 0) kl_spec_list_free(&l);
+  free(src);
+}
+
 /* A message carries what a spec chose: control bytes, C1 controls and
  * malformed UTF-8 come out as \xHH, letters of any script as they are. */
 static void escapes(void) {
@@ -589,6 +621,7 @@ int main(void) {
   call_bound();
   parse_bound();
   scan_bound();
+  lua_release();
   escapes();
   locations();
   shape();

@@ -103,6 +103,21 @@ def test_hostile_spec_is_bounded(monkeypatch):
         klgen.spec_info(source=GOOD)
 
 
+def test_lua_release_faults_are_gone():
+    # a long field chain's message: a crash of the interpreter (SIGSEGV)
+    # before Lua 5.4.8
+    chain = "local t = {}\nt.x = t\nreturn t" + ".x" * 100000 + ".nope + 1"
+    with pytest.raises(klgen.SpecError, match="attempt to perform arithmetic on a nil value "
+                       "\\(field 'nope'\\)") as e:
+        klgen.spec_info(source=chain)
+    assert e.value.line == 3
+    # bitwise operations on constants past the 256th
+    consts = "local k = {" + ",".join(f"{i}.5" for i in range(300)) + "}\n"
+    info = klgen.spec_info(source=consts + "return { name = 'm', vocab_size = 1000 | (2 or 3), "
+                           "tp = 1, dtype = 'bf16', max_tokens = 1 }")
+    assert info.vocab_size == 1002
+
+
 def test_arguments():
     with pytest.raises(TypeError, match="exactly one"):
         klgen.spec_info()
