@@ -256,7 +256,9 @@ static int with_engine(const kl_spec *s, const kl_layout *l, const char *source,
     return kl_fail(err, KL_ENOMEM, "cannot create a Lua state");
   render_job j = {&sb, s, l, source, dir, parts, lines, result, err, 0};
   int st = kl_sandbox_run(&sb, render_protected, &j);
-  int rc = st != LUA_OK ? lua_fail(&sb, st, "rendering: ", err) : j.rc;
+  /* Past the deadline the result buffer's close handler raises the time
+   * limit too: its message already names the place. */
+  int rc = st != LUA_OK ? lua_fail(&sb, st, sb.expired ? "" : "rendering: ", err) : j.rc;
   kl_sandbox_close(&sb);
   if (rc) {
     free(*result);

@@ -17,6 +17,16 @@
 #define WORK_BYTES (1 << 20)
 #define HOOK_MASK (LUA_MASKCOUNT | LUA_MASKCALL)
 #define READ_PIECE 4096 /* bytes the parser gets between clock reads */
+/* The allocator's share: the C work of a rehash, a string build or a
+ * table's growth is at most linear in the bytes it (re)allocates, so the
+ * clock is read once ALLOC_WORK bytes have been asked for, a call counting
+ * ALLOC_CALL of them (a read every 64 small calls): ~1 ms of such work. */
+#define ALLOC_WORK (256 << 10)
+#define ALLOC_CALL 4096
+#define ALLOC_GRACE 4
+/* How often the count hook records where the spec is, for a time-limit
+ * error that the allocator raises (it must not inspect the stack). */
+#define LOCATE_NS 1000000
 /* A new string's allocation carries its header besides its bytes. */
 #define STRING_HEADER 64
 
@@ -49,31 +59,55 @@ static void locate(lua_State *L, char *buf, size_t n) {
     }
 }
 
-/* Records that the deadline has passed, where (L, or an already formatted
- * location), and arms the trap: a clock read at every instruction, each of
- * which then raises the error. The first location is the one reported. */
-static void expire(kl_sandbox *sb, lua_State *L, const char *where) {
-  if (!sb->timeout[0] && (L || where)) {
+/* The time-limit message, at `where` ("label:line: " or ""). */
+static void set_timeout(kl_sandbox *sb, const char *where) {
+  snprintf(sb->timeout, sizeof sb->timeout, "%sran past its time limit (%lld ms)", where,
+           (long long)sb->time_ms);
+}
+
+/* Records that the deadline has passed and arms the trap: a clock read at
+ * every instruction, each of which then raises the error. With L (a hook,
+ * a C function of the sandbox's), the message names the innermost line
+ * running there, else the last place noted; the first one is reported. */
+static void expire(kl_sandbox *sb, lua_State *L) {
+  if (L && !sb->timeout[0]) {
     char loc[96];
-    if (L) locate(L, loc, sizeof loc);
-    snprintf(sb->timeout, sizeof sb->timeout, "%sran past its time limit (%lld ms)",
-             L ? loc : where, (long long)sb->time_ms);
+    locate(L, loc, sizeof loc);
+    set_timeout(sb, loc[0] ? loc : sb->here);
   }
   sb->expired = 1;
   shorten_period(sb, 1);
 }
 
-/* Reads the clock; past the deadline, arms the trap (see expire). */
-static int past_deadline(kl_sandbox *sb) {
-  if (!sb->expired && now_ns() >= sb->deadline_ns) expire(sb, NULL, NULL);
+/* Reads the clock at `now`; past the deadline, arms the trap (see expire). */
+static int past_deadline(kl_sandbox *sb, int64_t now) {
+  if (!sb->expired && now >= sb->deadline_ns) expire(sb, NULL);
   return sb->expired;
 }
 
+/* The allocator's clock (see ALLOC_WORK): charges a call for `bytes` and
+ * reads the clock when the charges reach ALLOC_WORK. Past the deadline all
+ * growth stops once the trap has raised (and named the line), or after
+ * ALLOC_GRACE more turns of C work that runs no instruction: the
+ * instruction under way may finish, so that the trap names where the spec
+ * is (the allocator cannot look). */
+static void charge_work(kl_sandbox *sb, size_t bytes) {
+  sb->alloc_work -= (int64_t)(ALLOC_CALL + (bytes < ALLOC_WORK ? bytes : ALLOC_WORK));
+  if (sb->alloc_work > 0) return;
+  sb->alloc_work = ALLOC_WORK;
+  if (!sb->expired) past_deadline(sb, now_ns());
+  else if (sb->timeout[0] || ++sb->grace > ALLOC_GRACE) sb->no_growth = 1;
+}
+
 /* Refuses growth past the cap so a memory bomb fails with "not enough memory"
- * instead of taking the machine, and strings past string_max. (A refusal
- * costs a full collection, but its error reaches the spec only through
- * pcall, a call the hook sees.) Lua passes a new object's type as osize:
- * that is how strings are told. */
+ * instead of taking the machine, strings past string_max, and any growth
+ * once the deadline has passed (charge_work): a C loop that allocates
+ * (table growth, rehashing, string building) then fails where it stands,
+ * and the error is the time limit's (kl_sandbox_message). Shrinking never
+ * fails (Lua relies on it). (A refusal costs a full collection, but its error reaches the
+ * spec only through pcall, a call the hook sees.) Lua passes a new
+ * object's type as osize: that is how strings are told. No Lua API call
+ * here but lua_sethook: the stack may be mid-reallocation. */
 static void *cap_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   kl_sandbox *sb = ud;
   if (ptr == NULL) {
@@ -87,11 +121,13 @@ static void *cap_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     }
     osize = 0;
   }
+  charge_work(sb, osize + nsize);
   if (nsize == 0) {
     free(ptr);
     sb->used -= osize;
     return NULL;
   }
+  if (nsize > osize && sb->no_growth) return NULL;
   if (nsize > osize && sb->used + (nsize - osize) > sb->cap) {
     sb->refused = KL_REFUSED_MEMORY;
     return NULL;
@@ -107,27 +143,38 @@ static kl_sandbox *sandbox_of(lua_State *L) {
   return ud;
 }
 
-/* The trap's error: the time-limit message (nothing while closing: nobody
- * reads it, and it must not allocate). */
+/* The trap's error. Its value allocates nothing (past the deadline the
+ * allocator refuses growth, and each refusal costs a full collection);
+ * what it says is kl_sandbox_message's. */
 static void raise_expired(kl_sandbox *sb, lua_State *L) {
-  if (sb->closing) lua_pushboolean(L, 0);
-  else lua_pushstring(L, sb->timeout);
+  lua_pushlightuserdata(L, sb);
   lua_error(L);
 }
 
-/* On every call and every `period` instructions. Past the deadline, every
- * instruction raises: pcall in the chunk can catch one, but the next
- * instruction after it raises the next. */
-void kl_sandbox_check(lua_State *L) {
-  kl_sandbox *sb = sandbox_of(L);
-  if (!past_deadline(sb)) return;
-  expire(sb, L, NULL);
+/* Past the deadline: records where (the first place reported) and raises. */
+static void trap(kl_sandbox *sb, lua_State *L) {
+  expire(sb, L);
   raise_expired(sb, L);
 }
 
+/* Past the deadline, every instruction raises: pcall in the chunk can catch
+ * one, but the next instruction after it raises the next. */
+void kl_sandbox_check(lua_State *L) {
+  kl_sandbox *sb = sandbox_of(L);
+  if (past_deadline(sb, now_ns())) trap(sb, L);
+}
+
+/* On every call and every `period` instructions; a count event also notes,
+ * at most every LOCATE_NS, where the spec is (the allocator's time-limit
+ * error reports that place). */
 static void deadline_hook(lua_State *L, lua_Debug *ar) {
-  (void)ar;
-  kl_sandbox_check(L);
+  kl_sandbox *sb = sandbox_of(L);
+  int64_t now = now_ns();
+  if (past_deadline(sb, now)) trap(sb, L);
+  if (ar->event == LUA_HOOKCOUNT && now - sb->located_ns >= LOCATE_NS) {
+    locate(L, sb->here, sizeof sb->here);
+    sb->located_ns = now;
+  }
 }
 
 /* ---- the spec environment's own and wrapped functions ---- */
@@ -373,7 +420,9 @@ int kl_sandbox_open(kl_sandbox *sb, kl_sandbox_kind kind, const kl_limits *lim) 
   sb->cap = lim && lim->mem_bytes > 0 ? (size_t)lim->mem_bytes : KL_SPEC_MEM_BYTES;
   sb->string_max = kind == KL_SANDBOX_SPEC ? KL_SPEC_STRING_MAX : 0;
   sb->period = HOOK_EVERY;
-  sb->deadline_ns = now_ns() + sb->time_ms * 1000000;
+  sb->alloc_work = ALLOC_WORK;
+  /* The clock starts once the environment is made: the time is the chunk's. */
+  sb->deadline_ns = INT64_MAX;
   lua_State *L = lua_newstate(cap_alloc, sb);
   if (L == NULL) return -1;
   lua_sethook(L, deadline_hook, HOOK_MASK, sb->period);
@@ -382,13 +431,14 @@ int kl_sandbox_open(kl_sandbox *sb, kl_sandbox_kind kind, const kl_limits *lim) 
     kl_sandbox_close(sb);
     return -1;
   }
+  sb->deadline_ns = now_ns() + sb->time_ms * 1000000;
   return 0;
 }
 
 void kl_sandbox_close(kl_sandbox *sb) {
   if (!sb->L) return;
   /* __close handlers still pending run at close: none may run an instruction. */
-  sb->expired = sb->closing = 1;
+  sb->expired = 1;
   lua_sethook(sb->L, deadline_hook, HOOK_MASK, 1);
   lua_close(sb->L);
   sb->L = NULL;
@@ -409,12 +459,8 @@ static const char *read_piece(lua_State *L, void *ud, size_t *size) {
   (void)L;
   *size = 0;
   if (r->left == 0) return NULL;
-  if (!r->sb->expired && now_ns() >= r->sb->deadline_ns) {
-    char where[96];
-    snprintf(where, sizeof where, "%s:%d: ", r->sb->label, r->line);
-    expire(r->sb, NULL, where);
-  }
-  if (r->sb->expired) return NULL;
+  snprintf(r->sb->here, sizeof r->sb->here, "%s:%d: ", r->sb->label, r->line);
+  if (past_deadline(r->sb, now_ns())) return NULL;
   const char *piece = r->p;
   *size = r->left < READ_PIECE ? r->left : READ_PIECE;
   for (const char *q = piece; (q = memchr(q, '\n', (size_t)(piece + *size - q))); q++) r->line++;
@@ -447,11 +493,10 @@ int kl_sandbox_run(kl_sandbox *sb, lua_CFunction f, void *ud) {
 
 const char *kl_sandbox_message(kl_sandbox *sb, int status) {
   /* Past the deadline any error (a refused allocation, the spec's own caught
-   * and raised again) is the time limit's doing. */
+   * and raised again) is the time limit's doing. Where no hook saw it pass,
+   * the place is the last one noted (the allocator's, the parser's). */
   if (sb->expired) {
-    if (!sb->timeout[0])
-      snprintf(sb->timeout, sizeof sb->timeout, "ran past its time limit (%lld ms)",
-               (long long)sb->time_ms);
+    if (!sb->timeout[0]) set_timeout(sb, sb->here);
     return sb->timeout;
   }
   if (status == LUA_ERRMEM) return "exceeded its memory limit";
