@@ -185,13 +185,15 @@ static int lua_fail(kl_sandbox *sb, int status, const char *what, kl_err *err) {
   return kl_fail(err, KL_ETEMPLATE, "%s%s", what, kl_sandbox_message(sb, status));
 }
 
-/* Loads render.lua; leaves its module table at the top of the stack. */
+/* Loads render.lua, handing it the sandbox's load and the environment of
+ * template code; leaves its module table at the top of the stack. */
 static int load_engine(kl_sandbox *sb, kl_err *err) {
   const kl_embedded_file *e = kl_engine;
   int st = kl_sandbox_load(sb, "=render.lua", e->data, e->size);
   if (st != LUA_OK) return lua_fail(sb, st, "template engine: ", err);
   lua_getfield(sb->L, LUA_REGISTRYINDEX, KL_SANDBOX_LOAD_KEY);
-  if ((st = kl_sandbox_call(sb, 1, 1)) != LUA_OK) return lua_fail(sb, st, "template engine: ", err);
+  lua_getfield(sb->L, LUA_REGISTRYINDEX, KL_SANDBOX_ENV_KEY);
+  if ((st = kl_sandbox_call(sb, 2, 1)) != LUA_OK) return lua_fail(sb, st, "template engine: ", err);
   return 0;
 }
 

@@ -177,7 +177,7 @@ static void deadline_hook(lua_State *L, lua_Debug *ar) {
   }
 }
 
-/* ---- the spec environment's own and wrapped functions ---- */
+/* ---- the restricted environment's own and wrapped functions ---- */
 
 /* string.rep: with an empty string and separator the C loop runs n times and
  * allocates nothing, so the string cap does not bound it; this does, and
@@ -191,25 +191,12 @@ static int safe_rep(lua_State *L) {
     lua_pushliteral(L, "");
     return 1;
   }
-  if ((size_t)n > sandbox_of(L)->string_max / (l + lsep) + 1)
+  kl_sandbox *sb = sandbox_of(L);
+  size_t most = sb->string_max ? sb->string_max : sb->cap;
+  if ((size_t)n > most / (l + lsep) + 1)
     return luaL_error(L, "string.rep: the result would be longer than %d KiB, the longest "
-                      "string a spec may make", KL_SPEC_STRING_MAX >> 10);
-  lua_pushvalue(L, lua_upvalueindex(1));
-  lua_insert(L, 1);
-  lua_call(L, lua_gettop(L) - 1, 1);
-  return 1;
-}
-
-/* setmetatable without __gc: Lua runs finalizers with hooks off, so the time
- * limit could not stop one (a table gets one only if __gc is present when
- * setmetatable is called). The template engine's; specs have none. */
-static int no_gc_setmetatable(lua_State *L) {
-  if (lua_type(L, 2) == LUA_TTABLE) {
-    lua_pushliteral(L, "__gc");
-    if (lua_rawget(L, 2) != LUA_TNIL)
-      return luaL_error(L, "setmetatable: __gc finalizers are not allowed");
-    lua_pop(L, 1);
-  }
+                      "string %s", (int)(most >> 10),
+                      sb->string_max ? "a spec may make" : "its memory limit allows");
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_insert(L, 1);
   lua_call(L, lua_gettop(L) - 1, 1);
@@ -282,12 +269,55 @@ static int safe_sort(lua_State *L) {
   return 0;
 }
 
-/* The spec environment's __index: a name that is not there is an error, not
- * nil (a typo, or `nan`, would otherwise make a field vanish). */
-static int undefined_global(lua_State *L) {
-  if (lua_type(L, 2) == LUA_TSTRING)
-    return luaL_error(L, "undefined global '%s'", lua_tostring(L, 2));
-  return luaL_error(L, "undefined global (a %s key)", luaL_typename(L, 2));
+/* ---- strict tables ----
+ * The restricted globals and their library tables raise an error for a name
+ * that is not there: a typo (`vocab_sise`, `math.pie`), or `nan`, would
+ * otherwise read as nil and make a field vanish. rawget on them does too. */
+
+/* The error for key (at index k) missing from a strict table that `what`
+ * names ("" for the globals). Level 1 of luaL_error is the caller's Lua
+ * code, both as an __index and from rawget. */
+static int raise_undefined(lua_State *L, const char *what, int k) {
+  int named = lua_type(L, k) == LUA_TSTRING;
+  if (!*what)
+    return named ? luaL_error(L, "undefined global '%s'", lua_tostring(L, k))
+                 : luaL_error(L, "undefined global (a %s key)", luaL_typename(L, k));
+  return named ? luaL_error(L, "undefined field '%s.%s'", what, lua_tostring(L, k))
+               : luaL_error(L, "undefined field of %s (a %s key)", what, luaL_typename(L, k));
+}
+
+/* __index of a strict table (t, key); upvalue 1: what the table is. */
+static int undefined_name(lua_State *L) {
+  return raise_undefined(L, lua_tostring(L, lua_upvalueindex(1)), 2);
+}
+
+/* Makes the table at the top strict, its metatable hidden. */
+static void make_strict(lua_State *L, const char *what) {
+  lua_createtable(L, 0, 2);
+  lua_pushstring(L, what);
+  lua_pushcclosure(L, undefined_name, 1);
+  lua_setfield(L, -2, "__index");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, -2);
+}
+
+/* rawget(t, k), which on a strict table raises for a missing key as reading
+ * it would: raw access is no way around the check. */
+static int strict_rawget(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checkany(L, 2);
+  lua_settop(L, 2);
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, 1) != LUA_TNIL || !lua_getmetatable(L, 1)) return 1;
+  lua_pushliteral(L, "__index");
+  lua_rawget(L, -2);
+  if (lua_tocfunction(L, -1) != undefined_name) {
+    lua_settop(L, 3);
+    return 1;
+  }
+  lua_getupvalue(L, -1, 1);
+  return raise_undefined(L, lua_tostring(L, -1), 2);
 }
 
 /* Replaces t[name] (t at the top) by f with the original as upvalue 1. */
@@ -323,12 +353,11 @@ static void copy_names(lua_State *L, int src, const char *const *names) {
   }
 }
 
-/* The spec's globals: a whitelist built from the opened libraries, which then
- * replaces the state's global table (so every chunk loaded sees only it), and
- * the string metatable's __index (so ("").find is gone too). */
-static void spec_env(lua_State *L) {
-  lua_pushglobaltable(L);
-  int g = lua_gettop(L);
+/* The restricted globals of specs/README.md: a strict whitelist built from
+ * the opened libraries (the global table at g), with the sandbox's
+ * string.rep, table.sort and rawget; left at the top. Specs run with it as
+ * their globals, template code (the engine's) with it behind its constants. */
+static void restricted_env(lua_State *L, int g) {
   copy_names(L, g, spec_base);
   int env = lua_gettop(L);
   static const struct {
@@ -340,25 +369,24 @@ static void spec_env(lua_State *L) {
     lua_getfield(L, g, libs[i].lib);
     copy_names(L, lua_gettop(L), libs[i].names);
     lua_remove(L, -2);
+    if (libs[i].names == spec_string) wrap(L, "rep", safe_rep);
+    if (libs[i].names == spec_table) {
+      lua_pushcfunction(L, safe_sort);
+      lua_setfield(L, -2, "sort");
+    }
+    make_strict(L, libs[i].lib);
     lua_setfield(L, env, libs[i].lib);
   }
-  lua_getfield(L, env, LUA_STRLIBNAME);
-  wrap(L, "rep", safe_rep);
-  lua_pop(L, 1);
-  lua_getfield(L, env, LUA_TABLIBNAME);
-  lua_pushcfunction(L, safe_sort);
-  lua_setfield(L, -2, "sort");
-  lua_pop(L, 1);
+  lua_pushcfunction(L, strict_rawget);
+  lua_setfield(L, env, "rawget");
   lua_pushvalue(L, env);
   lua_setfield(L, env, "_G");
-  /* strict: reading a name that is not there raises; the metatable hidden */
-  lua_createtable(L, 0, 2);
-  lua_pushcfunction(L, undefined_global);
-  lua_setfield(L, -2, "__index");
-  lua_pushboolean(L, 0);
-  lua_setfield(L, -2, "__metatable");
-  lua_setmetatable(L, env);
-  /* string methods: the restricted table, and the metatable itself hidden */
+  make_strict(L, "");
+}
+
+/* String methods reach only the restricted string table (env at index env),
+ * and the string metatable itself is hidden. */
+static void restrict_string_methods(lua_State *L, int env) {
   lua_pushliteral(L, "");
   lua_getmetatable(L, -1);
   lua_getfield(L, env, LUA_STRLIBNAME);
@@ -366,28 +394,60 @@ static void spec_env(lua_State *L) {
   lua_pushliteral(L, "string");
   lua_setfield(L, -2, "__metatable");
   lua_pop(L, 2);
-  lua_pushvalue(L, env);
+}
+
+/* The spec's globals: the restricted environment, which replaces the
+ * state's global table (so every chunk loaded sees only it). */
+static void spec_env(lua_State *L) {
+  lua_pushglobaltable(L);
+  int g = lua_gettop(L);
+  restricted_env(L, g);
+  restrict_string_methods(L, g + 1);
   lua_rawseti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);
   lua_settop(L, g - 1);
 }
 
+/* The engine's load(text, chunkname, env): template code, parsed as
+ * kl_sandbox_load parses (a piece at a time, under the clock, text only),
+ * with env as its globals. A syntax error is raised. */
+static int engine_load(lua_State *L) {
+  size_t len;
+  const char *src = luaL_checklstring(L, 1, &len);
+  const char *name = luaL_checkstring(L, 2);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  kl_sandbox *sb = sandbox_of(L);
+  if (kl_sandbox_load(sb, name, src, len) != LUA_OK) {
+    if (sb->expired) raise_expired(sb, L);
+    return lua_error(L);
+  }
+  lua_pushvalue(L, 3);
+  lua_setupvalue(L, -2, 1); /* a main chunk's only upvalue is its _ENV */
+  return 1;
+}
+
 /* The engine's globals: the libraries, less what reaches files, processes or
- * bytecode; `load` only for the engine itself, through the registry. */
+ * bytecode. Template code sees none of them: the engine gets (registry) its
+ * `load` and the restricted environment, which template code reads behind
+ * the constants; string methods are the restricted ones. */
 static void engine_env(lua_State *L) {
   static const char *const banned[] = {"dofile", "loadfile", "load", "require", "xpcall",
                                        "collectgarbage", "print", "warn", NULL};
-  lua_getglobal(L, "load");
-  lua_setfield(L, LUA_REGISTRYINDEX, KL_SANDBOX_LOAD_KEY);
   for (const char *const *b = banned; *b; b++) {
     lua_pushnil(L);
     lua_setglobal(L, *b);
   }
   lua_pushglobaltable(L);
-  wrap(L, "setmetatable", no_gc_setmetatable);
-  lua_getfield(L, -1, LUA_STRLIBNAME);
+  int g = lua_gettop(L);
+  lua_getfield(L, g, LUA_STRLIBNAME);
   lua_pushnil(L);
   lua_setfield(L, -2, "dump");
-  lua_pop(L, 2);
+  lua_pop(L, 1);
+  lua_pushcfunction(L, engine_load);
+  lua_setfield(L, LUA_REGISTRYINDEX, KL_SANDBOX_LOAD_KEY);
+  restricted_env(L, g);
+  restrict_string_methods(L, g + 1);
+  lua_setfield(L, LUA_REGISTRYINDEX, KL_SANDBOX_ENV_KEY);
+  lua_settop(L, g - 1);
 }
 
 static int open_protected(lua_State *L) {

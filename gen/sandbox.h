@@ -20,12 +20,12 @@
  *     handlers cannot run either.
  *   - memory: the allocator refuses growth past a cap, and (specs) any
  *     string longer than KL_SPEC_STRING_MAX.
- *   - C code that could loop without a clock read: not in a spec's
+ *   - C code that could loop without a clock read: not in the restricted
  *     environment (pattern matching, table.move, setmetatable, whose __mode
  *     would let the collector's atomic step grow with the square of a weak
  *     table), bounded (string.rep by the string cap), or the sandbox's own
- *     (table.sort reads the clock as the hook does). specs/README.md lists
- *     what a spec may use.
+ *     (table.sort reads the clock as the hook does). Specs run in it, and
+ *     so does template code (specs/README.md lists what it holds).
  * Every Lua API call that can raise an error runs inside lua_pcall: an error
  * outside one would reach Lua's panic handler, which aborts the process. */
 #ifndef KL_SANDBOX_H
@@ -37,11 +37,14 @@
 #include "klgen.h"
 #include "lua.h"
 
+/* The engine's (registry): its `load(text, chunkname, env)` and the
+ * restricted environment that template code reads behind its constants. */
 #define KL_SANDBOX_LOAD_KEY "klgen.load"
+#define KL_SANDBOX_ENV_KEY "klgen.env"
 
 typedef enum kl_sandbox_kind {
   KL_SANDBOX_SPEC,  /* a spec: the restricted environment of specs/README.md */
-  KL_SANDBOX_ENGINE /* the template engine: also patterns and `load` (in the registry) */
+  KL_SANDBOX_ENGINE /* the template engine: the libraries, patterns included */
 } kl_sandbox_kind;
 
 /* Why the allocator last refused: the cap on all memory, or on one string. */

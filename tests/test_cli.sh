@@ -5,6 +5,7 @@ set -u
 klgen=$1 specs=$2 templates=$3
 source "$(dirname "$0")/cli_lib.sh"
 empty_dir() { [ -z "$(ls -A "$1" 2>/dev/null)" ] && ok || no "$1 not empty: $(ls -A "$1")"; }
+ms() { date +%s%3N; } # milliseconds
 
 # usage errors: exit 2
 expect 0 "$klgen" --help;            has "$tmp/out" "usage: klgen"
@@ -182,6 +183,21 @@ expect 2 "$klgen" "--x$(printf '\033')"; has "$tmp/err" 'unknown option --x\\x1b
 no_controls "$tmp/err"
 expect 2 "$klgen" --arch "sm_9$(printf '\033')" "$specs/gpt2_tp4.lua"; has "$tmp/err" 'expected sm_XY'
 no_controls "$tmp/err"
+
+# template code runs in the spec sandbox: no pattern functions (a
+# backtracking find runs in C, past any clock), the same time limit
+cp -r "$templates" "$tmp/tpl_find"
+sed -i '1i % local _ = string.find(string.rep("a", 60), string.rep("a*", 30) .. "b")' "$tmp/tpl_find/prelude.cuh.tmpl"
+expect 1 timeout 20 "$klgen" --templates "$tmp/tpl_find" "$specs/gpt2_tp4.lua" -o "$tmp/tf"
+has "$tmp/err" "klgen: templates/prelude.cuh.tmpl:1: undefined field 'string.find'"
+cp -r "$templates" "$tmp/tpl_loop"
+sed -i '3i % while true do pcall(function() while true do end end) end' "$tmp/tpl_loop/oneshot.cu.tmpl"
+t0=$(ms)
+expect 1 timeout 20 "$klgen" --templates "$tmp/tpl_loop" "$specs/gpt2_tp4.lua" -o "$tmp/tf"
+dt=$(($(ms) - t0))
+has "$tmp/err" "klgen: templates/oneshot.cu.tmpl:3: ran past its time limit (2000 ms)"
+[ "$dt" -lt 3000 ] && ok || no "a looping template took $dt ms under its 2000 ms limit"
+[ ! -e "$tmp/tf" ] && ok || no "output written despite a hostile template"
 
 # --templates: a broken template is reported at its line, nothing written
 cp -r "$templates" "$tmp/tpl"

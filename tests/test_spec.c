@@ -29,6 +29,7 @@ static void bad(const char *src, const char *prefix, const char *part) {
 
 #define OK_FIELDS "vocab_size = 163840, tp = 8, dtype = 'bf16', max_tokens = 64"
 #define SPEC(extra) "return { name = 'm', " OK_FIELDS extra " }"
+#define GOOD_SOFTCAP(v) "{ name = 'm', " OK_FIELDS ", softcap = " v " }"
 
 static void good_specs(void) {
   kl_spec_list l;
@@ -82,8 +83,8 @@ static void sandbox(void) {
   bad("return load('return 1')()", "t.lua:1:", "global 'load'");
   bad("return dofile('/etc/passwd')", "t.lua:1:", "global 'dofile'");
   bad("return loadfile('/etc/passwd')", "t.lua:1:", "global 'loadfile'");
-  bad("return string.dump(function() end)", "t.lua:1:", "field 'dump'");
-  bad("return ('').dump(assert)", "t.lua:1:", "field 'dump'");
+  bad("return string.dump(function() end)", "t.lua:1:", "undefined field 'string.dump'");
+  bad("return ('').dump(assert)", "t.lua:1:", "undefined field 'string.dump'");
   bad("return debug.getinfo(1)", "t.lua:1:", "global 'debug'");
   bad("return package.loadlib('x', 'y')", "t.lua:1:", "global 'package'");
   bad("return collectgarbage('count')", "t.lua:1:", "global 'collectgarbage'");
@@ -98,6 +99,31 @@ static void sandbox(void) {
   bad("\nlocal x = vocab_sise", "t.lua:2:", "undefined global 'vocab_sise'");
   bad("return _G[1]", "t.lua:1:", "undefined global (a number key)");
   bad("x = 1 x = nil return x", "t.lua:1:", "undefined global 'x'");
+  /* no other way to a name that is not there: a spec of its own _ENV (a
+   * local, a parameter, an assignment), raw access, library tables */
+  bad("local a = 1\nlocal _ENV = { math = math }\nreturn " GOOD_SOFTCAP("sofcap"), "t.lua:2:",
+      "_ENV: a spec may not name _ENV");
+  bad("local function f(_ENV) return x end\nreturn f({ x = 1 })", "t.lua:1:", "name _ENV");
+  bad("\n_ENV = { }", "t.lua:2:", "name _ENV");
+  bad("return { _ENV }", "t.lua:1:", "name _ENV");
+  bad("return { _ENV = 1 }", "t.lua:1:", "name _ENV"); /* a key, but the name all the same */
+  bad("local t = {} return 'a' .. --[[ ]] _ENV", "t.lua:1:", "name _ENV");
+  bad("return " GOOD_SOFTCAP("rawget(_G, 'sofcap')"), "t.lua:1:", "undefined global 'sofcap'");
+  bad("return rawget(_G, 1)", "t.lua:1:", "undefined global (a number key)");
+  bad("return " GOOD_SOFTCAP("math.pie"), "t.lua:1:", "undefined field 'math.pie'");
+  bad("return " GOOD_SOFTCAP("rawget(math, 'pie')"), "t.lua:1:", "undefined field 'math.pie'");
+  bad("return ('x').nope", "t.lua:1:", "undefined field 'string.nope'");
+  bad("return table[1]", "t.lua:1:", "undefined field of table (a number key)");
+  bad("return getmetatable(math).__index", "t.lua:1:", "attempt to index a boolean value");
+  /* _ENV as a field, a method, a string or a comment is no variable */
+  kl_spec_list l;
+  kl_err e;
+  CHECK(load("local t = { ['_ENV'] = 1 } t._ENV = t . _ENV + 1 -- _ENV\n"
+             "local o = {} function o:_ENV() return '_ENV' end\n"
+             "return " GOOD_SOFTCAP("t._ENV + rawget(math, 'pi') + #o:_ENV()"), &l, &e) == 0 &&
+            l.v[0].softcap == 6 + 3.141592653589793,
+        "_ENV as a field: %s", e.msg);
+  kl_spec_list_free(&l);
   bad("\x1bLua\x54\x00\x19\x93\r\n\x1a\n", "t.lua:1:", "binary");
 }
 
@@ -144,15 +170,15 @@ static void hostile_specs(void) {
   hostile("return ('x'):rep(1e15, '')", "longer than 1024 KiB");
   hostile("assert(string.rep('', 1e15) == '') error('done')", "done");
   hostile("assert(string.rep('', 1e15, '') == '') error('done')", "done");
-  hostile("return string.find(string.rep('a', 40), '(a*)*b')", "field 'find'");
-  hostile("return ('aaaa'):match('(a*)*b')", "method 'match'");
-  hostile("return string.gsub(string.rep('x', 1e5), 'x', 'yy')", "field 'gsub'");
-  hostile("for w in ('a b'):gmatch('%a') do end", "method 'gmatch'");
-  hostile("return table.move({}, 1, 1e15, 2)", "field 'move'");
-  hostile("return string.pack('i4', 1)", "field 'pack'");
+  hostile("return string.find(string.rep('a', 40), '(a*)*b')", "undefined field 'string.find'");
+  hostile("return ('aaaa'):match('(a*)*b')", "undefined field 'string.match'");
+  hostile("return string.gsub(string.rep('x', 1e5), 'x', 'yy')", "undefined field 'string.gsub'");
+  hostile("for w in ('a b'):gmatch('%a') do end", "undefined field 'string.gmatch'");
+  hostile("return table.move({}, 1, 1e15, 2)", "undefined field 'table.move'");
+  hostile("return string.pack('i4', 1)", "undefined field 'string.pack'");
   /* what else a spec cannot reach */
-  hostile("return getmetatable('').__index.find", "attempt to index");
-  hostile("return rawget(_G, 'load')('return 1')", "attempt to call a nil value");
+  hostile("return getmetatable('').__index.find", "undefined field 'string.__index'");
+  hostile("return rawget(_G, 'load')('return 1')", "undefined global 'load'");
   hostile("return warn('@on')", "global 'warn'");
   hostile("return coroutine.wrap(" LOOP ")()", "global 'coroutine'");
   /* the memory cap also holds when the spec catches the error */
