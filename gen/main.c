@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "klgen.h"
+#include "param.h"
 
 #define MAX_ARCH 8
 
@@ -40,19 +41,21 @@ static void usage(FILE *f) {
         "                   (repeatable; default sm_90)\n"
         "  --cubin          also write DIR/<name>.<arch>.cubin\n"
         "  --templates DIR  read templates from DIR instead of the built-in ones\n"
-        "  --time-limit MS  wall-clock limit for each spec file's code (default 2000)\n"
+        "  --time-limit MS  wall-clock limit for each spec file's code (default:\n"
+        "                   $KLGEN_SPEC_TIME_MS, else 2000)\n"
         "  -q, --quiet      no summary lines\n"
         "  -h, --help       this text\n"
         "  --version        print the version\n"
         "  --               what follows is spec files, even if it starts with '-'\n\n"
-        "Exit status: 0 ok, 1 spec, template, compile or I/O error, 2 usage error.\n",
+        "Exit status: 0 ok, 1 spec, template, compile or I/O error, 2 usage error\n"
+        "(options, environment).\n",
         f);
 }
 
 /* arg is the caller's text (a file name from a glob, say): escaped, it
  * cannot drive the terminal. */
 static int usage_error(const char *fmt, const char *arg) {
-  char shown[256];
+  char shown[1024];
   fprintf(stderr, "klgen: ");
   fprintf(stderr, fmt, kl_escape(arg, strlen(arg), shown, sizeof shown, 0));
   fprintf(stderr, "\nTry 'klgen --help'.\n");
@@ -70,6 +73,21 @@ static int is_arch(const char *s) {
 
 /* The XY of sm_XY (is_arch already holds). */
 static int arch_number(const char *s) { return atoi(s + 3); }
+
+/* The limit of a spec's code: --time-limit, else $KLGEN_SPEC_TIME_MS, else
+ * the default, each read as libklrt reads the variable (param.c). A
+ * malformed variable is refused, with the library's message, even beside
+ * --time-limit: a typo in it must not pass silently. */
+static int spec_time_limit(opts *o) {
+  char why[KL_PARAM_WHY], shown[4 * KL_PARAM_WHY];
+  long long ms;
+  if (kl_param_get(KL_P_SPEC_TIME_MS, &ms, why, sizeof why) != 0) {
+    fprintf(stderr, "klgen: environment: %s\n", kl_escape(why, strlen(why), shown, sizeof shown, 0));
+    return -1;
+  }
+  if (o->lim.time_ms == 0) o->lim.time_ms = ms;
+  return 0;
+}
 
 /* Returns -1 to continue, else an exit status. */
 static int parse(int argc, char **argv, opts *o) {
@@ -96,11 +114,12 @@ static int parse(int argc, char **argv, opts *o) {
              !strcmp(a, "--time-limit")) {
       if (!more) return usage_error("option %s needs an argument", a);
       const char *v = argv[++i];
-      char *end;
       if (!strcmp(a, "--time-limit")) {
-        long long ms = strtoll(v, &end, 10);
-        if (end == v || *end || ms < 1 || ms > 3600000)
-          return usage_error("--time-limit %s: expected milliseconds, 1..3600000", v);
+        char what[96], why[KL_PARAM_WHY];
+        long long ms;
+        snprintf(what, sizeof what, "--time-limit %.64s", v);
+        if (kl_param_parse(KL_P_SPEC_TIME_MS, v, what, &ms, why, sizeof why) != 0)
+          return usage_error("%s", why);
         o->lim.time_ms = ms;
       } else if (!strcmp(a, "-o")) o->out_dir = v;
       else if (!strcmp(a, "--templates")) o->templates = v;
@@ -109,6 +128,7 @@ static int parse(int argc, char **argv, opts *o) {
     } else if (a[0] == '-' && a[1] != 0) return usage_error("unknown option %s", a);
     else o->specs[o->n_specs++] = argv[i];
   }
+  if (spec_time_limit(o) != 0) return 2;
   if (o->list) return o->n_specs ? usage_error("%s", "--list takes no spec") : -1;
   if (o->n_specs == 0) return usage_error("%s", "no spec file given");
   if (o->check && o->cubin) return usage_error("%s", "--check writes nothing; drop --cubin");

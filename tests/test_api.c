@@ -1,9 +1,11 @@
 /* libklrt API misuse and behaviour without a GPU: clear error codes and
  * messages, no crash. Runs everywhere; the no-driver checks only where there
  * is no driver (CI), the rest need none. */
+#include <dirent.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <dlfcn.h>
@@ -205,10 +207,15 @@ static void environment(void) {
   CHECK(kl_params_check(why, sizeof why) == 0 && kl_param_int(KL_P_DISABLE, NULL) == 0,
         "empty = unset");
   unsetenv("KLGEN_DISABLE");
-  /* the spec's time limit comes from the environment */
+  /* the spec's time limit comes from the environment; a malformed one is
+   * refused with the message klgen prints (test_cli.sh) */
   setenv("KLGEN_SPEC_TIME_MS", "100", 1);
   EXPECT_ERR(kl_spec_info_string("while true do end", NULL, &i), KLRT_ESPEC,
              "time limit (100 ms)");
+  setenv("KLGEN_SPEC_TIME_MS", "abc", 1);
+  EXPECT_ERR(kl_spec_info_string(kimi, NULL, &i), KLRT_EINVAL, "");
+  CHECK(!strcmp(kl_last_error(), "environment: KLGEN_SPEC_TIME_MS='abc': expected an integer in "
+                "1..3600000"), "KLGEN_SPEC_TIME_MS=abc: '%s'", kl_last_error());
   unsetenv("KLGEN_SPEC_TIME_MS");
   kl_group_destroy(g);
   /* README: the rows of its variable table are the parameter table */
@@ -430,7 +437,73 @@ static void info(void) {
   EXPECT_ERR(kl_ctx_info(NULL, &i), KLRT_EINVAL, "NULL");
 }
 
+static double seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* One hostile spec through both of the library's file loaders, under
+ * KLGEN_SPEC_TIME_MS=500: refused with `want`, within 1.5 times that. */
+static void hostile_file(const char *path, const char *want) {
+  kl_group *g;
+  kl_group_create(&g, 8);
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.nranks = 8, cfg.group = g;
+  kl_info i = KL_INFO_INIT;
+  kl_ctx *c;
+  for (int ctx = 0; ctx < 2; ctx++) {
+    double t0 = seconds();
+    kl_result r = ctx ? kl_ctx_create_file(&c, path, NULL, &cfg) : kl_spec_info_file(path, NULL, &i);
+    double dt = seconds() - t0;
+    CHECK(r == KLRT_ESPEC && !strncmp(kl_last_error(), path, strlen(path)) &&
+              strstr(kl_last_error(), want), "%s (%s): %s, '%s' (want '%s')", path,
+          ctx ? "kl_ctx_create_file" : "kl_spec_info_file", kl_result_name(r), kl_last_error(),
+          want);
+    CHECK(dt < 0.75, "%s (%s) took %.3f s under a 500 ms limit", path,
+          ctx ? "kl_ctx_create_file" : "kl_spec_info_file", dt);
+  }
+  kl_group_destroy(g);
+}
+
+/* tests/hostile (see test_spec.c), and the field chain whose message Lua
+ * before 5.4.8 built by recursion (a crash), through the library. */
+static void hostile(void) {
+  setenv("KLGEN_SPEC_TIME_MS", "500", 1);
+  DIR *d = opendir(HOSTILE_DIR);
+  CHECK(d != NULL, "%s", HOSTILE_DIR);
+  int files = 0;
+  for (struct dirent *f; d && (f = readdir(d)) != NULL;) {
+    size_t n = strlen(f->d_name);
+    if (n < 5 || strcmp(f->d_name + n - 4, ".lua") != 0) continue;
+    char path[1024], want[256] = "";
+    snprintf(path, sizeof path, "%s/%s", HOSTILE_DIR, f->d_name);
+    FILE *in = fopen(path, "r");
+    if (in && fgets(want, sizeof want, in) && !strncmp(want, "-- refused: ", 12))
+      memmove(want, want + 12, strlen(want + 12) + 1);
+    if (in) fclose(in);
+    want[strcspn(want, "\n")] = 0;
+    hostile_file(path, want);
+    files++;
+  }
+  if (d) closedir(d);
+  CHECK(files > 0, "no hostile specs in %s", HOSTILE_DIR);
+  char chain[] = "/tmp/klgen-chain-XXXXXX";
+  int fd = mkstemp(chain);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (f) {
+    fputs("local t = {}\nt.x = t\nreturn t", f);
+    for (int k = 0; k < 100000; k++) fputs(".x", f);
+    fputs(".nope + 1\n", f);
+    fclose(f);
+    hostile_file(chain, ":3: attempt to perform arithmetic on a nil value (field 'nope')");
+    unlink(chain);
+  }
+  unsetenv("KLGEN_SPEC_TIME_MS");
+}
+
 int main(void) {
+  hostile();
   crossover();
   info();
   misuse();

@@ -144,7 +144,36 @@ expect 1 "$klgen" "$long/s.lua"; has "$tmp/err" "klgen: $long/s.lua:3: unexpecte
 # a spec that never ends is stopped at the time limit
 echo 'while true do pcall(function() while true do end end) end' >"$tmp/loop.lua"
 expect 1 timeout 20 "$klgen" --time-limit 200 "$tmp/loop.lua"; has "$tmp/err" "loop.lua:1: ran past its time limit (200 ms)"
-expect 2 "$klgen" --time-limit 0 "$tmp/loop.lua"; has "$tmp/err" "expected milliseconds"
+expect 2 "$klgen" --time-limit 0 "$tmp/loop.lua"
+has "$tmp/err" "klgen: --time-limit 0: expected an integer in 1..3600000"
+# the limit libklrt reads is the command's too; --time-limit wins; a malformed
+# value is refused as the library refuses it (test_api: the same message)
+expect 1 env KLGEN_SPEC_TIME_MS=200 timeout 20 "$klgen" "$tmp/loop.lua"; has "$tmp/err" "(200 ms)"
+expect 1 env KLGEN_SPEC_TIME_MS=200 timeout 20 "$klgen" --time-limit 300 "$tmp/loop.lua"; has "$tmp/err" "(300 ms)"
+for v in abc 0 12x 3600001; do
+  expect 2 env KLGEN_SPEC_TIME_MS=$v "$klgen" -q "$specs/gpt2_tp4.lua" -o "$tmp/env"
+  [ "$(cat "$tmp/err")" = "klgen: environment: KLGEN_SPEC_TIME_MS='$v': expected an integer in 1..3600000" ] \
+    && ok || no "KLGEN_SPEC_TIME_MS=$v: $(cat "$tmp/err")"
+done
+expect 2 env KLGEN_SPEC_TIME_MS=abc "$klgen" --time-limit 100 -q "$specs/gpt2_tp4.lua" -o "$tmp/env"
+[ ! -e "$tmp/env" ] && ok || no "output written under a malformed KLGEN_SPEC_TIME_MS"
+expect 2 env "KLGEN_SPEC_TIME_MS=$(printf '1\033[2J')" "$klgen" -q "$specs/gpt2_tp4.lua" -o "$tmp/env"
+has "$tmp/err" "KLGEN_SPEC_TIME_MS='1\\\\x1b\\[2J'"
+
+# tests/hostile: each refused within 1.5 times its limit, under --time-limit
+# and under KLGEN_SPEC_TIME_MS alike, with its message, nothing written
+for f in "$(dirname "$0")"/hostile/*.lua; do
+  want=$(sed -n '1s/^-- refused: //p' "$f")
+  for how in option env; do
+    t0=$(ms)
+    if [ $how = option ]; then expect 1 timeout 20 "$klgen" --time-limit 500 "$f" -o "$tmp/hostile"
+    else expect 1 env KLGEN_SPEC_TIME_MS=500 timeout 20 "$klgen" "$f" -o "$tmp/hostile"; fi
+    dt=$(($(ms) - t0))
+    [ "$dt" -lt 750 ] && ok || no "$(basename "$f") ($how) took $dt ms under a 500 ms limit"
+    has "$tmp/err" "^klgen: $f:[0-9]*: .*$want"
+    [ ! -e "$tmp/hostile" ] && ok || no "$(basename "$f"): output written"
+  done
+done
 
 # the message for a long field chain is built without recursion (a crash,
 # SIGSEGV, before Lua 5.4.8), and bitwise operations on constants past the

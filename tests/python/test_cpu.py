@@ -118,6 +118,62 @@ def test_lua_release_faults_are_gone():
     assert info.vocab_size == 1002
 
 
+HOSTILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hostile")
+
+
+def _hostile_specs(tmp_path):
+    """tests/hostile (see test_spec.c) and a long field chain: (path, what the
+    message says)."""
+    cases = []
+    for f in sorted(os.listdir(HOSTILE)):
+        if f.endswith(".lua"):
+            path = os.path.join(HOSTILE, f)
+            with open(path) as fh:
+                first = fh.readline()
+            assert first.startswith("-- refused: "), path
+            cases.append((path, first[len("-- refused: "):].strip()))
+    chain = tmp_path / "chain.lua"
+    chain.write_text("local t = {}\nt.x = t\nreturn t" + ".x" * 100000 + ".nope + 1\n")
+    cases.append((str(chain), "attempt to perform arithmetic on a nil value (field 'nope')"))
+    assert len(cases) > 1
+    return cases
+
+
+@pytest.mark.parametrize("loader", ["spec_info", "generate"])
+def test_hostile_specs_are_refused_in_time(tmp_path, monkeypatch, loader):
+    # each within 1.5 times its limit, as every loader promises
+    monkeypatch.setenv("KLGEN_SPEC_TIME_MS", "500")
+    out = tmp_path / "out"
+    for path, want in _hostile_specs(tmp_path):
+        t0 = time.monotonic()
+        with pytest.raises(klgen.SpecError) as e:
+            if loader == "spec_info":
+                klgen.spec_info(path)
+            else:
+                klgen.generate(path, out)
+        dt = time.monotonic() - t0
+        assert want in str(e.value) and e.value.file == path, str(e.value)
+        assert dt < 0.75, f"{path}: {dt:.3f} s under a 500 ms limit"
+        assert not out.exists()
+
+
+def test_generate_and_spec_info_share_the_time_limit(tmp_path, monkeypatch):
+    loop = tmp_path / "loop.lua"
+    loop.write_text("while true do end")
+    monkeypatch.setenv("KLGEN_SPEC_TIME_MS", "200")
+    for call in (klgen.spec_info, lambda p: klgen.generate(p, tmp_path / "o")):
+        with pytest.raises(klgen.SpecError, match="ran past its time limit \\(200 ms\\)"):
+            call(str(loop))
+    monkeypatch.setenv("KLGEN_SPEC_TIME_MS", "soon")
+    said = []
+    for call in (klgen.spec_info, lambda p: klgen.generate(p, tmp_path / "o")):
+        with pytest.raises(ValueError) as e:
+            call(KIMI)
+        said.append(str(e.value))
+    assert said == ["environment: KLGEN_SPEC_TIME_MS='soon': expected an integer in 1..3600000"] * 2
+    assert not (tmp_path / "o").exists()
+
+
 def test_arguments():
     with pytest.raises(TypeError, match="exactly one"):
         klgen.spec_info()
