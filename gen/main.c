@@ -11,6 +11,11 @@
 #include "param.h"
 
 #define MAX_ARCH 8
+/* The specs of one file that klgen turns into kernels: each is two
+ * renderings (~25 ms) and ~400 KB of output, and with --check or --cubin an
+ * NVRTC compilation per --arch (seconds to ~12 s with topk), so a file
+ * cannot ask for hours. */
+#define KERNEL_SPECS_MAX 16
 
 typedef struct opts {
   const char *out_dir, *templates;
@@ -47,6 +52,7 @@ static void usage(FILE *f) {
         "  -h, --help       this text\n"
         "  --version        print the version\n"
         "  --               what follows is spec files, even if it starts with '-'\n\n"
+        "A file gives kernels for at most 16 specs.\n"
         "Exit status: 0 ok, 1 spec, template, compile or I/O error, 2 usage error\n"
         "(options, environment).\n",
         f);
@@ -265,6 +271,14 @@ static int load_all(const opts *o, job **jobs, int *n, kl_err *err) {
     rc = kl_spec_load_file(shipped ? shipped : o->specs[f], &o->lim, &l, err);
     free(shipped);
     if (rc) return rc;
+    if (l.n > KERNEL_SPECS_MAX) {
+      rc = kl_spec_fail(err, &l.v[KERNEL_SPECS_MAX], KL_F_NAME, "'%s' is spec %d of the file's "
+                        "%d; klgen generates kernels for at most %d specs a file (split it)",
+                        l.v[KERNEL_SPECS_MAX].name, KERNEL_SPECS_MAX + 1, l.n,
+                        KERNEL_SPECS_MAX);
+      kl_spec_list_free(&l);
+      return rc;
+    }
     job *grown = realloc(*jobs, (size_t)(*n + l.n) * sizeof **jobs);
     if (!grown) return kl_spec_list_free(&l), kl_fail(err, KL_ENOMEM, "out of memory");
     *jobs = grown;

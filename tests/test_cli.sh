@@ -213,6 +213,17 @@ no_controls "$tmp/err"
 expect 2 "$klgen" --arch "sm_9$(printf '\033')" "$specs/gpt2_tp4.lua"; has "$tmp/err" 'expected sm_XY'
 no_controls "$tmp/err"
 
+# a file defines at most 16 specs to generate; refused before any work
+specs_file() { echo "local t = {} for i = 1, $1 do t[i] = { name = 'm' .. i, vocab_size = 163840, tp = 8, dtype = 'bf16', max_tokens = 64, topk = 8 } end return t"; }
+specs_file 17 >"$tmp/s17.lua" && specs_file 16 >"$tmp/s16.lua"
+for opt in "" --check --cubin; do
+  expect 1 timeout 20 "$klgen" $opt "$tmp/s17.lua" -o "$tmp/many"
+  has "$tmp/err" "s17.lua:1: name: 'm17' is spec 17 of the file's 17; klgen generates kernels for at most 16 specs a file"
+  [ ! -e "$tmp/many" ] && ok || no "output written for 17 specs ($opt)"
+done
+expect 0 "$klgen" -q "$tmp/s16.lua" -o "$tmp/many"
+[ "$(ls "$tmp/many" | wc -l)" = 32 ] && ok || no "16 specs: $(ls "$tmp/many" | wc -l) files"
+
 # template code runs in the spec sandbox: no pattern functions (a
 # backtracking find runs in C, past any clock), the same time limit
 cp -r "$templates" "$tmp/tpl_find"

@@ -168,7 +168,7 @@ _SUMMARY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*): vocab ", re.MULTILINE)
 def generate(path, out_dir) -> List[str]:
     """Does what `klgen -o out_dir path` does; returns the files written.
 
-    Every spec of the file gives <out_dir>/<name>.cu and <name>.h,
+    Every spec of the file (at most 16) gives <out_dir>/<name>.cu and <name>.h,
     under the spec time limit KLGEN_SPEC_TIME_MS (as spec_info). On any error
     nothing is replaced: a bad spec raises SpecError, a malformed
     KLGEN_SPEC_TIME_MS ValueError (as spec_info), anything else Error.
