@@ -1,6 +1,7 @@
 /* klgen: specs/<model>.lua -> <name>.cu + <name>.h (and optionally cubins). */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,8 +54,8 @@ static void usage(FILE *f) {
         "  --version        print the version\n"
         "  --               what follows is spec files, even if it starts with '-'\n\n"
         "A file gives kernels for at most 16 specs.\n"
-        "Exit status: 0 ok, 1 spec, template, compile or I/O error, 2 usage error\n"
-        "(options, environment).\n",
+        "Exit status: 0 ok, 1 spec, template, compile or I/O error (or stdout's),\n"
+        "2 usage error (options, environment).\n",
         f);
 }
 
@@ -369,7 +370,29 @@ static void summary(const job *j, const opts *o) {
   printf("\n");
 }
 
-int main(int argc, char **argv) {
+/* With stdout or stderr closed (`>&-`) the next file opened would take its
+ * number, and what is printed would go into that file: /dev/null, opened
+ * read-only, takes the number instead, so writing there fails, and
+ * finish_output reports it. */
+static void hold_std_fds(void) {
+  for (int fd = 0; fd <= 2; fd++)
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      int held = open("/dev/null", O_RDONLY);
+      if (held >= 0 && held != fd) close(held);
+    }
+}
+
+/* What klgen prints on stdout (the summary, --list, --help) must arrive: a
+ * closed or full stdout is an error (exit 1, or 2 as it was), never success
+ * with the output lost. */
+static int finish_output(int status) {
+  int e = fflush(stdout) != 0 ? errno : ferror(stdout) ? EIO : 0;
+  if (e == 0) return status;
+  fprintf(stderr, "klgen: cannot write to standard output: %s\n", strerror(e));
+  return status == 2 ? 2 : 1;
+}
+
+static int run(int argc, char **argv) {
   opts o;
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return free(o.specs), rc;
@@ -394,4 +417,9 @@ int main(int argc, char **argv) {
   free(jobs);
   free(o.specs);
   return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  hold_std_fds();
+  return finish_output(run(argc, argv));
 }

@@ -224,6 +224,17 @@ done
 expect 0 "$klgen" -q "$tmp/s16.lua" -o "$tmp/many"
 [ "$(ls "$tmp/many" | wc -l)" = 32 ] && ok || no "16 specs: $(ls "$tmp/many" | wc -l) files"
 
+# the summary must arrive: stdout closed or full is an error (files written
+# or not), nothing printed is nothing lost
+"$klgen" "$specs/gpt2_tp4.lua" -o "$tmp/closed" >&- 2>"$tmp/err"
+[ $? = 1 ] && ok || no "stdout closed: exit not 1"
+has "$tmp/err" "^klgen: cannot write to standard output: Bad file descriptor$"
+expect 1 sh -c '"$0" "$1" -o "$2" >/dev/full' "$klgen" "$specs/gpt2_tp4.lua" "$tmp/full"
+has "$tmp/err" "^klgen: cannot write to standard output: No space left on device$"
+expect 1 sh -c '"$0" --list >/dev/full' "$klgen"
+expect 1 sh -c '"$0" --help >&-' "$klgen"
+expect 0 sh -c '"$0" -q "$1" -o "$2" >/dev/full' "$klgen" "$specs/gpt2_tp4.lua" "$tmp/full"
+
 # template code runs in the spec sandbox: no pattern functions (a
 # backtracking find runs in C, past any clock), the same time limit
 cp -r "$templates" "$tmp/tpl_find"
