@@ -59,6 +59,15 @@ static void usage(FILE *f) {
         f);
 }
 
+/* Text from outside (a file name, a compiler's log) on f, its control bytes
+ * escaped (kl_escape): it cannot drive the terminal. */
+static void put_escaped(FILE *f, const char *s, int keep_newlines) {
+  size_t len = strlen(s), n = 4 * len + 1;
+  char *buf = malloc(n);
+  if (buf) fputs(kl_escape(s, len, buf, n, keep_newlines), f);
+  free(buf);
+}
+
 /* arg is the caller's text (a file name from a glob, say): escaped, it
  * cannot drive the terminal. */
 static int usage_error(const char *fmt, const char *arg) {
@@ -156,8 +165,10 @@ static int render(job *j, const opts *o, kl_err *err) {
   if (rc || !(o->check || o->cubin)) return rc;
   for (int a = 0; a < o->n_arch && !rc; a++) {
     rc = kl_nvrtc_compile(j->source, j->spec.name, o->arch[a], &j->bin[a], err);
-    if (!rc && j->bin[a].log && j->bin[a].log[0])
-      fprintf(stderr, "klgen: %s (%s): NVRTC says:\n%s", j->spec.name, o->arch[a], j->bin[a].log);
+    if (!rc && j->bin[a].log && j->bin[a].log[0]) {
+      fprintf(stderr, "klgen: %s (%s): NVRTC says:\n", j->spec.name, o->arch[a]);
+      put_escaped(stderr, j->bin[a].log, 1);
+    }
   }
   return rc;
 }
@@ -244,14 +255,19 @@ static int list_specs(const opts *o, kl_err *err) {
   }
   closedir(d);
   if (!rc) qsort(stems, (size_t)n, sizeof *stems, cmp_str);
-  if (!rc) printf("shipped specs in %s (name: the specs it defines):\n", dirs[0]);
+  if (!rc) {
+    printf("shipped specs in ");
+    put_escaped(stdout, dirs[0], 0);
+    printf(" (name: the specs it defines):\n");
+  }
   for (int i = 0; i < n && !rc; i++) {
     char path[8192];
     kl_spec_list l;
     snprintf(path, sizeof path, "%s/%s.lua", dirs[0], stems[i]); /* both fit */
     rc = kl_spec_load_file(path, &o->lim, &l, err);
     if (rc) break;
-    printf("%s:", stems[i]);
+    put_escaped(stdout, stems[i], 0);
+    printf(":");
     for (int k = 0; k < l.n; k++) printf(" %s", l.v[k].name);
     printf("\n");
     kl_spec_list_free(&l);

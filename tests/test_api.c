@@ -2,9 +2,11 @@
  * messages, no crash. Runs everywhere; the no-driver checks only where there
  * is no driver (CI), the rest need none. */
 #include <dirent.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -502,8 +504,63 @@ static void hostile(void) {
   unsetenv("KLGEN_SPEC_TIME_MS");
 }
 
-int main(void) {
+/* What a caller or the file system says reaches kl_last_error and the log
+ * (KLGEN_LOG=1) with its control bytes escaped. The log is read once per
+ * process: a child (this program again, KLGEN_LOG=1) writes it. */
+static void logged_child(void) {
+  kl_group *g;
+  kl_group_create(&g, 8);
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.nranks = 8, cfg.group = g;
+  kl_ctx *c;
+  kl_ctx_create_string(&c, kimi, "zzz\x1b[31m\n[klgen] forged", &cfg);
+  kl_binary b;
+  kl_err e;
+  int hit;
+  if (kl_jit_cubin("extern \"C\" __global__ void k() {}\n", "k", "sm_90", "/dev/null/\x1b[2J\rx", &b,
+                   &hit, &e) == 0)
+    kl_binary_free(&b);
+  kl_group_destroy(g);
+}
+
+static void escaped(const char *self) {
+  kl_group *g;
+  kl_group_create(&g, 8);
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.nranks = 8, cfg.group = g;
+  kl_ctx *c;
+  EXPECT_ERR(kl_ctx_create_string(&c, kimi, "zzz\x1b[31m\n", &cfg), KLRT_EINVAL,
+             "no spec named 'zzz\\x1b[31m\\x0a' in it");
+  kl_group_destroy(g);
+  char log[] = "/tmp/klgen-log-XXXXXX";
+  int fd = mkstemp(log);
+  pid_t pid = fd >= 0 ? fork() : -1;
+  if (pid == 0) {
+    dup2(fd, 2);
+    setenv("KLGEN_LOG", "1", 1);
+    execl(self, self, "--log-child", (char *)NULL);
+    _exit(127);
+  }
+  int st = 0;
+  if (pid > 0) waitpid(pid, &st, 0);
+  CHECK(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "log child: status %d", st);
+  char text[8192] = "";
+  ssize_t n = fd >= 0 ? pread(fd, text, sizeof text - 1, 0) : -1;
+  text[n > 0 ? n : 0] = 0;
+  CHECK(strstr(text, "[klgen] error: KLRT_EINVAL: no spec named 'zzz\\x1b[31m\\x0a[klgen] forged' "
+                     "in it\n") != NULL, "log: %s", text);
+  CHECK(strstr(text, "[klgen] JIT cache not used: /dev/null/\\x1b[2J\\x0dx") != NULL, "log: %s",
+        text);
+  int lines = 0, controls = 0;
+  for (char *p = text; *p; p++) lines += *p == '\n', controls += (unsigned char)*p < 0x20 && *p != '\n';
+  CHECK(lines == 2 && controls == 0, "log: %d lines, %d control bytes: %s", lines, controls, text);
+  if (fd >= 0) close(fd), unlink(log);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 2 && !strcmp(argv[1], "--log-child")) return logged_child(), 0;
   hostile();
+  escaped(argv[0]);
   crossover();
   info();
   misuse();

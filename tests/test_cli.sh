@@ -250,6 +250,19 @@ has "$tmp/err" "klgen: templates/oneshot.cu.tmpl:3: ran past its time limit (200
 [ "$dt" -lt 3000 ] && ok || no "a looping template took $dt ms under its 2000 ms limit"
 [ ! -e "$tmp/tf" ] && ok || no "output written despite a hostile template"
 
+# NVRTC's log and --list's names reach the terminal escaped too
+cp -r "$templates" "$tmp/tpl_warn"
+printf '#warning a\033[2Jb\n' >>"$tmp/tpl_warn/relayout.cu.tmpl"
+printf 'return { name = "w", vocab_size = 8, tp = 1, dtype = "bf16", max_tokens = 1 }' >"$tmp/w.lua"
+expect 0 "$klgen" --check --templates "$tmp/tpl_warn" "$tmp/w.lua"
+has "$tmp/err" 'warning directive: a\\x1b\[2Jb'
+no_controls "$tmp/err"
+mkdir -p "$tmp/pkg/bin" "$tmp/pkg/specs" && cp "$klgen" "$tmp/pkg/bin/klgen"
+cp "$tmp/w.lua" "$tmp/pkg/specs/$(printf 'a\033[31m').lua"
+expect 0 "$tmp/pkg/bin/klgen" --list
+has "$tmp/out" '^a\\x1b\[31m: w$'
+no_controls "$tmp/out"
+
 # --templates: a broken template is reported at its line, nothing written
 cp -r "$templates" "$tmp/tpl"
 sed -i '3s/.*/<%= NO_SUCH %>/' "$tmp/tpl/oneshot.cu.tmpl"

@@ -174,6 +174,12 @@ def test_generate_and_spec_info_share_the_time_limit(tmp_path, monkeypatch):
     assert not (tmp_path / "o").exists()
 
 
+def test_messages_escape_control_bytes():
+    with pytest.raises(ValueError) as e:
+        klgen.spec_info(klgen.spec_path("deepseek_v3"), name="zzz\x1b[31m\n")
+    assert str(e.value) == "no spec named 'zzz\\x1b[31m\\x0a' in it"
+
+
 def test_arguments():
     with pytest.raises(TypeError, match="exactly one"):
         klgen.spec_info()
