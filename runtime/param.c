@@ -22,7 +22,8 @@ const kl_param kl_params[KL_P_COUNT] = {
                         "crossover table written by klbench --tune"},
     [KL_P_PDL] = {"KLGEN_PDL", KL_PARAM_BOOL, 1, 0, 1,
                   "0: launch the one-shot kernel without programmatic dependent launch"},
-    [KL_P_CACHE_DIR] = {"KLGEN_CACHE_DIR", KL_PARAM_STR, 0, 0, 0, "JIT cache directory"},
+    [KL_P_CACHE_DIR] = {"KLGEN_CACHE_DIR", KL_PARAM_DIR, 0, 0, 0,
+                        "JIT cache directory (an absolute path)"},
     [KL_P_SPEC_TIME_MS] = {"KLGEN_SPEC_TIME_MS", KL_PARAM_INT, KL_SPEC_TIME_MS, 1, 3600000,
                            "wall-clock limit for a spec's code, in ms"},
     [KL_P_NVRTC_LIBRARY] = {"KLGEN_NVRTC_LIBRARY", KL_PARAM_STR, 0, 0, 0,
@@ -53,6 +54,11 @@ int kl_param_parse(kl_param_id id, const char *v, const char *what, long long *o
   else snprintf(given, sizeof given, "%s", what);
   *out = 0;
   if (p->kind == KL_PARAM_STR) return 0;
+  if (p->kind == KL_PARAM_DIR) {
+    if (v[0] == '/') return 0;
+    snprintf(why, n, "%s: expected an absolute path", given);
+    return -1;
+  }
   if (p->kind == KL_PARAM_BOOL) {
     if (in_list(v, truths)) return *out = 1, 0;
     if (in_list(v, lies)) return 0;
@@ -97,4 +103,9 @@ long long kl_param_int(kl_param_id id, int *given) {
   return ok ? x : kl_params[id].def;
 }
 
-const char *kl_param_str(kl_param_id id) { return value_of(id); }
+const char *kl_param_str(kl_param_id id) {
+  const char *v = value_of(id);
+  long long x;
+  char why[KL_PARAM_WHY];
+  return v && kl_param_parse(id, v, NULL, &x, why, sizeof why) == 0 ? v : NULL;
+}

@@ -11,7 +11,9 @@ typedef enum kl_param_id {
   KL_P_SPEC_TIME_MS, KL_P_NVRTC_LIBRARY, KL_P_NCCL_LIBRARY, KL_P_MAX_CONNECTIONS,
   KL_P_SHARD_SUBPARTS, KL_P_COUNT
 } kl_param_id;
-typedef enum { KL_PARAM_BOOL, KL_PARAM_INT, KL_PARAM_STR } kl_param_kind;
+/* DIR: a STR that must be an absolute path (a relative one would depend on
+ * the working directory of whatever process reads it). */
+typedef enum { KL_PARAM_BOOL, KL_PARAM_INT, KL_PARAM_STR, KL_PARAM_DIR } kl_param_kind;
 typedef struct kl_param {
   const char *name;
   kl_param_kind kind;
@@ -34,7 +36,7 @@ int kl_param_parse(kl_param_id id, const char *v, const char *what, long long *o
 int kl_param_get(kl_param_id id, long long *out, char *why, size_t n);
 /* A BOOL or INT: its value if set and valid (*given = 1), else the default. */
 long long kl_param_int(kl_param_id id, int *given);
-/* A STR: its value, or NULL when unset or "". */
+/* A STR or DIR: its value, or NULL when unset, "" or (DIR) not valid. */
 const char *kl_param_str(kl_param_id id);
 
 #endif

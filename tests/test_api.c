@@ -193,6 +193,8 @@ static void environment(void) {
                           {"KLGEN_DISABLE", "maybe", "expected 1/true/yes/on"},
                           {"KLGEN_PDL", "2", "expected 1/true"},
                           {"KLGEN_SPEC_TIME_MS", "0", "KLGEN_SPEC_TIME_MS='0'"},
+                          {"KLGEN_CACHE_DIR", "rel/cache", "KLGEN_CACHE_DIR='rel/cache': "
+                                                           "expected an absolute path"},
                           {"KLGEN_LOG", "verbose", "KLGEN_LOG='verbose'"}};
   for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
     setenv(bad[k][0], bad[k][1], 1);

@@ -86,8 +86,11 @@ typedef struct kl_config {
   void *allgather_user;
   kl_group *group;    /* ranks in this process (threads), made for nranks ranks;
                          must outlive the context */
-  const char *cache_dir; /* JIT cache; NULL: $KLGEN_CACHE_DIR, $XDG_CACHE_HOME/klgen,
-                            ~/.cache/klgen. Copied. */
+  const char *cache_dir; /* JIT cache; NULL: $KLGEN_CACHE_DIR (absolute, else
+                            creation fails), $XDG_CACHE_HOME/klgen, ~/.cache/klgen
+                            (a relative XDG_CACHE_HOME or HOME is ignored). Copied;
+                            a relative path is taken from the working directory
+                            at creation. */
   /* Per-rank bytes per step (tokens x shard bytes) above which NCCL serves.
    * 0: $KLGEN_CROSSOVER_BYTES, else the tuned table (klbench --tune), else the
    * default for the GPU architecture. The smallest over the ranks applies. */
