@@ -129,10 +129,11 @@ kl_result kl_group_create(kl_group **group, int nranks);
 void kl_group_destroy(kl_group *group);
 
 /* Creates this rank's context: loads the spec (its code runs sandboxed,
- * bounded by KLGEN_SPEC_TIME_MS), JIT-compiles the kernels (or takes them from
- * the cache), allocates and exchanges the one-shot buffers, and agrees with
- * every rank on which paths can serve. Collective; blocks until every rank
- * has come (a kl_group gives up after 120 s). *ctx is NULL on failure.
+ * ended within 1.5 times KLGEN_SPEC_TIME_MS), JIT-compiles the kernels (or
+ * takes them from the cache), allocates and exchanges the one-shot buffers,
+ * and agrees with every rank on which paths can serve. Collective; blocks
+ * until every rank has come (a kl_group gives up after 120 s). *ctx is NULL
+ * on failure.
  * name selects one spec of a file that defines several (NULL: the only one).
  * The GPU must be sm_80 or newer. */
 kl_result kl_ctx_create_file(kl_ctx **ctx, const char *spec_path, const char *name,
