@@ -133,17 +133,25 @@ static double seconds(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* src loaded as t.lua under a limit of ms: its status, *e, and in *dt the
+ * seconds it took (what it defined is freed). */
+static int load_timed(const char *src, int64_t ms, kl_err *e, double *dt) {
+  kl_limits lim = {ms, 0};
+  kl_spec_list l;
+  double t0 = seconds();
+  int rc = kl_spec_load_string("t.lua", src, strlen(src), &lim, &l, e);
+  *dt = seconds() - t0;
+  if (rc == 0) kl_spec_list_free(&l);
+  return rc;
+}
+
 /* Under a 300 ms limit: src must fail with `part` in the message, within a
  * bound that a hang (or the old instruction budget) would not meet. */
 static void hostile(const char *src, const char *part) {
-  kl_limits lim = {300, 0};
-  kl_spec_list l;
   kl_err e = {{0}};
-  double t0 = seconds();
-  int rc = kl_spec_load_string("t.lua", src, strlen(src), &lim, &l, &e);
-  double dt = seconds() - t0;
+  double dt;
+  int rc = load_timed(src, 300, &e, &dt);
   CHECK(rc == KL_ESPEC, "accepted (rc %d): %s", rc, src);
-  if (rc != KL_ESPEC) kl_spec_list_free(&l);
   CHECK(strncmp(e.msg, "t.lua:", 6) == 0, "message '%s' has no location", e.msg);
   CHECK(strstr(e.msg, part) != NULL, "message '%s' lacks '%s' (%s)", e.msg, part, src);
   CHECK(dt < 3.0, "took %.2f s under a 0.3 s limit: %s", dt, src);
@@ -206,15 +214,11 @@ static double time_bound_s(int64_t ms) {
  * sees and, unchecked, runs from seconds (a thousand instructions of it
  * between two clock reads) to minutes. */
 static void timed(const char *src, int64_t ms) {
-  kl_limits lim = {ms, 0};
-  kl_spec_list l;
   kl_err e = {{0}};
   char want[64];
   snprintf(want, sizeof want, "ran past its time limit (%lld ms)", (long long)ms);
-  double t0 = seconds();
-  int rc = kl_spec_load_string("t.lua", src, strlen(src), &lim, &l, &e);
-  double dt = seconds() - t0;
-  if (rc == 0) kl_spec_list_free(&l);
+  double dt;
+  int rc = load_timed(src, ms, &e, &dt);
   CHECK(rc == KL_ESPEC && strncmp(e.msg, "t.lua:", 6) == 0 && strstr(e.msg, want),
         "rc %d, '%s' (want '%s'): %.60s", rc, e.msg, want, src);
   CHECK(dt < time_bound_s(ms), "took %.3f s under a %lld ms limit: %.60s", dt, (long long)ms,
@@ -354,12 +358,10 @@ static void lua_release(void) {
   n += (size_t)snprintf(src, cap, "local t = {}\nt.x = t\nreturn t");
   for (int i = 0; i < N; i++) memcpy(src + n, ".x", 2), n += 2;
   snprintf(src + n, cap - n, ".nope + 1");
-  kl_limits lim = {500, 0};
   kl_spec_list l;
   kl_err e = {{0}};
-  double t0 = seconds();
-  int rc = kl_spec_load_string("t.lua", src, strlen(src), &lim, &l, &e);
-  double dt = seconds() - t0;
+  double dt;
+  int rc = load_timed(src, 500, &e, &dt);
   CHECK(rc == KL_ESPEC && !strcmp(e.msg, "t.lua:3: attempt to perform arithmetic on a nil "
                                   "value (field 'nope')"), "field chain: rc %d, '%s'", rc, e.msg);
   CHECK(dt < time_bound_s(500), "a field chain's message took %.3f s", dt);
