@@ -98,7 +98,8 @@ static int spec_time_limit(opts *o) {
   char why[KL_PARAM_WHY], shown[4 * KL_PARAM_WHY];
   long long ms;
   if (kl_param_get(KL_P_SPEC_TIME_MS, &ms, why, sizeof why) != 0) {
-    fprintf(stderr, "klgen: environment: %s\n", kl_escape(why, strlen(why), shown, sizeof shown, 0));
+    kl_escape(why, strlen(why), shown, sizeof shown, 0);
+    fprintf(stderr, "klgen: environment: %s\n", shown);
     return -1;
   }
   if (o->lim.time_ms == 0) o->lim.time_ms = ms;

@@ -104,10 +104,10 @@ static void charge_work(kl_sandbox *sb, size_t bytes) {
  * once the deadline has passed (charge_work): a C loop that allocates
  * (table growth, rehashing, string building) then fails where it stands,
  * and the error is the time limit's (kl_sandbox_message). Shrinking never
- * fails (Lua relies on it). (A refusal costs a full collection, but its error reaches the
- * spec only through pcall, a call the hook sees.) Lua passes a new
- * object's type as osize: that is how strings are told. No Lua API call
- * here but lua_sethook: the stack may be mid-reallocation. */
+ * fails (Lua relies on it). (A refusal costs a full collection, but its
+ * error reaches the spec only through pcall, a call the hook sees.) Lua
+ * passes a new object's type as osize: that is how strings are told. No Lua
+ * API call here but lua_sethook: the stack may be mid-reallocation. */
 static void *cap_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   kl_sandbox *sb = ud;
   if (ptr == NULL) {
