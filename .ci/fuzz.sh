@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes spec load -> layout -> render for a bounded time (FUZZ_SECONDS,
-# default 60) with libFuzzer under ASan and UBSan, from the shipped specs and
-# tests/fuzz/corpus, with tests/fuzz/spec.dict. Fails on any crash, sanitizer
+# default 60) with libFuzzer under ASan and UBSan, from the shipped specs,
+# tests/fuzz/corpus and tests/spec/hostile, with tests/fuzz/spec.dict. Fails on any crash, sanitizer
 # report, hang, malformed error message or missed time bound (the harness
 # aborts); the input of every finding is kept in build-fuzz/findings/.
 #   bash .ci/fuzz.sh [seconds]
@@ -28,7 +28,7 @@ trap 'rm -rf "$work"' EXIT
 # -rss_limit_mb: Lua is capped at 32 MiB (the loader's default); -max_len:
 # a page of spec (the loader takes up to 1 MiB; longer inputs find little).
 set +e
-build-fuzz/fuzz_spec "$work" specs tests/fuzz/corpus -dict=tests/fuzz/spec.dict \
+build-fuzz/fuzz_spec "$work" specs tests/fuzz/corpus tests/spec/hostile -dict=tests/fuzz/spec.dict \
   -max_total_time="$secs" -timeout=60 -rss_limit_mb=2048 -max_len=4096 \
   -print_final_stats=1 -artifact_prefix="$findings/" >"$work/log" 2>&1
 status=$?

@@ -1,6 +1,7 @@
 /* klgen: specs/<model>.lua -> <name>.cu + <name>.h (and optionally cubins). */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,8 +9,14 @@
 #include <unistd.h>
 
 #include "klgen.h"
+#include "param.h"
 
 #define MAX_ARCH 8
+/* The specs of one file that klgen turns into kernels: each is two
+ * renderings (~25 ms) and ~400 KB of output, and with --check or --cubin an
+ * NVRTC compilation per --arch (seconds to ~12 s with topk), so a file
+ * cannot ask for hours. */
+#define KERNEL_SPECS_MAX 16
 
 typedef struct opts {
   const char *out_dir, *templates;
@@ -40,19 +47,31 @@ static void usage(FILE *f) {
         "                   (repeatable; default sm_90)\n"
         "  --cubin          also write DIR/<name>.<arch>.cubin\n"
         "  --templates DIR  read templates from DIR instead of the built-in ones\n"
-        "  --time-limit MS  wall-clock limit for each spec file's code (default 2000)\n"
+        "  --time-limit MS  wall-clock limit for each spec file's code (default:\n"
+        "                   $KLGEN_SPEC_TIME_MS, else 2000)\n"
         "  -q, --quiet      no summary lines\n"
         "  -h, --help       this text\n"
         "  --version        print the version\n"
         "  --               what follows is spec files, even if it starts with '-'\n\n"
-        "Exit status: 0 ok, 1 spec, template, compile or I/O error, 2 usage error.\n",
+        "A file gives kernels for at most 16 specs.\n"
+        "Exit status: 0 ok, 1 spec, template, compile or I/O error (or stdout's),\n"
+        "2 usage error (options, environment).\n",
         f);
+}
+
+/* Text from outside (a file name, a compiler's log) on f, its control bytes
+ * escaped (kl_escape): it cannot drive the terminal. */
+static void put_escaped(FILE *f, const char *s, int keep_newlines) {
+  size_t len = strlen(s), n = 4 * len + 1;
+  char *buf = malloc(n);
+  if (buf) fputs(kl_escape(s, len, buf, n, keep_newlines), f);
+  free(buf);
 }
 
 /* arg is the caller's text (a file name from a glob, say): escaped, it
  * cannot drive the terminal. */
 static int usage_error(const char *fmt, const char *arg) {
-  char shown[256];
+  char shown[1024];
   fprintf(stderr, "klgen: ");
   fprintf(stderr, fmt, kl_escape(arg, strlen(arg), shown, sizeof shown, 0));
   fprintf(stderr, "\nTry 'klgen --help'.\n");
@@ -70,6 +89,22 @@ static int is_arch(const char *s) {
 
 /* The XY of sm_XY (is_arch already holds). */
 static int arch_number(const char *s) { return atoi(s + 3); }
+
+/* The limit of a spec's code: --time-limit, else $KLGEN_SPEC_TIME_MS, else
+ * the default, each read as libklrt reads the variable (param.c). A
+ * malformed variable is refused, with the library's message, even beside
+ * --time-limit: a typo in it must not pass silently. */
+static int spec_time_limit(opts *o) {
+  char why[KL_PARAM_WHY], shown[4 * KL_PARAM_WHY];
+  long long ms;
+  if (kl_param_get(KL_P_SPEC_TIME_MS, &ms, why, sizeof why) != 0) {
+    kl_escape(why, strlen(why), shown, sizeof shown, 0);
+    fprintf(stderr, "klgen: environment: %s\n", shown);
+    return -1;
+  }
+  if (o->lim.time_ms == 0) o->lim.time_ms = ms;
+  return 0;
+}
 
 /* Returns -1 to continue, else an exit status. */
 static int parse(int argc, char **argv, opts *o) {
@@ -96,11 +131,12 @@ static int parse(int argc, char **argv, opts *o) {
              !strcmp(a, "--time-limit")) {
       if (!more) return usage_error("option %s needs an argument", a);
       const char *v = argv[++i];
-      char *end;
       if (!strcmp(a, "--time-limit")) {
-        long long ms = strtoll(v, &end, 10);
-        if (end == v || *end || ms < 1 || ms > 3600000)
-          return usage_error("--time-limit %s: expected milliseconds, 1..3600000", v);
+        char what[96], why[KL_PARAM_WHY];
+        long long ms;
+        snprintf(what, sizeof what, "--time-limit %.64s", v);
+        if (kl_param_parse(KL_P_SPEC_TIME_MS, v, what, &ms, why, sizeof why) != 0)
+          return usage_error("%s", why);
         o->lim.time_ms = ms;
       } else if (!strcmp(a, "-o")) o->out_dir = v;
       else if (!strcmp(a, "--templates")) o->templates = v;
@@ -109,6 +145,7 @@ static int parse(int argc, char **argv, opts *o) {
     } else if (a[0] == '-' && a[1] != 0) return usage_error("unknown option %s", a);
     else o->specs[o->n_specs++] = argv[i];
   }
+  if (spec_time_limit(o) != 0) return 2;
   if (o->list) return o->n_specs ? usage_error("%s", "--list takes no spec") : -1;
   if (o->n_specs == 0) return usage_error("%s", "no spec file given");
   if (o->check && o->cubin) return usage_error("%s", "--check writes nothing; drop --cubin");
@@ -129,8 +166,10 @@ static int render(job *j, const opts *o, kl_err *err) {
   if (rc || !(o->check || o->cubin)) return rc;
   for (int a = 0; a < o->n_arch && !rc; a++) {
     rc = kl_nvrtc_compile(j->source, j->spec.name, o->arch[a], &j->bin[a], err);
-    if (!rc && j->bin[a].log && j->bin[a].log[0])
-      fprintf(stderr, "klgen: %s (%s): NVRTC says:\n%s", j->spec.name, o->arch[a], j->bin[a].log);
+    if (!rc && j->bin[a].log && j->bin[a].log[0]) {
+      fprintf(stderr, "klgen: %s (%s): NVRTC says:\n", j->spec.name, o->arch[a]);
+      put_escaped(stderr, j->bin[a].log, 1);
+    }
   }
   return rc;
 }
@@ -217,14 +256,19 @@ static int list_specs(const opts *o, kl_err *err) {
   }
   closedir(d);
   if (!rc) qsort(stems, (size_t)n, sizeof *stems, cmp_str);
-  if (!rc) printf("shipped specs in %s (name: the specs it defines):\n", dirs[0]);
+  if (!rc) {
+    printf("shipped specs in ");
+    put_escaped(stdout, dirs[0], 0);
+    printf(" (name: the specs it defines):\n");
+  }
   for (int i = 0; i < n && !rc; i++) {
     char path[8192];
     kl_spec_list l;
     snprintf(path, sizeof path, "%s/%s.lua", dirs[0], stems[i]); /* both fit */
     rc = kl_spec_load_file(path, &o->lim, &l, err);
     if (rc) break;
-    printf("%s:", stems[i]);
+    put_escaped(stdout, stems[i], 0);
+    printf(":");
     for (int k = 0; k < l.n; k++) printf(" %s", l.v[k].name);
     printf("\n");
     kl_spec_list_free(&l);
@@ -245,6 +289,14 @@ static int load_all(const opts *o, job **jobs, int *n, kl_err *err) {
     rc = kl_spec_load_file(shipped ? shipped : o->specs[f], &o->lim, &l, err);
     free(shipped);
     if (rc) return rc;
+    if (l.n > KERNEL_SPECS_MAX) {
+      rc = kl_spec_fail(err, &l.v[KERNEL_SPECS_MAX], KL_F_NAME, "'%s' is spec %d of the file's "
+                        "%d; klgen generates kernels for at most %d specs a file (split it)",
+                        l.v[KERNEL_SPECS_MAX].name, KERNEL_SPECS_MAX + 1, l.n,
+                        KERNEL_SPECS_MAX);
+      kl_spec_list_free(&l);
+      return rc;
+    }
     job *grown = realloc(*jobs, (size_t)(*n + l.n) * sizeof **jobs);
     if (!grown) return kl_spec_list_free(&l), kl_fail(err, KL_ENOMEM, "out of memory");
     *jobs = grown;
@@ -335,7 +387,29 @@ static void summary(const job *j, const opts *o) {
   printf("\n");
 }
 
-int main(int argc, char **argv) {
+/* With stdout or stderr closed (`>&-`) the next file opened would take its
+ * number, and what is printed would go into that file: /dev/null, opened
+ * read-only, takes the number instead, so writing there fails, and
+ * finish_output reports it. */
+static void hold_std_fds(void) {
+  for (int fd = 0; fd <= 2; fd++)
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      int held = open("/dev/null", O_RDONLY);
+      if (held >= 0 && held != fd) close(held);
+    }
+}
+
+/* What klgen prints on stdout (the summary, --list, --help) must arrive: a
+ * closed or full stdout is an error (exit 1, or 2 as it was), never success
+ * with the output lost. */
+static int finish_output(int status) {
+  int e = fflush(stdout) != 0 ? errno : ferror(stdout) ? EIO : 0;
+  if (e == 0) return status;
+  fprintf(stderr, "klgen: cannot write to standard output: %s\n", strerror(e));
+  return status == 2 ? 2 : 1;
+}
+
+static int run(int argc, char **argv) {
   opts o;
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return free(o.specs), rc;
@@ -360,4 +434,9 @@ int main(int argc, char **argv) {
   free(jobs);
   free(o.specs);
   return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  hold_std_fds();
+  return finish_output(run(argc, argv));
 }

@@ -185,13 +185,15 @@ static int lua_fail(kl_sandbox *sb, int status, const char *what, kl_err *err) {
   return kl_fail(err, KL_ETEMPLATE, "%s%s", what, kl_sandbox_message(sb, status));
 }
 
-/* Loads render.lua; leaves its module table at the top of the stack. */
+/* Loads render.lua, handing it the sandbox's load and the environment of
+ * template code; leaves its module table at the top of the stack. */
 static int load_engine(kl_sandbox *sb, kl_err *err) {
   const kl_embedded_file *e = kl_engine;
   int st = kl_sandbox_load(sb, "=render.lua", e->data, e->size);
   if (st != LUA_OK) return lua_fail(sb, st, "template engine: ", err);
   lua_getfield(sb->L, LUA_REGISTRYINDEX, KL_SANDBOX_LOAD_KEY);
-  if ((st = kl_sandbox_call(sb, 1, 1)) != LUA_OK) return lua_fail(sb, st, "template engine: ", err);
+  lua_getfield(sb->L, LUA_REGISTRYINDEX, KL_SANDBOX_ENV_KEY);
+  if ((st = kl_sandbox_call(sb, 2, 1)) != LUA_OK) return lua_fail(sb, st, "template engine: ", err);
   return 0;
 }
 
@@ -256,7 +258,9 @@ static int with_engine(const kl_spec *s, const kl_layout *l, const char *source,
     return kl_fail(err, KL_ENOMEM, "cannot create a Lua state");
   render_job j = {&sb, s, l, source, dir, parts, lines, result, err, 0};
   int st = kl_sandbox_run(&sb, render_protected, &j);
-  int rc = st != LUA_OK ? lua_fail(&sb, st, "rendering: ", err) : j.rc;
+  /* Past the deadline the result buffer's close handler raises the time
+   * limit too: its message already names the place. */
+  int rc = st != LUA_OK ? lua_fail(&sb, st, sb.expired ? "" : "rendering: ", err) : j.rc;
   kl_sandbox_close(&sb);
   if (rc) {
     free(*result);

@@ -17,6 +17,16 @@
 #define WORK_BYTES (1 << 20)
 #define HOOK_MASK (LUA_MASKCOUNT | LUA_MASKCALL)
 #define READ_PIECE 4096 /* bytes the parser gets between clock reads */
+/* The allocator's share: the C work of a rehash, a string build or a
+ * table's growth is at most linear in the bytes it (re)allocates, so the
+ * clock is read once ALLOC_WORK bytes have been asked for, a call counting
+ * ALLOC_CALL of them (a read every 64 small calls): ~1 ms of such work. */
+#define ALLOC_WORK (256 << 10)
+#define ALLOC_CALL 4096
+#define ALLOC_GRACE 4
+/* How often the count hook records where the spec is, for a time-limit
+ * error that the allocator raises (it must not inspect the stack). */
+#define LOCATE_NS 1000000
 /* A new string's allocation carries its header besides its bytes. */
 #define STRING_HEADER 64
 
@@ -49,31 +59,55 @@ static void locate(lua_State *L, char *buf, size_t n) {
     }
 }
 
-/* Records that the deadline has passed, where (L, or an already formatted
- * location), and arms the trap: a clock read at every instruction, each of
- * which then raises the error. The first location is the one reported. */
-static void expire(kl_sandbox *sb, lua_State *L, const char *where) {
-  if (!sb->timeout[0] && (L || where)) {
+/* The time-limit message, at `where` ("label:line: " or ""). */
+static void set_timeout(kl_sandbox *sb, const char *where) {
+  snprintf(sb->timeout, sizeof sb->timeout, "%sran past its time limit (%lld ms)", where,
+           (long long)sb->time_ms);
+}
+
+/* Records that the deadline has passed and arms the trap: a clock read at
+ * every instruction, each of which then raises the error. With L (a hook,
+ * a C function of the sandbox's), the message names the innermost line
+ * running there, else the last place noted; the first one is reported. */
+static void expire(kl_sandbox *sb, lua_State *L) {
+  if (L && !sb->timeout[0]) {
     char loc[96];
-    if (L) locate(L, loc, sizeof loc);
-    snprintf(sb->timeout, sizeof sb->timeout, "%sran past its time limit (%lld ms)",
-             L ? loc : where, (long long)sb->time_ms);
+    locate(L, loc, sizeof loc);
+    set_timeout(sb, loc[0] ? loc : sb->here);
   }
   sb->expired = 1;
   shorten_period(sb, 1);
 }
 
-/* Reads the clock; past the deadline, arms the trap (see expire). */
-static int past_deadline(kl_sandbox *sb) {
-  if (!sb->expired && now_ns() >= sb->deadline_ns) expire(sb, NULL, NULL);
+/* Reads the clock at `now`; past the deadline, arms the trap (see expire). */
+static int past_deadline(kl_sandbox *sb, int64_t now) {
+  if (!sb->expired && now >= sb->deadline_ns) expire(sb, NULL);
   return sb->expired;
 }
 
+/* The allocator's clock (see ALLOC_WORK): charges a call for `bytes` and
+ * reads the clock when the charges reach ALLOC_WORK. Past the deadline all
+ * growth stops once the trap has raised (and named the line), or after
+ * ALLOC_GRACE more turns of C work that runs no instruction: the
+ * instruction under way may finish, so that the trap names where the spec
+ * is (the allocator cannot look). */
+static void charge_work(kl_sandbox *sb, size_t bytes) {
+  sb->alloc_work -= (int64_t)(ALLOC_CALL + (bytes < ALLOC_WORK ? bytes : ALLOC_WORK));
+  if (sb->alloc_work > 0) return;
+  sb->alloc_work = ALLOC_WORK;
+  if (!sb->expired) past_deadline(sb, now_ns());
+  else if (sb->timeout[0] || ++sb->grace > ALLOC_GRACE) sb->no_growth = 1;
+}
+
 /* Refuses growth past the cap so a memory bomb fails with "not enough memory"
- * instead of taking the machine, and strings past string_max. (A refusal
- * costs a full collection, but its error reaches the spec only through
- * pcall, a call the hook sees.) Lua passes a new object's type as osize:
- * that is how strings are told. */
+ * instead of taking the machine, strings past string_max, and any growth
+ * once the deadline has passed (charge_work): a C loop that allocates
+ * (table growth, rehashing, string building) then fails where it stands,
+ * and the error is the time limit's (kl_sandbox_message). Shrinking never
+ * fails (Lua relies on it). (A refusal costs a full collection, but its
+ * error reaches the spec only through pcall, a call the hook sees.) Lua
+ * passes a new object's type as osize: that is how strings are told. No Lua
+ * API call here but lua_sethook: the stack may be mid-reallocation. */
 static void *cap_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   kl_sandbox *sb = ud;
   if (ptr == NULL) {
@@ -87,11 +121,13 @@ static void *cap_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     }
     osize = 0;
   }
+  charge_work(sb, osize + nsize);
   if (nsize == 0) {
     free(ptr);
     sb->used -= osize;
     return NULL;
   }
+  if (nsize > osize && sb->no_growth) return NULL;
   if (nsize > osize && sb->used + (nsize - osize) > sb->cap) {
     sb->refused = KL_REFUSED_MEMORY;
     return NULL;
@@ -107,30 +143,41 @@ static kl_sandbox *sandbox_of(lua_State *L) {
   return ud;
 }
 
-/* The trap's error: the time-limit message (nothing while closing: nobody
- * reads it, and it must not allocate). */
+/* The trap's error. Its value allocates nothing (past the deadline the
+ * allocator refuses growth, and each refusal costs a full collection);
+ * what it says is kl_sandbox_message's. */
 static void raise_expired(kl_sandbox *sb, lua_State *L) {
-  if (sb->closing) lua_pushboolean(L, 0);
-  else lua_pushstring(L, sb->timeout);
+  lua_pushlightuserdata(L, sb);
   lua_error(L);
 }
 
-/* On every call and every `period` instructions. Past the deadline, every
- * instruction raises: pcall in the chunk can catch one, but the next
- * instruction after it raises the next. */
-void kl_sandbox_check(lua_State *L) {
-  kl_sandbox *sb = sandbox_of(L);
-  if (!past_deadline(sb)) return;
-  expire(sb, L, NULL);
+/* Past the deadline: records where (the first place reported) and raises. */
+static void trap(kl_sandbox *sb, lua_State *L) {
+  expire(sb, L);
   raise_expired(sb, L);
 }
 
-static void deadline_hook(lua_State *L, lua_Debug *ar) {
-  (void)ar;
-  kl_sandbox_check(L);
+/* Past the deadline, every instruction raises: pcall in the chunk can catch
+ * one, but the next instruction after it raises the next. */
+void kl_sandbox_check(lua_State *L) {
+  kl_sandbox *sb = sandbox_of(L);
+  if (past_deadline(sb, now_ns())) trap(sb, L);
 }
 
-/* ---- the spec environment's own and wrapped functions ---- */
+/* On every call and every `period` instructions; a count event also notes,
+ * at most every LOCATE_NS, where the spec is (the allocator's time-limit
+ * error reports that place). */
+static void deadline_hook(lua_State *L, lua_Debug *ar) {
+  kl_sandbox *sb = sandbox_of(L);
+  int64_t now = now_ns();
+  if (past_deadline(sb, now)) trap(sb, L);
+  if (ar->event == LUA_HOOKCOUNT && now - sb->located_ns >= LOCATE_NS) {
+    locate(L, sb->here, sizeof sb->here);
+    sb->located_ns = now;
+  }
+}
+
+/* ---- the restricted environment's own and wrapped functions ---- */
 
 /* string.rep: with an empty string and separator the C loop runs n times and
  * allocates nothing, so the string cap does not bound it; this does, and
@@ -144,25 +191,12 @@ static int safe_rep(lua_State *L) {
     lua_pushliteral(L, "");
     return 1;
   }
-  if ((size_t)n > sandbox_of(L)->string_max / (l + lsep) + 1)
+  kl_sandbox *sb = sandbox_of(L);
+  size_t most = sb->string_max ? sb->string_max : sb->cap;
+  if ((size_t)n > most / (l + lsep) + 1)
     return luaL_error(L, "string.rep: the result would be longer than %d KiB, the longest "
-                      "string a spec may make", KL_SPEC_STRING_MAX >> 10);
-  lua_pushvalue(L, lua_upvalueindex(1));
-  lua_insert(L, 1);
-  lua_call(L, lua_gettop(L) - 1, 1);
-  return 1;
-}
-
-/* setmetatable without __gc: Lua runs finalizers with hooks off, so the time
- * limit could not stop one (a table gets one only if __gc is present when
- * setmetatable is called). The template engine's; specs have none. */
-static int no_gc_setmetatable(lua_State *L) {
-  if (lua_type(L, 2) == LUA_TTABLE) {
-    lua_pushliteral(L, "__gc");
-    if (lua_rawget(L, 2) != LUA_TNIL)
-      return luaL_error(L, "setmetatable: __gc finalizers are not allowed");
-    lua_pop(L, 1);
-  }
+                      "string %s", (int)(most >> 10),
+                      sb->string_max ? "a spec may make" : "its memory limit allows");
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_insert(L, 1);
   lua_call(L, lua_gettop(L) - 1, 1);
@@ -235,12 +269,55 @@ static int safe_sort(lua_State *L) {
   return 0;
 }
 
-/* The spec environment's __index: a name that is not there is an error, not
- * nil (a typo, or `nan`, would otherwise make a field vanish). */
-static int undefined_global(lua_State *L) {
-  if (lua_type(L, 2) == LUA_TSTRING)
-    return luaL_error(L, "undefined global '%s'", lua_tostring(L, 2));
-  return luaL_error(L, "undefined global (a %s key)", luaL_typename(L, 2));
+/* ---- strict tables ----
+ * The restricted globals and their library tables raise an error for a name
+ * that is not there: a typo (`vocab_sise`, `math.pie`), or `nan`, would
+ * otherwise read as nil and make a field vanish. rawget on them does too. */
+
+/* The error for key (at index k) missing from a strict table that `what`
+ * names ("" for the globals). Level 1 of luaL_error is the caller's Lua
+ * code, both as an __index and from rawget. */
+static int raise_undefined(lua_State *L, const char *what, int k) {
+  int named = lua_type(L, k) == LUA_TSTRING;
+  if (!*what)
+    return named ? luaL_error(L, "undefined global '%s'", lua_tostring(L, k))
+                 : luaL_error(L, "undefined global (a %s key)", luaL_typename(L, k));
+  return named ? luaL_error(L, "undefined field '%s.%s'", what, lua_tostring(L, k))
+               : luaL_error(L, "undefined field of %s (a %s key)", what, luaL_typename(L, k));
+}
+
+/* __index of a strict table (t, key); upvalue 1: what the table is. */
+static int undefined_name(lua_State *L) {
+  return raise_undefined(L, lua_tostring(L, lua_upvalueindex(1)), 2);
+}
+
+/* Makes the table at the top strict, its metatable hidden. */
+static void make_strict(lua_State *L, const char *what) {
+  lua_createtable(L, 0, 2);
+  lua_pushstring(L, what);
+  lua_pushcclosure(L, undefined_name, 1);
+  lua_setfield(L, -2, "__index");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, -2);
+}
+
+/* rawget(t, k), which on a strict table raises for a missing key as reading
+ * it would: raw access is no way around the check. */
+static int strict_rawget(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checkany(L, 2);
+  lua_settop(L, 2);
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, 1) != LUA_TNIL || !lua_getmetatable(L, 1)) return 1;
+  lua_pushliteral(L, "__index");
+  lua_rawget(L, -2);
+  if (lua_tocfunction(L, -1) != undefined_name) {
+    lua_settop(L, 3);
+    return 1;
+  }
+  lua_getupvalue(L, -1, 1);
+  return raise_undefined(L, lua_tostring(L, -1), 2);
 }
 
 /* Replaces t[name] (t at the top) by f with the original as upvalue 1. */
@@ -276,12 +353,11 @@ static void copy_names(lua_State *L, int src, const char *const *names) {
   }
 }
 
-/* The spec's globals: a whitelist built from the opened libraries, which then
- * replaces the state's global table (so every chunk loaded sees only it), and
- * the string metatable's __index (so ("").find is gone too). */
-static void spec_env(lua_State *L) {
-  lua_pushglobaltable(L);
-  int g = lua_gettop(L);
+/* The restricted globals of specs/README.md: a strict whitelist built from
+ * the opened libraries (the global table at g), with the sandbox's
+ * string.rep, table.sort and rawget; left at the top. Specs run with it as
+ * their globals, template code (the engine's) with it behind its constants. */
+static void restricted_env(lua_State *L, int g) {
   copy_names(L, g, spec_base);
   int env = lua_gettop(L);
   static const struct {
@@ -293,25 +369,24 @@ static void spec_env(lua_State *L) {
     lua_getfield(L, g, libs[i].lib);
     copy_names(L, lua_gettop(L), libs[i].names);
     lua_remove(L, -2);
+    if (libs[i].names == spec_string) wrap(L, "rep", safe_rep);
+    if (libs[i].names == spec_table) {
+      lua_pushcfunction(L, safe_sort);
+      lua_setfield(L, -2, "sort");
+    }
+    make_strict(L, libs[i].lib);
     lua_setfield(L, env, libs[i].lib);
   }
-  lua_getfield(L, env, LUA_STRLIBNAME);
-  wrap(L, "rep", safe_rep);
-  lua_pop(L, 1);
-  lua_getfield(L, env, LUA_TABLIBNAME);
-  lua_pushcfunction(L, safe_sort);
-  lua_setfield(L, -2, "sort");
-  lua_pop(L, 1);
+  lua_pushcfunction(L, strict_rawget);
+  lua_setfield(L, env, "rawget");
   lua_pushvalue(L, env);
   lua_setfield(L, env, "_G");
-  /* strict: reading a name that is not there raises; the metatable hidden */
-  lua_createtable(L, 0, 2);
-  lua_pushcfunction(L, undefined_global);
-  lua_setfield(L, -2, "__index");
-  lua_pushboolean(L, 0);
-  lua_setfield(L, -2, "__metatable");
-  lua_setmetatable(L, env);
-  /* string methods: the restricted table, and the metatable itself hidden */
+  make_strict(L, "");
+}
+
+/* String methods reach only the restricted string table (env at index env),
+ * and the string metatable itself is hidden. */
+static void restrict_string_methods(lua_State *L, int env) {
   lua_pushliteral(L, "");
   lua_getmetatable(L, -1);
   lua_getfield(L, env, LUA_STRLIBNAME);
@@ -319,28 +394,60 @@ static void spec_env(lua_State *L) {
   lua_pushliteral(L, "string");
   lua_setfield(L, -2, "__metatable");
   lua_pop(L, 2);
-  lua_pushvalue(L, env);
+}
+
+/* The spec's globals: the restricted environment, which replaces the
+ * state's global table (so every chunk loaded sees only it). */
+static void spec_env(lua_State *L) {
+  lua_pushglobaltable(L);
+  int g = lua_gettop(L);
+  restricted_env(L, g);
+  restrict_string_methods(L, g + 1);
   lua_rawseti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);
   lua_settop(L, g - 1);
 }
 
+/* The engine's load(text, chunkname, env): template code, parsed as
+ * kl_sandbox_load parses (a piece at a time, under the clock, text only),
+ * with env as its globals. A syntax error is raised. */
+static int engine_load(lua_State *L) {
+  size_t len;
+  const char *src = luaL_checklstring(L, 1, &len);
+  const char *name = luaL_checkstring(L, 2);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  kl_sandbox *sb = sandbox_of(L);
+  if (kl_sandbox_load(sb, name, src, len) != LUA_OK) {
+    if (sb->expired) raise_expired(sb, L);
+    return lua_error(L);
+  }
+  lua_pushvalue(L, 3);
+  lua_setupvalue(L, -2, 1); /* a main chunk's only upvalue is its _ENV */
+  return 1;
+}
+
 /* The engine's globals: the libraries, less what reaches files, processes or
- * bytecode; `load` only for the engine itself, through the registry. */
+ * bytecode. Template code sees none of them: the engine gets (registry) its
+ * `load` and the restricted environment, which template code reads behind
+ * the constants; string methods are the restricted ones. */
 static void engine_env(lua_State *L) {
   static const char *const banned[] = {"dofile", "loadfile", "load", "require", "xpcall",
                                        "collectgarbage", "print", "warn", NULL};
-  lua_getglobal(L, "load");
-  lua_setfield(L, LUA_REGISTRYINDEX, KL_SANDBOX_LOAD_KEY);
   for (const char *const *b = banned; *b; b++) {
     lua_pushnil(L);
     lua_setglobal(L, *b);
   }
   lua_pushglobaltable(L);
-  wrap(L, "setmetatable", no_gc_setmetatable);
-  lua_getfield(L, -1, LUA_STRLIBNAME);
+  int g = lua_gettop(L);
+  lua_getfield(L, g, LUA_STRLIBNAME);
   lua_pushnil(L);
   lua_setfield(L, -2, "dump");
-  lua_pop(L, 2);
+  lua_pop(L, 1);
+  lua_pushcfunction(L, engine_load);
+  lua_setfield(L, LUA_REGISTRYINDEX, KL_SANDBOX_LOAD_KEY);
+  restricted_env(L, g);
+  restrict_string_methods(L, g + 1);
+  lua_setfield(L, LUA_REGISTRYINDEX, KL_SANDBOX_ENV_KEY);
+  lua_settop(L, g - 1);
 }
 
 static int open_protected(lua_State *L) {
@@ -373,7 +480,9 @@ int kl_sandbox_open(kl_sandbox *sb, kl_sandbox_kind kind, const kl_limits *lim) 
   sb->cap = lim && lim->mem_bytes > 0 ? (size_t)lim->mem_bytes : KL_SPEC_MEM_BYTES;
   sb->string_max = kind == KL_SANDBOX_SPEC ? KL_SPEC_STRING_MAX : 0;
   sb->period = HOOK_EVERY;
-  sb->deadline_ns = now_ns() + sb->time_ms * 1000000;
+  sb->alloc_work = ALLOC_WORK;
+  /* The clock starts once the environment is made: the time is the chunk's. */
+  sb->deadline_ns = INT64_MAX;
   lua_State *L = lua_newstate(cap_alloc, sb);
   if (L == NULL) return -1;
   lua_sethook(L, deadline_hook, HOOK_MASK, sb->period);
@@ -382,13 +491,14 @@ int kl_sandbox_open(kl_sandbox *sb, kl_sandbox_kind kind, const kl_limits *lim) 
     kl_sandbox_close(sb);
     return -1;
   }
+  sb->deadline_ns = now_ns() + sb->time_ms * 1000000;
   return 0;
 }
 
 void kl_sandbox_close(kl_sandbox *sb) {
   if (!sb->L) return;
   /* __close handlers still pending run at close: none may run an instruction. */
-  sb->expired = sb->closing = 1;
+  sb->expired = 1;
   lua_sethook(sb->L, deadline_hook, HOOK_MASK, 1);
   lua_close(sb->L);
   sb->L = NULL;
@@ -409,12 +519,8 @@ static const char *read_piece(lua_State *L, void *ud, size_t *size) {
   (void)L;
   *size = 0;
   if (r->left == 0) return NULL;
-  if (!r->sb->expired && now_ns() >= r->sb->deadline_ns) {
-    char where[96];
-    snprintf(where, sizeof where, "%s:%d: ", r->sb->label, r->line);
-    expire(r->sb, NULL, where);
-  }
-  if (r->sb->expired) return NULL;
+  snprintf(r->sb->here, sizeof r->sb->here, "%s:%d: ", r->sb->label, r->line);
+  if (past_deadline(r->sb, now_ns())) return NULL;
   const char *piece = r->p;
   *size = r->left < READ_PIECE ? r->left : READ_PIECE;
   for (const char *q = piece; (q = memchr(q, '\n', (size_t)(piece + *size - q))); q++) r->line++;
@@ -447,11 +553,10 @@ int kl_sandbox_run(kl_sandbox *sb, lua_CFunction f, void *ud) {
 
 const char *kl_sandbox_message(kl_sandbox *sb, int status) {
   /* Past the deadline any error (a refused allocation, the spec's own caught
-   * and raised again) is the time limit's doing. */
+   * and raised again) is the time limit's doing. Where no hook saw it pass,
+   * the place is the last one noted (the allocator's, the parser's). */
   if (sb->expired) {
-    if (!sb->timeout[0])
-      snprintf(sb->timeout, sizeof sb->timeout, "ran past its time limit (%lld ms)",
-               (long long)sb->time_ms);
+    if (!sb->timeout[0]) set_timeout(sb, sb->here);
     return sb->timeout;
   }
   if (status == LUA_ERRMEM) return "exceeded its memory limit";

@@ -3,25 +3,29 @@
  *
  * What bounds it, without signals (the host owns them) and without trusting
  * Lua's own pcall:
- *   - time: a monotonic clock compared with a deadline set when the state
- *     opens, read by a hook on every function call (C functions included)
+ *   - time: a monotonic clock compared with a deadline set once the state
+ *     is made, read by a hook on every function call (C functions included)
  *     and every `period` VM instructions; by the parser's reader between
- *     pieces of the text; and by the sandbox's own C loop (sort).
- *     An instruction's work is at most linear in the longest string (string
- *     comparison, coercion, hashing), so the period shrinks as strings grow:
- *     from 1000 instructions down to every instruction once a string of
- *     1 MiB exists. Past the deadline every instruction and call raises an
- *     error, so a spec that catches one with pcall cannot run a single
- *     instruction more; closing the state arms the same trap, so
- *     to-be-closed handlers cannot run either.
+ *     pieces of the text; by the allocator, every 256 KiB asked for or 64
+ *     calls (rehashing, string building, table growth: C work linear in the
+ *     bytes allocated, with no instruction between); and by the sandbox's
+ *     own C loop (sort). An instruction's work is at most linear in the
+ *     longest string (string comparison, coercion, hashing), so the period
+ *     shrinks as strings grow: from 1000 instructions down to every
+ *     instruction once a string of 1 MiB exists. Past the deadline every
+ *     instruction and call raises an error and, a few reads later, the
+ *     allocator refuses any growth, so a spec that catches one with pcall
+ *     cannot run a single instruction more, and a C loop stops at an
+ *     allocation; closing the state arms the same trap, so to-be-closed
+ *     handlers cannot run either.
  *   - memory: the allocator refuses growth past a cap, and (specs) any
  *     string longer than KL_SPEC_STRING_MAX.
- *   - C code that could loop without a clock read: not in a spec's
+ *   - C code that could loop without a clock read: not in the restricted
  *     environment (pattern matching, table.move, setmetatable, whose __mode
  *     would let the collector's atomic step grow with the square of a weak
  *     table), bounded (string.rep by the string cap), or the sandbox's own
- *     (table.sort reads the clock as the hook does). specs/README.md lists
- *     what a spec may use.
+ *     (table.sort reads the clock as the hook does). Specs run in it, and
+ *     so does template code (specs/README.md lists what it holds).
  * Every Lua API call that can raise an error runs inside lua_pcall: an error
  * outside one would reach Lua's panic handler, which aborts the process. */
 #ifndef KL_SANDBOX_H
@@ -33,11 +37,14 @@
 #include "klgen.h"
 #include "lua.h"
 
+/* The engine's (registry): its `load(text, chunkname, env)` and the
+ * restricted environment that template code reads behind its constants. */
 #define KL_SANDBOX_LOAD_KEY "klgen.load"
+#define KL_SANDBOX_ENV_KEY "klgen.env"
 
 typedef enum kl_sandbox_kind {
   KL_SANDBOX_SPEC,  /* a spec: the restricted environment of specs/README.md */
-  KL_SANDBOX_ENGINE /* the template engine: also patterns and `load` (in the registry) */
+  KL_SANDBOX_ENGINE /* the template engine: the libraries, patterns included */
 } kl_sandbox_kind;
 
 /* Why the allocator last refused: the cap on all memory, or on one string. */
@@ -49,12 +56,16 @@ typedef struct kl_sandbox {
   size_t string_max;   /* 0: no cap on one string (the engine) */
   size_t longest;      /* the longest string allocated so far, in bytes */
   int period;          /* instructions between clock reads */
+  int64_t alloc_work;  /* allocation work left until the allocator reads the clock */
   kl_refusal refused;
   int64_t deadline_ns; /* CLOCK_MONOTONIC */
   int64_t time_ms;     /* the limit, for messages */
   int expired;         /* sticky: every later instruction raises an error */
-  int closing;
+  int no_growth;       /* sticky: the allocator refuses every growth */
+  int grace;           /* the allocator's clock turns since the deadline */
   char label[64];      /* the chunk being parsed, as messages name it */
+  char here[96];       /* "label:line: " last noted (the hook, the parser) */
+  int64_t located_ns;  /* when the hook last noted it */
   char timeout[160];   /* "label:line: ran past its time limit (N ms)" */
 } kl_sandbox;
 

@@ -378,13 +378,19 @@ static int collect_protected(lua_State *L) {
 }
 
 /* Parses, scans for lines, runs and reads the spec: all of it in the
- * sandbox's time (the scan is one pass over the text). */
+ * sandbox's time (the scan is one pass over the text). A spec that names
+ * _ENV is refused before it runs: `local _ENV = t`, a parameter or an
+ * assignment would replace the strict globals, and a misspelt name would
+ * read as nil. */
 static int run_spec(kl_sandbox *sb, const char *file, const char *src, size_t len,
                     kl_spec_list *out, kl_err *err) {
   int st = kl_sandbox_load(sb, CHUNKNAME, src, len);
   if (st != LUA_OK) return chunk_error(sb, file, st, err);
   kl_srcscan scan;
   int rc = kl_srcscan_run(&scan, src, len) != 0 ? kl_fail(err, KL_ENOMEM, "out of memory") : 0;
+  if (rc == 0 && scan.env_line)
+    rc = kl_fail(err, KL_ESPEC, "%s:%d: _ENV: a spec may not name _ENV (its globals are fixed, "
+                 "so that reading a name it does not define is an error)", file, scan.env_line);
   if (rc == 0 && (st = kl_sandbox_call(sb, 0, 1)) != LUA_OK) rc = chunk_error(sb, file, st, err);
   if (rc == 0) {
     collect_args a = {file, &scan, out, err, 0};

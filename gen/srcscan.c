@@ -1,6 +1,7 @@
 /* Finds the line of each `field =` in a spec's text. Lua tables keep no line
  * numbers, yet an error must name the line a spec author has to fix; a light
- * lexer that skips comments and strings is enough to find assignments. */
+ * lexer that skips comments and strings is enough to find assignments, and
+ * the names `_ENV` (the text has parsed: tokens are Lua's). */
 #include "srcscan.h"
 
 #include <ctype.h>
@@ -64,13 +65,25 @@ static int is_assign(const char *p, const char *end) {
   return p < end && *p == '=' && !(p + 1 < end && p[1] == '=');
 }
 
-/* Calls visit(id, n, line, ud) for each `id =` and for each `return`
- * (n 6, not an assignment), in order; stops at a nonzero return. */
-typedef int (*visit_fn)(const char *id, size_t n, int line, int assign, void *ud);
+/* What scan reports: a `return`, an `id =`, or the variable `_ENV` (a
+ * name not after `.` or `:`, where it would be a field or a method). */
+enum { SEEN_RETURN, SEEN_ASSIGN, SEEN_ENV };
+
+/* Calls visit(id, n, line, seen, ud) for each of those, in order; stops at
+ * a nonzero return. */
+typedef int (*visit_fn)(const char *id, size_t n, int line, int seen, void *ud);
+
+/* The kind of an identifier at id (n bytes), followed by p; -1: none. */
+static int seen_as(const char *id, size_t n, const char *p, const char *end, int after_dot) {
+  if (n == 4 && memcmp(id, "_ENV", 4) == 0 && !after_dot) return SEEN_ENV;
+  if (is_assign(p, end)) return SEEN_ASSIGN;
+  return n == 6 && memcmp(id, "return", 6) == 0 ? SEEN_RETURN : -1;
+}
 
 static int scan(const char *src, size_t len, visit_fn visit, void *ud) {
   const char *p = src, *end = src + len;
-  int line = 1, level, rc;
+  int line = 1, level, rc, seen;
+  int after_dot = 0; /* the last token is a single '.' or ':' */
   size_t k;
   while (p < end) {
     if (is_newline(*p)) {
@@ -84,17 +97,24 @@ static int scan(const char *src, size_t len, visit_fn visit, void *ud) {
       }
     } else if (*p == '"' || *p == '\'') {
       p = skip_string(p, end, &line);
+      after_dot = 0;
     } else if ((k = long_open(p, end, &level)) != 0) {
       p = long_close(p + k, end, level, &line);
+      after_dot = 0;
     } else if (isalpha((unsigned char)*p) || *p == '_') {
       const char *id = p;
       while (p < end && (isalnum((unsigned char)*p) || *p == '_')) p++;
       size_t n = (size_t)(p - id);
-      int assign = is_assign(p, end);
-      if ((assign || (n == 6 && memcmp(id, "return", 6) == 0)) &&
-          (rc = visit(id, n, line, assign, ud)) != 0)
+      if ((seen = seen_as(id, n, p, end, after_dot)) >= 0 &&
+          (rc = visit(id, n, line, seen, ud)) != 0)
         return rc;
+      after_dot = 0;
+    } else if (*p == '.' || *p == ':') {
+      const char *run = p;
+      while (p < end && *p == *run) p++;
+      after_dot = p - run == 1;
     } else {
+      after_dot = after_dot && (*p == ' ' || *p == '\t' || *p == '\f' || *p == '\v');
       p++;
     }
   }
@@ -112,9 +132,13 @@ static int push(kl_lines *l, int line) {
   return 0;
 }
 
-static int index_field(const char *id, size_t n, int line, int assign, void *ud) {
+static int index_field(const char *id, size_t n, int line, int seen, void *ud) {
   kl_srcscan *s = ud;
-  if (!assign) {
+  if (seen == SEEN_ENV) {
+    if (s->env_line == 0) s->env_line = line;
+    return 0;
+  }
+  if (seen == SEEN_RETURN) {
     if (s->return_line == 0) s->return_line = line;
     return 0;
   }
@@ -147,9 +171,9 @@ typedef struct name_query {
   kl_lines lines;
 } name_query;
 
-static int collect_name(const char *id, size_t n, int line, int assign, void *ud) {
+static int collect_name(const char *id, size_t n, int line, int seen, void *ud) {
   name_query *q = ud;
-  if (!assign || n != q->n || memcmp(id, q->name, n) != 0) return 0;
+  if (seen != SEEN_ASSIGN || n != q->n || memcmp(id, q->name, n) != 0) return 0;
   return push(&q->lines, line);
 }
 

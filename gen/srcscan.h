@@ -1,4 +1,4 @@
-/* Line numbers of `name =` assignments in Lua text (see srcscan.c). */
+/* Line numbers of `name =` assignments and `_ENV` in Lua text (see srcscan.c). */
 #ifndef KL_SRCSCAN_H
 #define KL_SRCSCAN_H
 
@@ -14,6 +14,7 @@ typedef struct kl_lines {
 typedef struct kl_srcscan {
   kl_lines field[KL_F_COUNT]; /* lines of `field =`, in order, per spec field */
   int return_line;            /* first `return`, 0 if none */
+  int env_line;               /* first use of the name `_ENV`, 0 if none */
   const char *src;            /* the text, for names that are not fields */
   size_t len;
 } kl_srcscan;

@@ -1,5 +1,7 @@
 /* Errors are return codes plus a per-thread message; the library prints only
- * through the opt-in log (KLGEN_LOG=1), on stderr. */
+ * through the opt-in log (KLGEN_LOG=1), on stderr. Both carry what callers,
+ * specs and the file system said (names, paths): control bytes come out as
+ * \xHH (kl_escape), so a message is one line that cannot drive a terminal. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,10 +12,12 @@
 static _Thread_local char last[1024];
 
 kl_result kl_rt_fail(kl_result r, const char *fmt, ...) {
+  char raw[sizeof last];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last, sizeof last, fmt, ap);
+  vsnprintf(raw, sizeof raw, fmt, ap);
   va_end(ap);
+  kl_escape(raw, strlen(raw), last, sizeof last, 0);
   if (kl_log_enabled()) kl_log("error: %s: %s", kl_result_name(r), last);
   return r;
 }
@@ -41,10 +45,10 @@ int kl_log_enabled(void) {
 }
 
 void kl_log(const char *fmt, ...) {
-  char buf[1200];
+  char raw[1200], shown[1200];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
+  vsnprintf(raw, sizeof raw, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "[klgen] %s\n", buf);
+  fprintf(stderr, "[klgen] %s\n", kl_escape(raw, strlen(raw), shown, sizeof shown, 0));
 }

@@ -27,7 +27,9 @@
 
 #define ENTRY_MAGIC "KLGCUBIN"
 #define ENTRY_VERSION 2u
-#define ENTRY_MAX (64u << 20)
+/* A cubin of the largest spec, every kernel, is ~5 MiB (sm_100): room for
+ * three times that. Larger entries are neither written nor read. */
+#define ENTRY_MAX (16u << 20)
 #define EM_CUDA 190
 
 typedef struct entry_header {
@@ -140,14 +142,27 @@ int kl_cache_open(const char *dir, char *why, size_t n) {
   return kl_trusted_dir(dir, 1, why, n);
 }
 
+/* v if it is an absolute path, else NULL: XDG's rule for its variables (a
+ * relative one is invalid and ignored), and HOME's here. */
+static const char *absolute(const char *v) { return v && v[0] == '/' ? v : NULL; }
+
 int kl_cache_dir(const char *configured, char *buf, size_t n) {
   const char *env;
+  char cwd[PATH_MAX];
   int w;
-  if (configured && *configured) w = snprintf(buf, n, "%s", configured);
-  else if ((env = kl_param_str(KL_P_CACHE_DIR)) && *env) w = snprintf(buf, n, "%s", env);
-  else if ((env = getenv("XDG_CACHE_HOME")) && *env) w = snprintf(buf, n, "%s/klgen", env);
-  else if ((env = getenv("HOME")) && *env) w = snprintf(buf, n, "%s/.cache/klgen", env);
-  else return 0;
+  if (configured && *configured) {
+    if (configured[0] == '/') w = snprintf(buf, n, "%s", configured);
+    else if (getcwd(cwd, sizeof cwd)) w = snprintf(buf, n, "%s/%s", cwd, configured);
+    else return 0;
+  } else if ((env = kl_param_str(KL_P_CACHE_DIR))) {
+    w = snprintf(buf, n, "%s", env);
+  } else if ((env = absolute(getenv("XDG_CACHE_HOME")))) {
+    w = snprintf(buf, n, "%s/klgen", env);
+  } else if ((env = absolute(getenv("HOME")))) {
+    w = snprintf(buf, n, "%s/.cache/klgen", env);
+  } else {
+    return 0;
+  }
   return w > 0 && (size_t)w < n;
 }
 
@@ -175,17 +190,18 @@ static int read_all(int fd, void *buf, size_t n) {
 }
 
 /* 0 and a malloc'd payload on a valid entry of this user's in the cache
- * directory dfd; -1 on a miss or a bad entry. */
+ * directory dfd; -1 on a miss or a bad entry. The file's size is checked
+ * before anything is read: a file larger than an entry can be is not read. */
 static int read_entry(int dfd, const char *name, const uint64_t key[2], kl_binary *out) {
   int fd = kl_open_regular_at(dfd, name, 1);
   if (fd < 0) return -1;
   entry_header h;
   struct stat st;
   int rc = -1;
-  if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && read_all(fd, &h, sizeof h) == 0 &&
+  if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && st.st_size > (off_t)sizeof h &&
+      st.st_size <= (off_t)(sizeof h + ENTRY_MAX) && read_all(fd, &h, sizeof h) == 0 &&
       memcmp(h.magic, ENTRY_MAGIC, 8) == 0 && h.version == ENTRY_VERSION &&
-      h.key[0] == key[0] && h.key[1] == key[1] && h.size > 0 && h.size <= ENTRY_MAX &&
-      (uint64_t)st.st_size == sizeof h + h.size) {
+      h.key[0] == key[0] && h.key[1] == key[1] && (uint64_t)st.st_size == sizeof h + h.size) {
     out->data = malloc(h.size);
     uint64_t c[2];
     if (out->data && read_all(fd, out->data, h.size) == 0) {
@@ -215,6 +231,7 @@ static int write_all(int fd, const void *p, size_t n) {
  * file in the directory, renamed into place: no reader sees half an entry. */
 static void write_entry(int dfd, const char *name, const uint64_t key[2], const kl_binary *bin) {
   char tmp[] = ".tmp.XXXXXX";
+  if (bin->size > ENTRY_MAX) return; /* read_entry would refuse it */
   int fd = kl_create_temp_at(dfd, tmp, 0600);
   if (fd < 0) return;
   entry_header h;

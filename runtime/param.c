@@ -8,7 +8,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "rt.h"
+#include "klgen.h"
+#include "param.h"
 
 const kl_param kl_params[KL_P_COUNT] = {
     [KL_P_DISABLE] = {"KLGEN_DISABLE", KL_PARAM_BOOL, 0, 0, 1,
@@ -21,7 +22,8 @@ const kl_param kl_params[KL_P_COUNT] = {
                         "crossover table written by klbench --tune"},
     [KL_P_PDL] = {"KLGEN_PDL", KL_PARAM_BOOL, 1, 0, 1,
                   "0: launch the one-shot kernel without programmatic dependent launch"},
-    [KL_P_CACHE_DIR] = {"KLGEN_CACHE_DIR", KL_PARAM_STR, 0, 0, 0, "JIT cache directory"},
+    [KL_P_CACHE_DIR] = {"KLGEN_CACHE_DIR", KL_PARAM_DIR, 0, 0, 0,
+                        "JIT cache directory (an absolute path)"},
     [KL_P_SPEC_TIME_MS] = {"KLGEN_SPEC_TIME_MS", KL_PARAM_INT, KL_SPEC_TIME_MS, 1, 3600000,
                            "wall-clock limit for a spec's code, in ms"},
     [KL_P_NVRTC_LIBRARY] = {"KLGEN_NVRTC_LIBRARY", KL_PARAM_STR, 0, 0, 0,
@@ -44,19 +46,29 @@ static int in_list(const char *v, const char *const *list) {
   return 0;
 }
 
-/* 0 and *out, or -1 with why: the value of a set variable. */
-static int parse(const kl_param *p, const char *v, long long *out, char *why, size_t n) {
-  if (p->kind == KL_PARAM_STR) return *out = 0, 0;
+int kl_param_parse(kl_param_id id, const char *v, const char *what, long long *out, char *why,
+                   size_t n) {
+  const kl_param *p = &kl_params[id];
+  char given[96];
+  if (!what) snprintf(given, sizeof given, "%s='%.64s'", p->name, v);
+  else snprintf(given, sizeof given, "%s", what);
+  *out = 0;
+  if (p->kind == KL_PARAM_STR) return 0;
+  if (p->kind == KL_PARAM_DIR) {
+    if (v[0] == '/') return 0;
+    snprintf(why, n, "%s: expected an absolute path", given);
+    return -1;
+  }
   if (p->kind == KL_PARAM_BOOL) {
     if (in_list(v, truths)) return *out = 1, 0;
-    if (in_list(v, lies)) return *out = 0, 0;
-    snprintf(why, n, "%s='%.64s': expected 1/true/yes/on or 0/false/no/off", p->name, v);
+    if (in_list(v, lies)) return 0;
+    snprintf(why, n, "%s: expected 1/true/yes/on or 0/false/no/off", given);
     return -1;
   }
   char *end;
   long long x = strtoll(v, &end, 10);
   if (end == v || *end || x < p->lo || x > p->hi) {
-    snprintf(why, n, "%s='%.64s': expected an integer in %lld..%lld", p->name, v, p->lo, p->hi);
+    snprintf(why, n, "%s: expected an integer in %lld..%lld", given, p->lo, p->hi);
     return -1;
   }
   *out = x;
@@ -72,18 +84,28 @@ int kl_params_check(char *why, size_t n) {
   for (int i = 0; i < KL_P_COUNT; i++) {
     const char *v = value_of((kl_param_id)i);
     long long x;
-    if (v && parse(&kl_params[i], v, &x, why, n) != 0) return -1;
+    if (v && kl_param_parse((kl_param_id)i, v, NULL, &x, why, n) != 0) return -1;
   }
   return 0;
 }
 
-long long kl_param_int(kl_param_id id, int *given) {
+int kl_param_get(kl_param_id id, long long *out, char *why, size_t n) {
   const char *v = value_of(id);
+  *out = kl_params[id].def;
+  return v ? kl_param_parse(id, v, NULL, out, why, n) : 0;
+}
+
+long long kl_param_int(kl_param_id id, int *given) {
   long long x;
   char why[KL_PARAM_WHY];
-  int ok = v && parse(&kl_params[id], v, &x, why, sizeof why) == 0;
+  int ok = value_of(id) && kl_param_get(id, &x, why, sizeof why) == 0;
   if (given) *given = ok;
   return ok ? x : kl_params[id].def;
 }
 
-const char *kl_param_str(kl_param_id id) { return value_of(id); }
+const char *kl_param_str(kl_param_id id) {
+  const char *v = value_of(id);
+  long long x;
+  char why[KL_PARAM_WHY];
+  return v && kl_param_parse(id, v, NULL, &x, why, sizeof why) == 0 ? v : NULL;
+}

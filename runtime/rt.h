@@ -34,29 +34,8 @@
 #define KL_WHY_MAX 256
 #define KL_MIN_SM_MAJOR 8 /* the kernels' PTX (L2 cache hints, createpolicy) needs sm_80 */
 
-/* ---- param.c ---- */
-typedef enum kl_param_id {
-  KL_P_DISABLE, KL_P_LOG, KL_P_CROSSOVER_BYTES, KL_P_TUNE_FILE, KL_P_PDL, KL_P_CACHE_DIR,
-  KL_P_SPEC_TIME_MS, KL_P_NVRTC_LIBRARY, KL_P_NCCL_LIBRARY, KL_P_MAX_CONNECTIONS,
-  KL_P_SHARD_SUBPARTS, KL_P_COUNT
-} kl_param_id;
-typedef enum { KL_PARAM_BOOL, KL_PARAM_INT, KL_PARAM_STR } kl_param_kind;
-typedef struct kl_param {
-  const char *name;
-  kl_param_kind kind;
-  long long def, lo, hi; /* BOOL and INT */
-  const char *doc;
-} kl_param;
-extern const kl_param kl_params[KL_P_COUNT];
-/* Every variable of the table that is set must parse: 0, or -1 with why
- * naming the first that does not. The bottom of the library: it reports
- * through why, never through err.c (which reads KLGEN_LOG from here). */
-#define KL_PARAM_WHY 200
-int kl_params_check(char *why, size_t n);
-/* A BOOL or INT: its value if set and valid (*given = 1), else the default. */
-long long kl_param_int(kl_param_id id, int *given);
-/* A STR: its value, or NULL when unset or "". */
-const char *kl_param_str(kl_param_id id);
+/* ---- param.c: param.h (the klgen command reads the table too) ---- */
+#include "param.h"
 
 /* ---- err.c ---- */
 kl_result kl_rt_fail(kl_result r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

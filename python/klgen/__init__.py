@@ -173,8 +173,10 @@ _SUMMARY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*): vocab ", re.MULTILINE)
 def generate(path, out_dir) -> List[str]:
     """Does what `klgen -o out_dir path` does; returns the files written.
 
-    Every spec of the file gives <out_dir>/<name>.cu and <name>.h. On any error
-    nothing is replaced: a bad spec raises SpecError, anything else Error.
+    Every spec of the file (at most 16) gives <out_dir>/<name>.cu and <name>.h,
+    under the spec time limit KLGEN_SPEC_TIME_MS (as spec_info). On any error
+    nothing is replaced: a bad spec raises SpecError, a malformed
+    KLGEN_SPEC_TIME_MS ValueError (as spec_info), anything else Error.
     """
     path, out_dir = _resolve(_path_arg(path, "generate")), _path_arg(out_dir, "generate")
     if not os.path.exists(path):
@@ -191,6 +193,8 @@ def generate(path, out_dir) -> List[str]:
         err = _capi.spec_error(message)
         if err.line is not None:
             raise err
+        if done.returncode == 2:  # a usage error: here, the environment
+            raise ValueError(message)
         raise Error(message)
     return [os.path.join(out_dir, n + ext) for n in _SUMMARY.findall(done.stdout)
             for ext in (".cu", ".h")]

@@ -14,7 +14,10 @@
 #include "klgen.h"
 
 #define TIME_MS 250   /* the spec's limit here: short, so hostile inputs cost little */
-#define SLACK_S 1.0   /* what a load may take past its limit (docs/design/spec.md) */
+/* What a load may take past its limit here: plain builds end a spec within
+ * 1.5 times its limit (docs/design/spec.md); ASan and the fuzzer's coverage
+ * slow the C work between two clock reads, and the state's close. */
+#define SLACK_S 1.0
 
 static double seconds(void) {
   struct timespec t;

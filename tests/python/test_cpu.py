@@ -103,6 +103,83 @@ def test_hostile_spec_is_bounded(monkeypatch):
         klgen.spec_info(source=GOOD)
 
 
+def test_lua_release_faults_are_gone():
+    # a long field chain's message: a crash of the interpreter (SIGSEGV)
+    # before Lua 5.4.8
+    chain = "local t = {}\nt.x = t\nreturn t" + ".x" * 100000 + ".nope + 1"
+    with pytest.raises(klgen.SpecError, match="attempt to perform arithmetic on a nil value "
+                       "\\(field 'nope'\\)") as e:
+        klgen.spec_info(source=chain)
+    assert e.value.line == 3
+    # bitwise operations on constants past the 256th
+    consts = "local k = {" + ",".join(f"{i}.5" for i in range(300)) + "}\n"
+    info = klgen.spec_info(source=consts + "return { name = 'm', vocab_size = 1000 | (2 or 3), "
+                           "tp = 1, dtype = 'bf16', max_tokens = 1 }")
+    assert info.vocab_size == 1002
+
+
+HOSTILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spec", "hostile")
+
+
+def _hostile_specs(tmp_path):
+    """tests/spec/hostile (see test_spec.c) and a long field chain: (path, what the
+    message says)."""
+    cases = []
+    for f in sorted(os.listdir(HOSTILE)):
+        if f.endswith(".lua"):
+            path = os.path.join(HOSTILE, f)
+            with open(path) as fh:
+                first = fh.readline()
+            assert first.startswith("-- refused: "), path
+            cases.append((path, first[len("-- refused: "):].strip()))
+    chain = tmp_path / "chain.lua"
+    chain.write_text("local t = {}\nt.x = t\nreturn t" + ".x" * 100000 + ".nope + 1\n")
+    cases.append((str(chain), "attempt to perform arithmetic on a nil value (field 'nope')"))
+    assert len(cases) > 1
+    return cases
+
+
+@pytest.mark.parametrize("loader", ["spec_info", "generate"])
+def test_hostile_specs_are_refused_in_time(tmp_path, monkeypatch, loader):
+    # each within 1.5 times its limit, as every loader promises
+    monkeypatch.setenv("KLGEN_SPEC_TIME_MS", "500")
+    out = tmp_path / "out"
+    for path, want in _hostile_specs(tmp_path):
+        t0 = time.monotonic()
+        with pytest.raises(klgen.SpecError) as e:
+            if loader == "spec_info":
+                klgen.spec_info(path)
+            else:
+                klgen.generate(path, out)
+        dt = time.monotonic() - t0
+        assert want in str(e.value) and e.value.file == path, str(e.value)
+        assert dt < 0.75, f"{path}: {dt:.3f} s under a 500 ms limit"
+        assert not out.exists()
+
+
+def test_generate_and_spec_info_share_the_time_limit(tmp_path, monkeypatch):
+    loop = tmp_path / "loop.lua"
+    loop.write_text("while true do end")
+    monkeypatch.setenv("KLGEN_SPEC_TIME_MS", "200")
+    for call in (klgen.spec_info, lambda p: klgen.generate(p, tmp_path / "o")):
+        with pytest.raises(klgen.SpecError, match="ran past its time limit \\(200 ms\\)"):
+            call(str(loop))
+    monkeypatch.setenv("KLGEN_SPEC_TIME_MS", "soon")
+    said = []
+    for call in (klgen.spec_info, lambda p: klgen.generate(p, tmp_path / "o")):
+        with pytest.raises(ValueError) as e:
+            call(KIMI)
+        said.append(str(e.value))
+    assert said == ["environment: KLGEN_SPEC_TIME_MS='soon': expected an integer in 1..3600000"] * 2
+    assert not (tmp_path / "o").exists()
+
+
+def test_messages_escape_control_bytes():
+    with pytest.raises(ValueError) as e:
+        klgen.spec_info(klgen.spec_path("deepseek_v3"), name="zzz\x1b[31m\n")
+    assert str(e.value) == "no spec named 'zzz\\x1b[31m\\x0a' in it"
+
+
 def test_arguments():
     with pytest.raises(TypeError, match="exactly one"):
         klgen.spec_info()

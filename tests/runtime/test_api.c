@@ -1,9 +1,13 @@
 /* libklrt API misuse and behaviour without a GPU: clear error codes and
  * messages, no crash. Runs everywhere; the no-driver checks only where there
  * is no driver (CI), the rest need none. */
+#include <dirent.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <dlfcn.h>
@@ -189,6 +193,8 @@ static void environment(void) {
                           {"KLGEN_DISABLE", "maybe", "expected 1/true/yes/on"},
                           {"KLGEN_PDL", "2", "expected 1/true"},
                           {"KLGEN_SPEC_TIME_MS", "0", "KLGEN_SPEC_TIME_MS='0'"},
+                          {"KLGEN_CACHE_DIR", "rel/cache", "KLGEN_CACHE_DIR='rel/cache': "
+                                                           "expected an absolute path"},
                           {"KLGEN_LOG", "verbose", "KLGEN_LOG='verbose'"}};
   for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
     setenv(bad[k][0], bad[k][1], 1);
@@ -205,10 +211,15 @@ static void environment(void) {
   CHECK(kl_params_check(why, sizeof why) == 0 && kl_param_int(KL_P_DISABLE, NULL) == 0,
         "empty = unset");
   unsetenv("KLGEN_DISABLE");
-  /* the spec's time limit comes from the environment */
+  /* the spec's time limit comes from the environment; a malformed one is
+   * refused with the message klgen prints (test_cli.sh) */
   setenv("KLGEN_SPEC_TIME_MS", "100", 1);
   EXPECT_ERR(kl_spec_info_string("while true do end", NULL, &i), KLRT_ESPEC,
              "time limit (100 ms)");
+  setenv("KLGEN_SPEC_TIME_MS", "abc", 1);
+  EXPECT_ERR(kl_spec_info_string(kimi, NULL, &i), KLRT_EINVAL, "");
+  CHECK(!strcmp(kl_last_error(), "environment: KLGEN_SPEC_TIME_MS='abc': expected an integer in "
+                "1..3600000"), "KLGEN_SPEC_TIME_MS=abc: '%s'", kl_last_error());
   unsetenv("KLGEN_SPEC_TIME_MS");
   kl_group_destroy(g);
   /* README: the rows of its variable table are the parameter table */
@@ -430,7 +441,128 @@ static void info(void) {
   EXPECT_ERR(kl_ctx_info(NULL, &i), KLRT_EINVAL, "NULL");
 }
 
-int main(void) {
+static double seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* One hostile spec through both of the library's file loaders, under
+ * KLGEN_SPEC_TIME_MS=500: refused with `want`, within 1.5 times that. */
+static void hostile_file(const char *path, const char *want) {
+  kl_group *g;
+  kl_group_create(&g, 8);
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.nranks = 8, cfg.group = g;
+  kl_info i = KL_INFO_INIT;
+  kl_ctx *c;
+  for (int ctx = 0; ctx < 2; ctx++) {
+    double t0 = seconds();
+    kl_result r = ctx ? kl_ctx_create_file(&c, path, NULL, &cfg) : kl_spec_info_file(path, NULL, &i);
+    double dt = seconds() - t0;
+    CHECK(r == KLRT_ESPEC && !strncmp(kl_last_error(), path, strlen(path)) &&
+              strstr(kl_last_error(), want), "%s (%s): %s, '%s' (want '%s')", path,
+          ctx ? "kl_ctx_create_file" : "kl_spec_info_file", kl_result_name(r), kl_last_error(),
+          want);
+    CHECK(dt < 0.75, "%s (%s) took %.3f s under a 500 ms limit", path,
+          ctx ? "kl_ctx_create_file" : "kl_spec_info_file", dt);
+  }
+  kl_group_destroy(g);
+}
+
+/* tests/spec/hostile (see test_spec.c), and the field chain whose message Lua
+ * before 5.4.8 built by recursion (a crash), through the library. */
+static void hostile(void) {
+  setenv("KLGEN_SPEC_TIME_MS", "500", 1);
+  DIR *d = opendir(HOSTILE_DIR);
+  CHECK(d != NULL, "%s", HOSTILE_DIR);
+  int files = 0;
+  for (struct dirent *f; d && (f = readdir(d)) != NULL;) {
+    size_t n = strlen(f->d_name);
+    if (n < 5 || strcmp(f->d_name + n - 4, ".lua") != 0) continue;
+    char path[1024], want[256] = "";
+    snprintf(path, sizeof path, "%s/%s", HOSTILE_DIR, f->d_name);
+    FILE *in = fopen(path, "r");
+    if (in && fgets(want, sizeof want, in) && !strncmp(want, "-- refused: ", 12))
+      memmove(want, want + 12, strlen(want + 12) + 1);
+    if (in) fclose(in);
+    want[strcspn(want, "\n")] = 0;
+    hostile_file(path, want);
+    files++;
+  }
+  if (d) closedir(d);
+  CHECK(files > 0, "no hostile specs in %s", HOSTILE_DIR);
+  char chain[] = "/tmp/klgen-chain-XXXXXX";
+  int fd = mkstemp(chain);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (f) {
+    fputs("local t = {}\nt.x = t\nreturn t", f);
+    for (int k = 0; k < 100000; k++) fputs(".x", f);
+    fputs(".nope + 1\n", f);
+    fclose(f);
+    hostile_file(chain, ":3: attempt to perform arithmetic on a nil value (field 'nope')");
+    unlink(chain);
+  }
+  unsetenv("KLGEN_SPEC_TIME_MS");
+}
+
+/* What a caller or the file system says reaches kl_last_error and the log
+ * (KLGEN_LOG=1) with its control bytes escaped. The log is read once per
+ * process: a child (this program again, KLGEN_LOG=1) writes it. */
+static void logged_child(void) {
+  kl_group *g;
+  kl_group_create(&g, 8);
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.nranks = 8, cfg.group = g;
+  kl_ctx *c;
+  kl_ctx_create_string(&c, kimi, "zzz\x1b[31m\n[klgen] forged", &cfg);
+  kl_binary b;
+  kl_err e;
+  int hit;
+  if (kl_jit_cubin("extern \"C\" __global__ void k() {}\n", "k", "sm_90", "/dev/null/\x1b[2J\rx", &b,
+                   &hit, &e) == 0)
+    kl_binary_free(&b);
+  kl_group_destroy(g);
+}
+
+static void escaped(const char *self) {
+  kl_group *g;
+  kl_group_create(&g, 8);
+  kl_config cfg = KL_CONFIG_INIT;
+  cfg.nranks = 8, cfg.group = g;
+  kl_ctx *c;
+  EXPECT_ERR(kl_ctx_create_string(&c, kimi, "zzz\x1b[31m\n", &cfg), KLRT_EINVAL,
+             "no spec named 'zzz\\x1b[31m\\x0a' in it");
+  kl_group_destroy(g);
+  char log[] = "/tmp/klgen-log-XXXXXX";
+  int fd = mkstemp(log);
+  pid_t pid = fd >= 0 ? fork() : -1;
+  if (pid == 0) {
+    dup2(fd, 2);
+    setenv("KLGEN_LOG", "1", 1);
+    execl(self, self, "--log-child", (char *)NULL);
+    _exit(127);
+  }
+  int st = 0;
+  if (pid > 0) waitpid(pid, &st, 0);
+  CHECK(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "log child: status %d", st);
+  char text[8192] = "";
+  ssize_t n = fd >= 0 ? pread(fd, text, sizeof text - 1, 0) : -1;
+  text[n > 0 ? n : 0] = 0;
+  CHECK(strstr(text, "[klgen] error: KLRT_EINVAL: no spec named 'zzz\\x1b[31m\\x0a[klgen] forged' "
+                     "in it\n") != NULL, "log: %s", text);
+  CHECK(strstr(text, "[klgen] JIT cache not used: /dev/null/\\x1b[2J\\x0dx") != NULL, "log: %s",
+        text);
+  int lines = 0, controls = 0;
+  for (char *p = text; *p; p++) lines += *p == '\n', controls += (unsigned char)*p < 0x20 && *p != '\n';
+  CHECK(lines == 2 && controls == 0, "log: %d lines, %d control bytes: %s", lines, controls, text);
+  if (fd >= 0) close(fd), unlink(log);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 2 && !strcmp(argv[1], "--log-child")) return logged_child(), 0;
+  hostile();
+  escaped(argv[0]);
   crossover();
   info();
   misuse();

@@ -76,6 +76,44 @@ static void forged(const char *entry, const kl_binary *good) {
   kl_binary_free(&b);
 }
 
+/* Bytes this process has read (read(2) and kin), from /proc/self/io. */
+static long long bytes_read(void) {
+  FILE *f = fopen("/proc/self/io", "r");
+  long long n = -1;
+  char line[128];
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "rchar: %lld", &n) == 1) break;
+  if (f) fclose(f);
+  return n;
+}
+
+/* An entry's size is checked before it is read: a file far larger than a
+ * cubin, with a valid header, costs no read of its payload. */
+static void oversized(const char *entry, const kl_binary *good) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", entry);
+  *strrchr(dir, '/') = 0;
+  FILE *f = fopen(entry, "r+b");
+  unsigned char head[56];
+  CHECK(f && fread(head, 1, 56, f) == 56, "read header");
+  if (!f) return;
+  uint64_t size = (64u << 20) - 56; /* the whole file 64 MiB */
+  memcpy(head + 32, &size, 8);
+  fseek(f, 0, SEEK_SET);
+  fwrite(head, 1, 56, f);
+  fclose(f);
+  CHECK(truncate(entry, 64 << 20) == 0, "truncate to 64 MiB");
+  long long before = bytes_read();
+  CHECK(hit_of(src_a, dir) == 0, "a 64 MiB entry: not rebuilt");
+  long long read = bytes_read() - before;
+  CHECK(before >= 0 && read < (1 << 20), "a 64 MiB entry: %lld bytes read", read);
+  kl_binary b;
+  int hit;
+  CHECK(jit(src_a, "sm_90", dir, &b, &hit) == 0 && hit == 1 && b.size == good->size &&
+            !memcmp(b.data, good->data, b.size), "oversized: rebuilt entry wrong");
+  kl_binary_free(&b);
+}
+
 /* A FIFO, a link, a directory where the entry belongs: never followed, never
  * waited on; compiled instead. */
 static void not_regular(const char *entry, const kl_binary *good) {
@@ -318,6 +356,7 @@ static void hit_miss_corrupt(const char *root) {
     kl_binary_free(&b2);
   }
   forged(entry, &b1);
+  oversized(entry, &b1);
   not_regular(entry, &b1);
   kl_binary_free(&b1);
 }
@@ -369,7 +408,27 @@ static void resolution(void) {
   CHECK(kl_cache_dir(NULL, buf, sizeof buf) && !strcmp(buf, "/h/.cache/klgen"), "then HOME");
   unsetenv("HOME");
   CHECK(kl_cache_dir(NULL, buf, sizeof buf) == 0, "nothing: no cache");
+  /* Relative paths: XDG's are invalid and ignored (HOME's too); a relative
+   * KLGEN_CACHE_DIR fails creation (test_api), and is never the cache; a
+   * configured one is taken from the working directory, once. */
+  setenv("XDG_CACHE_HOME", "rel/xdg", 1);
+  setenv("HOME", "/h", 1);
+  CHECK(kl_cache_dir(NULL, buf, sizeof buf) && !strcmp(buf, "/h/.cache/klgen"),
+        "a relative XDG_CACHE_HOME: %s", buf);
+  setenv("HOME", "rel", 1);
+  CHECK(kl_cache_dir(NULL, buf, sizeof buf) == 0, "a relative HOME: %s", buf);
+  setenv("KLGEN_CACHE_DIR", "rel/klgen", 1);
+  CHECK(kl_cache_dir(NULL, buf, sizeof buf) == 0, "a relative KLGEN_CACHE_DIR: %s", buf);
+  unsetenv("KLGEN_CACHE_DIR");
+  unsetenv("XDG_CACHE_HOME");
+  unsetenv("HOME");
+  char cwd[400], want[512];
+  CHECK(getcwd(cwd, sizeof cwd) != NULL, "getcwd");
+  snprintf(want, sizeof want, "%s/rel/cache", cwd);
+  CHECK(kl_cache_dir("rel/cache", buf, sizeof buf) && !strcmp(buf, want),
+        "a relative cache_dir: %s", buf);
 }
+
 
 int main(void) {
   char root[] = "/tmp/klgen-cache-test.XXXXXX";

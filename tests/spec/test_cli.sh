@@ -5,6 +5,7 @@ set -u
 klgen=$1 specs=$2 templates=$3
 source "$(dirname "$0")/../lib/cli_lib.sh"
 empty_dir() { [ -z "$(ls -A "$1" 2>/dev/null)" ] && ok || no "$1 not empty: $(ls -A "$1")"; }
+ms() { date +%s%3N; } # milliseconds
 
 # usage errors: exit 2
 expect 0 "$klgen" --help;            has "$tmp/out" "usage: klgen"
@@ -146,7 +147,46 @@ expect 1 "$klgen" "$long/s.lua"; has "$tmp/err" "klgen: $long/s.lua:3: unexpecte
 # a spec that never ends is stopped at the time limit
 echo 'while true do pcall(function() while true do end end) end' >"$tmp/loop.lua"
 expect 1 timeout 20 "$klgen" --time-limit 200 "$tmp/loop.lua"; has "$tmp/err" "loop.lua:1: ran past its time limit (200 ms)"
-expect 2 "$klgen" --time-limit 0 "$tmp/loop.lua"; has "$tmp/err" "expected milliseconds"
+expect 2 "$klgen" --time-limit 0 "$tmp/loop.lua"
+has "$tmp/err" "klgen: --time-limit 0: expected an integer in 1..3600000"
+# the limit libklrt reads is the command's too; --time-limit wins; a malformed
+# value is refused as the library refuses it (test_api: the same message)
+expect 1 env KLGEN_SPEC_TIME_MS=200 timeout 20 "$klgen" "$tmp/loop.lua"; has "$tmp/err" "(200 ms)"
+expect 1 env KLGEN_SPEC_TIME_MS=200 timeout 20 "$klgen" --time-limit 300 "$tmp/loop.lua"; has "$tmp/err" "(300 ms)"
+for v in abc 0 12x 3600001; do
+  expect 2 env KLGEN_SPEC_TIME_MS=$v "$klgen" -q "$specs/gpt2_tp4.lua" -o "$tmp/env"
+  [ "$(cat "$tmp/err")" = "klgen: environment: KLGEN_SPEC_TIME_MS='$v': expected an integer in 1..3600000" ] \
+    && ok || no "KLGEN_SPEC_TIME_MS=$v: $(cat "$tmp/err")"
+done
+expect 2 env KLGEN_SPEC_TIME_MS=abc "$klgen" --time-limit 100 -q "$specs/gpt2_tp4.lua" -o "$tmp/env"
+[ ! -e "$tmp/env" ] && ok || no "output written under a malformed KLGEN_SPEC_TIME_MS"
+expect 2 env "KLGEN_SPEC_TIME_MS=$(printf '1\033[2J')" "$klgen" -q "$specs/gpt2_tp4.lua" -o "$tmp/env"
+has "$tmp/err" "KLGEN_SPEC_TIME_MS='1\\\\x1b\\[2J'"
+
+# spec/hostile: each refused within 1.5 times its limit, under --time-limit
+# and under KLGEN_SPEC_TIME_MS alike, with its message, nothing written
+for f in "$(dirname "$0")"/hostile/*.lua; do
+  want=$(sed -n '1s/^-- refused: //p' "$f")
+  for how in option env; do
+    t0=$(ms)
+    if [ $how = option ]; then expect 1 timeout 20 "$klgen" --time-limit 500 "$f" -o "$tmp/hostile"
+    else expect 1 env KLGEN_SPEC_TIME_MS=500 timeout 20 "$klgen" "$f" -o "$tmp/hostile"; fi
+    dt=$(($(ms) - t0))
+    [ "$dt" -lt 750 ] && ok || no "$(basename "$f") ($how) took $dt ms under a 500 ms limit"
+    has "$tmp/err" "^klgen: $f:[0-9]*: .*$want"
+    [ ! -e "$tmp/hostile" ] && ok || no "$(basename "$f"): output written"
+  done
+done
+
+# the message for a long field chain is built without recursion (a crash,
+# SIGSEGV, before Lua 5.4.8), and bitwise operations on constants past the
+# 256th compute the right value (1000 | 2, not 2)
+{ printf 'local t = {}\nt.x = t\nreturn t'; yes .x | head -n 100000 | tr -d '\n'; echo '.nope + 1'; } >"$tmp/chain.lua"
+expect 1 "$klgen" --time-limit 500 "$tmp/chain.lua"
+has "$tmp/err" "chain.lua:3: attempt to perform arithmetic on a nil value (field 'nope')"
+{ printf 'local k = {'; seq -f ' %g.5,' 0 299 | tr -d '\n'; echo ' }';
+  echo "return { name = 'm', vocab_size = 1000 | (2 or 3), tp = 1, dtype = 'bf16', max_tokens = 1 }"; } >"$tmp/bits.lua"
+expect 0 "$klgen" "$tmp/bits.lua" -o "$tmp/bits"; has "$tmp/out" "^m: vocab 1002 -> padded 1024"
 
 # files are made as any program makes them: 0666 less the caller's umask
 (umask 077 && "$klgen" -q --cubin "$specs/gpt2_tp4.lua" -o "$tmp/u77")
@@ -175,6 +215,56 @@ expect 2 "$klgen" "--x$(printf '\033')"; has "$tmp/err" 'unknown option --x\\x1b
 no_controls "$tmp/err"
 expect 2 "$klgen" --arch "sm_9$(printf '\033')" "$specs/gpt2_tp4.lua"; has "$tmp/err" 'expected sm_XY'
 no_controls "$tmp/err"
+
+# a file defines at most 16 specs to generate; refused before any work
+specs_file() { echo "local t = {} for i = 1, $1 do t[i] = { name = 'm' .. i, vocab_size = 163840, tp = 8, dtype = 'bf16', max_tokens = 64, topk = 8 } end return t"; }
+specs_file 17 >"$tmp/s17.lua" && specs_file 16 >"$tmp/s16.lua"
+for opt in "" --check --cubin; do
+  expect 1 timeout 20 "$klgen" $opt "$tmp/s17.lua" -o "$tmp/many"
+  has "$tmp/err" "s17.lua:1: name: 'm17' is spec 17 of the file's 17; klgen generates kernels for at most 16 specs a file"
+  [ ! -e "$tmp/many" ] && ok || no "output written for 17 specs ($opt)"
+done
+expect 0 "$klgen" -q "$tmp/s16.lua" -o "$tmp/many"
+[ "$(ls "$tmp/many" | wc -l)" = 32 ] && ok || no "16 specs: $(ls "$tmp/many" | wc -l) files"
+
+# the summary must arrive: stdout closed or full is an error (files written
+# or not), nothing printed is nothing lost
+"$klgen" "$specs/gpt2_tp4.lua" -o "$tmp/closed" >&- 2>"$tmp/err"
+[ $? = 1 ] && ok || no "stdout closed: exit not 1"
+has "$tmp/err" "^klgen: cannot write to standard output: Bad file descriptor$"
+expect 1 sh -c '"$0" "$1" -o "$2" >/dev/full' "$klgen" "$specs/gpt2_tp4.lua" "$tmp/full"
+has "$tmp/err" "^klgen: cannot write to standard output: No space left on device$"
+expect 1 sh -c '"$0" --list >/dev/full' "$klgen"
+expect 1 sh -c '"$0" --help >&-' "$klgen"
+expect 0 sh -c '"$0" -q "$1" -o "$2" >/dev/full' "$klgen" "$specs/gpt2_tp4.lua" "$tmp/full"
+
+# template code runs in the spec sandbox: no pattern functions (a
+# backtracking find runs in C, past any clock), the same time limit
+cp -r "$templates" "$tmp/tpl_find"
+sed -i '1i % local _ = string.find(string.rep("a", 60), string.rep("a*", 30) .. "b")' "$tmp/tpl_find/prelude.cuh.tmpl"
+expect 1 timeout 20 "$klgen" --templates "$tmp/tpl_find" "$specs/gpt2_tp4.lua" -o "$tmp/tf"
+has "$tmp/err" "klgen: templates/prelude.cuh.tmpl:1: undefined field 'string.find'"
+cp -r "$templates" "$tmp/tpl_loop"
+sed -i '3i % while true do pcall(function() while true do end end) end' "$tmp/tpl_loop/oneshot.cu.tmpl"
+t0=$(ms)
+expect 1 timeout 20 "$klgen" --templates "$tmp/tpl_loop" "$specs/gpt2_tp4.lua" -o "$tmp/tf"
+dt=$(($(ms) - t0))
+has "$tmp/err" "klgen: templates/oneshot.cu.tmpl:3: ran past its time limit (2000 ms)"
+[ "$dt" -lt 3000 ] && ok || no "a looping template took $dt ms under its 2000 ms limit"
+[ ! -e "$tmp/tf" ] && ok || no "output written despite a hostile template"
+
+# NVRTC's log and --list's names reach the terminal escaped too
+cp -r "$templates" "$tmp/tpl_warn"
+printf '#warning a\033[2Jb\n' >>"$tmp/tpl_warn/relayout.cu.tmpl"
+printf 'return { name = "w", vocab_size = 8, tp = 1, dtype = "bf16", max_tokens = 1 }' >"$tmp/w.lua"
+expect 0 "$klgen" --check --templates "$tmp/tpl_warn" "$tmp/w.lua"
+has "$tmp/err" 'warning directive: a\\x1b\[2Jb'
+no_controls "$tmp/err"
+mkdir -p "$tmp/pkg/bin" "$tmp/pkg/specs" && cp "$klgen" "$tmp/pkg/bin/klgen"
+cp "$tmp/w.lua" "$tmp/pkg/specs/$(printf 'a\033[31m').lua"
+expect 0 "$tmp/pkg/bin/klgen" --list
+has "$tmp/out" '^a\\x1b\[31m: w$'
+no_controls "$tmp/out"
 
 # --templates: a broken template is reported at its line, nothing written
 cp -r "$templates" "$tmp/tpl"

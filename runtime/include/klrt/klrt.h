@@ -120,8 +120,11 @@ typedef struct kl_config {
   void *allgather_user;
   kl_group *group;    /* ranks in this process (threads), made for nranks ranks;
                          must outlive the context */
-  const char *cache_dir; /* JIT cache; NULL: $KLGEN_CACHE_DIR, $XDG_CACHE_HOME/klgen,
-                            ~/.cache/klgen. Copied. */
+  const char *cache_dir; /* JIT cache; NULL: $KLGEN_CACHE_DIR (absolute, else
+                            creation fails), $XDG_CACHE_HOME/klgen, ~/.cache/klgen
+                            (a relative XDG_CACHE_HOME or HOME is ignored). Copied;
+                            a relative path is taken from the working directory
+                            at creation. */
   /* Per-rank bytes per step (tokens x shard bytes) above which NCCL serves.
    * 0: $KLGEN_CROSSOVER_BYTES, else the tuned table (klbench --tune), else the
    * default for the GPU architecture. The smallest over the ranks applies. */
@@ -160,10 +163,11 @@ kl_result kl_group_create(kl_group **group, int nranks);
 void kl_group_destroy(kl_group *group);
 
 /* Creates this rank's context: loads the spec (its code runs sandboxed,
- * bounded by KLGEN_SPEC_TIME_MS), JIT-compiles the kernels (or takes them from
- * the cache), allocates and exchanges the one-shot buffers, and agrees with
- * every rank on which paths can serve. Collective; blocks until every rank
- * has come (a kl_group gives up after 120 s). *ctx is NULL on failure.
+ * ended within 1.5 times KLGEN_SPEC_TIME_MS), JIT-compiles the kernels (or
+ * takes them from the cache), allocates and exchanges the one-shot buffers,
+ * and agrees with every rank on which paths can serve. Collective; blocks
+ * until every rank has come (a kl_group gives up after 120 s). *ctx is NULL
+ * on failure.
  * name selects one spec of a file that defines several (NULL: the only one).
  * The GPU must be sm_80 or newer. */
 kl_result kl_ctx_create_file(kl_ctx **ctx, const char *spec_path, const char *name,
