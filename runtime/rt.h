@@ -18,7 +18,10 @@
  *   select.c    kl_argmax's and kl_topk's routes: one-shot select kernel, or
  *               reduce, NCCL, merge (kl_sample's shard sampler rides on them)
  *   sample.c    kl_sample's route: the shard sampler, or gather + row sampler
- *   context.c   create / destroy / stats / status, and the calls' entry */
+ *   create.c    create / destroy, the live list, a call's hold on a context
+ *   calls.c     the step calls' entry: kl_gather, kl_argmax, kl_topk, kl_sample
+ *   query.c     spec info and names, context info / stats / status, devices
+ *   testing.c   klrt_testing's hooks (KL_TESTING builds only) */
 #ifndef KL_RT_H
 #define KL_RT_H
 
@@ -103,8 +106,9 @@ int kl_jit_cubin(const char *source, const char *name, const char *arch, const c
 /* klrt_testing only (KL_TESTING; the installed library has none of this):
  * tests of the host's logic on a machine without a GPU give the library a
  * driver, an NCCL and a compiler of their own, used from the next
- * kl_cu_get, kl_nccl_api_get and kl_jit_cubin on (NULL: the real one).
- * Not thread-safe: set before any context is made. */
+ * kl_cu_get, kl_nccl_api_get and kl_jit_cubin on (NULL: the real one;
+ * kl_testing_fakes is testing.c's). Not thread-safe: set before any context
+ * is made. */
 typedef int (*kl_testing_jit_fn)(const char *source, const char *name, kl_binary *out,
                                  kl_err *err);
 void kl_testing_fakes(const kl_cu *cu, const kl_nccl_api *nccl, kl_testing_jit_fn jit);
@@ -361,7 +365,7 @@ kl_result kl_fault_error(const kl_ctx *c, uint64_t fault);
 /* The path rule (docs/design/dispatch.md) for a step moving `bytes` per rank (0:
  * no size limit): PATH_ONESHOT, or PATH_NCCL with *why. */
 int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why);
-/* One call, after the entry's checks (context.c): the arguments checked,
+/* One call, after the entry's checks (calls.c): the arguments checked,
  * the path chosen and counted, a one-shot call refused once this rank knows
  * of the group's fault, the input staged where the route says, the route's
  * path run, the log. */
@@ -414,12 +418,28 @@ kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, 
                             int merge_ctas);
 kl_result kl_select_nccl(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s);
 
-/* ---- context.c ---- */
+/* ---- create.c ---- */
 /* KLRT_EUNAVAILABLE, naming the minimum, for a GPU the kernels cannot run on. */
 kl_result kl_require_arch(int device, int major, int minor);
 /* Makes c's CUDA context current if it is not; *pushed says to pop it. */
 kl_result kl_ctx_enter(kl_ctx *c, int *pushed);
 void kl_ctx_leave(kl_ctx *c, int pushed);
+/* A call on c begins: c must be live, and no other thread inside a call on
+ * it (KLRT_EBUSY: waiting could deadlock a collective, and two calls at once
+ * would race on the context's buffers). remove: destroy takes it out.
+ * kl_ctx_release ends the call. */
+kl_result kl_ctx_acquire(kl_ctx *c, int remove, const char *fn);
+void kl_ctx_release(kl_ctx *c);
+/* fn(c, arg) under the live list's lock, which kl_ctx_destroy takes before
+ * it frees, if c is live: 1; else 0 and nothing is called. */
+int kl_ctx_if_live(const kl_ctx *c, void (*fn)(const kl_ctx *c, void *arg), void *arg);
+/* The environment's variables, each valid if set (param.c). */
+kl_result kl_check_environment(void);
+/* Every spec of a file (path) or a string (src), under the environment's
+ * limits (KLGEN_SPEC_TIME_MS). */
+kl_result kl_load_specs(const char *path, const char *src, kl_spec_list *l);
+/* The spec named `name` of l (NULL: its only one). */
+kl_result kl_pick_spec(const kl_spec_list *l, const char *name, kl_spec *out);
 #define KL_CU_TRY(c, call)                                                                \
   do {                                                                                    \
     CUresult r_ = (c)->cu->call;                                                          \
