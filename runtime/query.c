@@ -116,9 +116,9 @@ kl_result kl_ctx_stats(const kl_ctx *c, kl_stats *stats) {
   if (res) return res;
   kl_stats mine = c->stats;
   mine.size = sizeof mine;
-  /* with the calls whose rows the device sent wide (sample.c): as far as
-   * they have run */
-  if (c->mirror) mine.declined[KL_DECLINE_WIDE] += c->mirror[1];
+  /* with the calls of which the device sampled a row whole (sample.c), as
+   * far as they have run */
+  if (c->mirror) mine.sample_gathered += c->mirror[1];
   kl_ctx_release((kl_ctx *)c);
   return write_out(stats, &mine, sizeof mine, "stats");
 }

@@ -167,7 +167,7 @@ static int wide_on(const kl_call *k, int path) {
 /* A wide call is counted when its path is chosen, as the path is: alike on
  * every rank, whether or not the call is refused after. */
 static void count(kl_ctx *c, const kl_call *k, int path) {
-  if (wide_on(k, path)) c->stats.declined[KL_DECLINE_WIDE]++;
+  if (wide_on(k, path)) c->stats.sample_gathered++;
 }
 
 /* The wide path: the rows gathered by the gather route's path `oneshot`,
