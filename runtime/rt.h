@@ -222,7 +222,7 @@ typedef struct kl_route {
    * and before the layer's checks */
   kl_result (*check)(kl_ctx *c, const kl_call *k);
   /* NULL: none; else the route's own counts of a call once its path is
-   * chosen (kl_sample's wide decline), before anything may refuse it */
+   * chosen (kl_sample's sample_gathered), before anything may refuse it */
   void (*count)(kl_ctx *c, const kl_call *k, int path);
   /* The paths, after the layer's checks, choice, counts and staging; the
    * one-shot path only while this rank knows of no fault, the NCCL path

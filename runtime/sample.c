@@ -5,8 +5,9 @@
  * the records carry each part's candidates, and a row they cannot decide is
  * copied from every rank's staged rows into the context's scratch and
  * sampled there by the CTA that merged it, as the row sampler would, in the
- * same kernel (counted on the device as a "wide" call). Every other call takes
- * the wide path, counted as a "wide" decline: the logits are gathered into
+ * same kernel (the device counts such a call in sample_gathered). Every
+ * other call takes the gathering path, counted in sample_gathered when its
+ * path is chosen: the logits are gathered into
  * the scratch by the gather's own paths (one-shot, or NCCL and the
  * relayout; the layer chooses as for kl_gather, every rank alike), then the
  * row sampler draws each row's token there, a greedy or plain-temperature
@@ -158,21 +159,21 @@ static int has_filters(const kl_call *k) {
  * choice the crossover leaves alone: one-shot, it moves records.) */
 static int gathers(const kl_call *k) { return ((const kl_sample_call *)k->extra)->n_top > 0; }
 
-/* Whether the call takes the wide path on `path`: with top-n logprobs
+/* Whether the call takes the gathering path on `path`: with top-n logprobs
  * always; with filters where the peers' staged rows are out of reach. */
-static int wide_on(const kl_call *k, int path) {
+static int gathering(const kl_call *k, int path) {
   return gathers(k) || (path == PATH_NCCL && has_filters(k));
 }
 
-/* A wide call is counted when its path is chosen, as the path is: alike on
- * every rank, whether or not the call is refused after. */
+/* A gathering call is counted when its path is chosen, as the path is:
+ * alike on every rank, whether or not the call is refused after. */
 static void count(kl_ctx *c, const kl_call *k, int path) {
-  if (wide_on(k, path)) c->stats.sample_gathered++;
+  if (gathering(k, path)) c->stats.sample_gathered++;
 }
 
-/* The wide path: the rows gathered by the gather route's path `oneshot`,
- * then drawn by the row sampler. */
-static kl_result wide(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
+/* The gathering path: the rows gathered by the gather route's path
+ * `oneshot`, then drawn by the row sampler. */
+static kl_result gather_and_draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   kl_result res = gather_rows(c, k, s, oneshot);
   return res ? res : draw(c, k, s, oneshot);
 }
@@ -204,7 +205,7 @@ static int merge_ctas(const kl_ctx *c, int tokens) {
 }
 
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
-  if (wide_on(k, PATH_ONESHOT)) return wide(c, k, s, 1);
+  if (gathering(k, PATH_ONESHOT)) return gather_and_draw(c, k, s, 1);
   if (!has_filters(k))
     return kl_select_oneshot(c, KL_K_SHARDS, k, s, shard_subparts(c, k->tokens), 0);
   /* the scratch before the kernel that writes and reads it */
@@ -214,7 +215,7 @@ static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
 
 /* Without the peers' staged rows, a row with filters needs the gather. */
 static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
-  if (wide_on(k, PATH_NCCL)) return wide(c, k, s, 0);
+  if (gathering(k, PATH_NCCL)) return gather_and_draw(c, k, s, 0);
   return kl_select_nccl(c, KL_K_SHARDS, k, s);
 }
 

@@ -42,7 +42,7 @@ static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mo
       a->top_k = (const long long *)p->top_k;
       a->top_p = p->top_p;
       a->min_p = p->min_p;
-      a->wide = (void *)c->buf[KL_BUF_SAMPLE].p;
+      a->whole_rows = (void *)c->buf[KL_BUF_SAMPLE].p;
     }
   }
   return a;

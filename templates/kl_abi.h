@@ -24,12 +24,12 @@ typedef struct kl_state {
   /* Host memory (pinned, mapped), two words: the kernels copy the group's
    * fault word (below) into the first, so the host reads it with a load,
    * never a device sync; the second counts kl_sample's calls that sampled a
-   * row whole on the device (the stats' wide count). */
+   * row whole on the device (in the stats' sample_gathered). */
   unsigned long long *mirror;
   /* The step + 1 of the last call counted there: the first CTA of a call
    * to sample a row whole swaps its own in, and counts the call if the word
    * held another. */
-  unsigned long long wide_step;
+  unsigned long long whole_step;
   unsigned long long reserved[5];
 } kl_state;
 
@@ -86,10 +86,10 @@ typedef struct kl_relayout_args {
  * merge only, from rec ([TP, tokens, SPLIT] records: ncclAllGather's
  * layout). The shard sampler writes its tokens to index and their logprobs
  * to value ([tokens] each) and reads the rows' parameters (kl_sample_args'
- * arrays); the others leave them NULL. With wide (one-shot only) the call
- * has filters: each part stages its rank row and sends its candidates too,
- * and a row they cannot decide is copied whole from every rank's staged
- * rows into wide, where the CTA that merged it samples it. */
+ * arrays); the others leave them NULL. With whole_rows (one-shot only) the
+ * call has filters: each part stages its rank row and sends its candidates
+ * too, and a row they cannot decide is copied whole from every rank's
+ * staged rows into whole_rows, where the CTA that merged it samples it. */
 typedef struct kl_select_args {
   const void *in;            /* this rank's [tokens, SHARD] */
   long long *index;          /* [tokens, K] */
@@ -103,7 +103,7 @@ typedef struct kl_select_args {
   const unsigned long long *seed, *offset; /* the shard sampler's [tokens], or NULL (0) */
   const long long *top_k;    /* the shard sampler's filters, [tokens] or NULL (off) */
   const float *top_p, *min_p;
-  void *wide;                /* [tokens, VOCAB] (out dtype), or NULL: no filters */
+  void *whole_rows;          /* [tokens, VOCAB] (out dtype), or NULL: no filters */
   int tokens, rank, nslots, mode;
   /* The shard sampler without filters, one-shot: CTAs each of TOPK_SPLIT's
    * parts is split over, 2 or 4 (at most the layout's SHARD_SUBPARTS), each
@@ -121,7 +121,7 @@ typedef struct kl_select_args {
  * min(TOPK, VOCAB) columns in the key order of t, two words each (the
  * logit, and the column + 1; 0: none, a part with fewer columns). Its
  * first column word KL_SHARD_CAND_UNKNOWN: too many equal keys to rank,
- * the row takes the wide path. */
+ * the row is sampled whole. */
 #define KL_SHARD_CAND_WORD 8
 #define KL_SHARD_CAND_UNKNOWN 0xfffffffeu
 #define KL_SELECT_ONESHOT 0
@@ -129,7 +129,7 @@ typedef struct kl_select_args {
 #define KL_SELECT_MERGE 2
 
 /* kl_sample's row sampler: the gathered logits and per-row parameters in,
- * a token per row out (the wide path: it reads whole rows). Parameter
+ * a token per row out (kl_sample's gathering path: it reads whole rows). Parameter
  * arrays are [tokens]: temperature (0: greedy), top_k (0: off), top_p (1:
  * off), min_p (0: off), seed and offset (64-bit); NULL but temperature: off
  * (seed and offset 0). A greedy or plain-temperature row may be split over
