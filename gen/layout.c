@@ -22,15 +22,15 @@
 /* Select kernels (kl_argmax, kl_topk): one CTA reads SEL_BLOCK x (its
  * kernel's chunks a thread) chunks of a row, so a row is spread over up to
  * SEL_SPLIT_MAX CTAs (the kernel's split): at one token the reduction runs
- * on many SMs, not one. The merge keeps every rank's records of a token in
- * shared memory: at most MERGE_CHUNKS 16-byte chunks. */
+ * on many SMs, not one. kl_topk's shared merge keeps every rank's records
+ * of a token in shared memory: at most SHARED_MERGE_CHUNKS 16-byte chunks. */
 #define SEL_BLOCK 256
 #define SEL_SPLIT_MAX 16
+#define SHARED_MERGE_CHUNKS 2560
 /* kl_argmax's CTAs read at least this many chunks a thread. Kimi TP8's shard
  * (2560 chunks) in 5 CTAs, not 10: 64 tokens 5.4 -> 3.9 us, 1 token 2.36 ->
  * 2.44 (klbench --select, 2 x H200); 2 CTAs: 3.4 and 2.9. */
 #define ARGMAX_THREAD_CHUNKS_MIN 2
-#define MERGE_CHUNKS 2560
 /* kl_sample: a row the sampler splits (greedy, or T and no filter) is cut
  * into ceil(vocab / (SEL_BLOCK x SAMPLE_SLICE_THREAD_COLS)) slices of equal
  * columns (a multiple of 4), at most 2,048 (two groups of four a thread),
@@ -138,7 +138,7 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
     if (words < KL_SHARD_CAND_WORD + 2 * cand) words = KL_SHARD_CAND_WORD + 2 * (int)cand;
   }
   l->rec_chunks = (words + 3) / 4;
-  int64_t split_cap = MERGE_CHUNKS / (split_chunks * s->tp);
+  int64_t split_cap = SHARED_MERGE_CHUNKS / (split_chunks * s->tp);
   if (split_cap > SEL_SPLIT_MAX) split_cap = SEL_SPLIT_MAX;
   if (split_cap < 1) split_cap = 1; /* cannot happen: rec_chunks <= 33, tp <= 64 */
   int64_t per_cta = SEL_BLOCK * split_cap;
