@@ -105,8 +105,10 @@ typedef struct kl_layout {
   int topk_thread_chunks;   /* kl_topk: 16-byte input chunks per thread */
   int topk_split;           /* kl_topk: CTAs (records) per rank row */
   /* kl_sample's shard sampler without filters, one-shot, at few tokens:
-   * CTAs each of kl_topk's parts may be split over (1, 2 or 4), each taking
-   * a share of every chunk's columns (the runtime picks per call) */
+   * the bound on the CTAs each of kl_topk's parts may be split over (1, 2
+   * or 4), each taking a share of every chunk's columns; the group agrees
+   * on its own (the runtime's group_subparts, within this and every rank's
+   * KLGEN_SHARD_SUBPARTS) and each call takes its own within that */
   int shard_subparts;
   int argmax_thread_chunks; /* kl_argmax: 16-byte input chunks per thread */
   int argmax_split;         /* kl_argmax: CTAs (records) per rank row */

@@ -108,9 +108,9 @@ static void derive_epilogue(const kl_spec *s, kl_layout *l) {
  * a chunk's elements, at most 4, and within two bounds: a token's records
  * (tp x topk_split x subparts) within the two passes of a warp that the
  * merge polls (64), and a token's records, 8 words in 2 chunks, within the
- * region's stride of a token (rec_split x rec_chunks chunks), so the
- * region and its refill stay as they are. */
-static int shard_subparts(const kl_spec *s, const kl_layout *l) {
+ * region's stride of a token (rec_split x rec_chunks chunks), so that
+ * subparts need no room of their own in the region or its refill. */
+static int subparts_bound(const kl_spec *s, const kl_layout *l) {
   const int64_t chunk_elems = CHUNK / l->elem_bytes;
   const int64_t record_chunks = (KL_SHARD_RECORD_WORDS + 3) / 4;
   int sub = SHARD_SUBPARTS_MAX;
@@ -155,7 +155,7 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
   cta_chunks = (int64_t)SEL_BLOCK * l->argmax_thread_chunks;
   l->argmax_split = (int)((l->row_chunks + cta_chunks - 1) / cta_chunks);
   l->rec_split = l->topk_split > l->argmax_split ? l->topk_split : l->argmax_split;
-  l->shard_subparts = s->topk > 0 ? shard_subparts(s, l) : 1;
+  l->shard_subparts = s->topk > 0 ? subparts_bound(s, l) : 1;
   l->sel_offset = l->total_bytes;
   l->sel_slot_bytes = s->max_tokens * l->rec_split * l->rec_chunks * CHUNK;
   l->sel_buffer_bytes = l->sel_slot_bytes * s->tp;

@@ -278,9 +278,10 @@ struct kl_ctx {
   unsigned char ipc_opened[KL_TP_MAX];
   int ready, disabled;
   /* agreed at creation, the same on every rank: the fewest multiprocessors
-   * of the group's GPUs, and the CTAs a part of the shard sampler may take
-   * (the layout's shard_subparts and every rank's KLGEN_SHARD_SUBPARTS) */
-  int group_sms, shard_subparts;
+   * of the group's GPUs, and the most CTAs a part of the shard sampler may
+   * take (1, 2 or 4: within the layout's bound, shard_subparts, and every
+   * rank's KLGEN_SHARD_SUBPARTS); a call takes at most that many */
+  int group_sms, group_subparts;
   int nccl_everywhere; /* every rank has a communicator: size declines are possible */
   int kernels_everywhere; /* every rank loaded the kernels: NCCL paths that run them can run */
   long long crossover, crossover_cfg;
@@ -324,7 +325,7 @@ typedef struct agree_info {
   int64_t crossover;
   /* its GPU's multiprocessors and KLGEN_SHARD_SUBPARTS: the group takes the
    * least of each, so every rank splits kl_sample's parts alike */
-  int32_t sm_count, subparts;
+  int32_t sm_count, subparts_cfg;
   char why[KL_PEER_WHY];
 } agree_info;
 /* Equal on every rank that runs the same kernel with the same limits. */

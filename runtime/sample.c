@@ -178,14 +178,15 @@ static kl_result gather_and_draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot)
   return res ? res : draw(c, k, s, oneshot);
 }
 
-/* A call without filters at few tokens: each of kl_topk's parts split over
- * up to the group's shard_subparts CTAs (shards.cu.tmpl), while the grid
- * stays within a CTA a multiprocessor of the group's smallest GPU and within
- * the step slots of max_tokens. A part's noise is bound by issue: on one
- * H200, Kimi's shard at 1 token took 10 multiprocessors of 132 split 1 way.
- * Every rank computes the same from what the group agreed. */
-static int shard_subparts(const kl_ctx *c, int tokens) {
-  int sub = c->shard_subparts;
+/* The call's subparts: without filters at few tokens, each of kl_topk's
+ * parts split over up to group_subparts CTAs (shards.cu.tmpl), while the
+ * grid stays within a CTA a multiprocessor of the group's smallest GPU and
+ * within the step slots of max_tokens. At few tokens a token's parts take
+ * few of the GPU's multiprocessors, each bound by issue on its columns'
+ * noise; subparts spread that noise over more of them. Every rank computes
+ * the same from what the group agreed. */
+static int call_subparts(const kl_ctx *c, int tokens) {
+  int sub = c->group_subparts;
   while (sub > 1 && ((int64_t)tokens * c->layout.topk_split * sub > c->group_sms ||
                      (int64_t)tokens * sub > c->spec.max_tokens))
     sub /= 2;
@@ -196,7 +197,7 @@ static int shard_subparts(const kl_ctx *c, int tokens) {
  * parts, which merges that token alone (shards.cu.tmpl), where the whole
  * grid stays resident (the kernel's cap) and within its step slots. A CTA
  * that merges after its own part waits for its part, its fence and its
- * marks first: on one H200, Kimi's shard at 1 token, 0.9 us. The ranks
+ * marks first; one that merges alone waits for none of them. The ranks
  * need not agree: a rank's grid decides only which of its CTAs merge. */
 static int merge_ctas(const kl_ctx *c, int tokens) {
   const kl_kernel *kn = &c->kern[KL_K_CANDIDATES];
@@ -207,7 +208,7 @@ static int merge_ctas(const kl_ctx *c, int tokens) {
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
   if (gathering(k, PATH_ONESHOT)) return gather_and_draw(c, k, s, 1);
   if (!has_filters(k))
-    return kl_select_oneshot(c, KL_K_SHARDS, k, s, shard_subparts(c, k->tokens), 0);
+    return kl_select_oneshot(c, KL_K_SHARDS, k, s, call_subparts(c, k->tokens), 0);
   /* the scratch before the kernel that writes and reads it */
   kl_result res = ensure_scratch(c, k, s, 0);
   return res ? res : kl_select_oneshot(c, KL_K_CANDIDATES, k, s, 1, merge_ctas(c, k->tokens));

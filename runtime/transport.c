@@ -262,7 +262,8 @@ static kl_result check_agreement(const kl_ctx *c, agree_info *agree) {
     agree_info *a = &agree[r];
     a->why[KL_PEER_WHY - 1] = 0;
     if (((a->mapped | a->disabled | a->has_nccl | a->has_kernels) & ~1) || a->sm_count < 1 ||
-        a->subparts < kl_params[KL_P_SHARD_SUBPARTS].lo || a->subparts > kl_params[KL_P_SHARD_SUBPARTS].hi)
+        a->subparts_cfg < kl_params[KL_P_SHARD_SUBPARTS].lo ||
+        a->subparts_cfg > kl_params[KL_P_SHARD_SUBPARTS].hi)
       return kl_rt_fail(KLRT_ESPEC, "rank %d sent a malformed agreement record", r);
     if (a->crossover < 0)
       return kl_rt_fail(KLRT_EINVAL, "rank %d reports a crossover of %lld bytes (must be >= 0)",
@@ -296,7 +297,7 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   mine.crossover = kl_crossover(c->arch, c->nranks, c->layout.shard_bytes, c->crossover_cfg,
                                 c->cache_dir[0] ? c->cache_dir : NULL, &c->crossover_from);
   mine.sm_count = c->sm_count > 0 ? c->sm_count : 1;
-  mine.subparts = (int32_t)kl_param_int(KL_P_SHARD_SUBPARTS, NULL);
+  mine.subparts_cfg = (int32_t)kl_param_int(KL_P_SHARD_SUBPARTS, NULL);
   if (kl_exchange_all(&c->ex, &mine, agree, sizeof mine, why) != 0) {
     res = kl_rt_fail(KLRT_ENCCL, "rank %d: %s", c->rank, why);
     goto out;
@@ -309,7 +310,7 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   int subparts = c->layout.shard_subparts;
   for (int r = 0; r < c->nranks; r++) {
     if (agree[r].sm_count < c->group_sms) c->group_sms = agree[r].sm_count;
-    if (agree[r].subparts < subparts) subparts = agree[r].subparts;
+    if (agree[r].subparts_cfg < subparts) subparts = agree[r].subparts_cfg;
     c->disabled |= agree[r].disabled;
     c->nccl_everywhere &= agree[r].has_nccl;
     c->kernels_everywhere &= agree[r].has_kernels;
@@ -319,7 +320,7 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
       snprintf(c->stats.not_ready, sizeof c->stats.not_ready, "%s", agree[r].why);
     }
   }
-  c->shard_subparts = subparts >= 4 ? 4 : subparts >= 2 ? 2 : 1; /* the kernel's: 1, 2 or 4 */
+  c->group_subparts = subparts >= 4 ? 4 : subparts >= 2 ? 2 : 1; /* the kernel's: 1, 2 or 4 */
 out:
   if (!c->ready || res != KLRT_OK) {
     kl_transport_teardown(c);

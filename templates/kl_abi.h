@@ -105,10 +105,10 @@ typedef struct kl_select_args {
   const float *top_p, *min_p;
   void *whole_rows;          /* [tokens, VOCAB] (out dtype), or NULL: no filters */
   int tokens, rank, nslots, mode;
-  /* The shard sampler without filters, one-shot: CTAs each of TOPK_SPLIT's
-   * parts is split over, 2 or 4 (at most the layout's SHARD_SUBPARTS), each
-   * a share of every chunk's columns and a record of its own; any other
-   * value is 1. The same on every rank. */
+  /* The shard sampler without filters, one-shot: this call's CTAs each of
+   * TOPK_SPLIT's parts is split over, 2 or 4 (at most the layout's bound,
+   * SHARD_SUBPARTS), each a share of every chunk's columns and a record of
+   * its own; any other value is 1. The same on every rank. */
   int subparts;
   int reserved;
 } kl_select_args;
