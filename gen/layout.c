@@ -13,10 +13,10 @@
 #define DEFAULT_TIMEOUT_MS 10000
 #define CHUNK 16   /* bytes: one Lamport vector, one volatile poll */
 #define BLOCK 128  /* threads per CTA: small CTAs spread the pushes over more SMs */
-/* With an epilogue, CHUNK_THREADS threads share a 16-byte chunk, each a
- * 4-byte part: the epilogue of the chunk that arrives last is what a step
+/* With an epilogue, CHUNK_THREADS threads share a 16-byte chunk, a 4-byte
+ * quarter each: the epilogue of the chunk that arrives last is what a step
  * waits for after its poll, and a thread computes it for two elements, not
- * eight. Measured: docs/BENCHMARKS.md, "The epilogue, argmax and top-k". */
+ * eight (docs/BENCHMARKS.md, "The epilogue, argmax and top-k"). */
 #define EPI_CHUNK_THREADS 4
 #define RELAYOUT_BLOCK 256
 /* Select kernels (kl_argmax, kl_topk): one CTA reads SEL_BLOCK x (its
@@ -31,8 +31,8 @@
  * (2560 chunks) in 5 CTAs, not 10: 64 tokens 5.4 -> 3.9 us, 1 token 2.36 ->
  * 2.44 (klbench --select, 2 x H200); 2 CTAs: 3.4 and 2.9. */
 #define ARGMAX_THREAD_CHUNKS_MIN 2
-/* kl_sample: a row the sampler splits (greedy, or T and no filter) is cut
- * into ceil(vocab / (SEL_BLOCK x SAMPLE_SLICE_THREAD_COLS)) slices of equal
+/* kl_sample: a row the row sampler slices (greedy, or T and no filter) is
+ * cut into ceil(vocab / (SEL_BLOCK x SAMPLE_SLICE_THREAD_COLS)) slices of equal
  * columns (a multiple of 4), at most 2,048 (two groups of four a thread),
  * at most SAMPLE_SLICES_MAX of them (the merge is a warp's; past 65,536
  * columns slices grow): at one token a row takes that many multiprocessors,
@@ -102,8 +102,8 @@ static void derive_epilogue(const kl_spec *s, kl_layout *l) {
 }
 
 /* kl_sample's shard sampler without filters at few tokens: each of kl_topk's
- * parts split over up to this many CTAs, each a share of every chunk's
- * columns, so a token's noise (a Philox call and two logf a column, bound
+ * parts in up to this many subparts, a CTA each with a share of every
+ * chunk's columns, so a token's noise (a Philox call and two logf a column, bound
  * by issue) spreads over more multiprocessors. A power of two that divides
  * a chunk's elements, at most 4, and within two bounds: a token's records
  * (tp x topk_split x subparts) within the two passes of a warp that the
@@ -205,7 +205,7 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   l->shard_bytes = l->shard * l->elem_bytes;
   l->vec_bytes = vector_width(l->shard_bytes, s->vocab_size * l->elem_bytes, l->elem_bytes);
   derive_epilogue(s, l);
-  /* parts of 4 bytes need 4-byte aligned rows (vec_bytes) */
+  /* quarters of 4 bytes need 4-byte aligned rows (vec_bytes) */
   l->chunk_threads = l->epilogue && l->vec_bytes >= 4 ? EPI_CHUNK_THREADS : 1;
   l->row_chunks = (l->shard_bytes + CHUNK - 1) / CHUNK;
   l->slot_bytes = s->max_tokens * l->row_chunks * CHUNK;
@@ -241,7 +241,7 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
 }
 
 /* One thread per 16-byte chunk of a shard row (chunk_threads per chunk with
- * an epilogue, a part each): it pushes that chunk to every peer, then polls
+ * an epilogue, a quarter each): it pushes that chunk to every peer, then polls
  * the same chunk of every rank's slot. */
 int kl_layout_grid(const kl_layout *l, int tokens, int cap) {
   int64_t items = (int64_t)tokens * l->row_chunks * l->chunk_threads;

@@ -446,8 +446,8 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
     return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' carries kernels of kernel ABI %d, "
                       "and this libklrt (%s) launches ABI %d: regenerate it with this klgen",
                       g->name, abi, KLRT_VERSION, KL_ABI_VERSION);
-  /* the row sampler's split is a launch shape the header carries only in its
-   * source: the runtime sizes its scratch and grid by its own */
+  /* the row sampler's slices are a launch shape the header carries only in
+   * its source: the runtime sizes its scratch and grid by its own */
   long long slices = source_int(g->source, "int SAMPLE_SLICES = "),
             cols = source_int(g->source, "long long SAMPLE_SLICE_COLS = ");
   if (s.topk && (slices != l.sample_slices || cols != l.sample_slice_cols))

@@ -182,7 +182,7 @@ typedef enum kl_buf_id {
   KL_BUF_STAGE_IN,  /* an input copied where the kernels can read it */
   KL_BUF_STAGE_OUT, /* an output the kernels write aligned, copied after */
   KL_BUF_SAMPLE,    /* kl_sample's gathered rows, [tokens, vocab] of the out dtype */
-  KL_BUF_SAMPLE_PARTS, /* its split rows' parts and counters (kl_sample_parts_bytes) */
+  KL_BUF_SLICE_RESULTS, /* its sliced rows' results and counters (kl_slice_results_bytes) */
   KL_BUF_COUNT
 } kl_buf_id;
 typedef struct kl_buffer {
@@ -324,7 +324,7 @@ typedef struct agree_info {
   int32_t has_kernels; /* the generated kernels loaded (the select kernels' NCCL path runs them too) */
   int64_t crossover;
   /* its GPU's multiprocessors and KLGEN_SHARD_SUBPARTS: the group takes the
-   * least of each, so every rank splits kl_sample's parts alike */
+   * least of each, so every rank gives kl_sample's parts the same subparts */
   int32_t sm_count, subparts_cfg;
   char why[KL_PEER_WHY];
 } agree_info;
@@ -389,10 +389,10 @@ kl_result kl_buffers_alloc(kl_ctx *c);
 size_t kl_record_bytes(const kl_ctx *c, long long tokens);
 /* KL_BUF_RECORDS's bytes for `tokens` rows: this rank's records, then all ranks'. */
 size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens);
-/* KL_BUF_SAMPLE_PARTS's bytes for `tokens` rows. */
-size_t kl_sample_parts_bytes(const kl_ctx *c, long long tokens);
-/* Its rows' counters (the row sampler's split rows). */
-unsigned *kl_sample_counters(const kl_ctx *c);
+/* KL_BUF_SLICE_RESULTS's bytes for `tokens` rows. */
+size_t kl_slice_results_bytes(const kl_ctx *c, long long tokens);
+/* Its rows' counters (the row sampler's sliced rows). */
+unsigned *kl_slice_counters(const kl_ctx *c);
 const char *kl_arg_name(kl_arg a);
 int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn);
 /* k->kin: the input itself when aligned for the kernels' vectors and apart
@@ -411,7 +411,7 @@ extern const kl_route kl_gather_route, kl_argmax_route, kl_topk_route, kl_sample
 /* A select kernel's two paths for a call (select.c): the kernel one-shot, or
  * reduce, NCCL all-gather, merge. The call's outputs are the kernel's index,
  * value and lse; kl_sample's parameters come from k->extra for KL_K_SHARDS and KL_K_CANDIDATES.
- * subparts: KL_K_SHARDS' parts each split over that many CTAs (else 1).
+ * subparts: KL_K_SHARDS' parts each in that many subparts, a CTA each (else 1).
  * merge_ctas: KL_K_CANDIDATES' CTAs beyond the parts, each merging a token
  * alone: 0, or the call's tokens where the whole grid stays within the
  * kernel's cap and step slots (sample.c). */

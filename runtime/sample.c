@@ -83,15 +83,15 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
 
 /* The scratch rows for k's tokens (gathered, or a row the candidates cannot
  * decide), before the kernel that writes them is queued (only a staged
- * input's copy may precede it); with `parts`, the split rows' parts too
- * (the row sampler's). */
-static kl_result ensure_scratch(kl_ctx *c, const kl_call *k, CUstream s, int parts) {
+ * input's copy may precede it); with `slices`, the sliced rows' slice
+ * results too (the row sampler's). */
+static kl_result ensure_scratch(kl_ctx *c, const kl_call *k, CUstream s, int slices) {
   const long long most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
   kl_result res = kl_ensure(c, KL_BUF_SAMPLE, (size_t)k->tokens * row_bytes(c),
                             (size_t)most * row_bytes(c), s);
-  if (res || !parts) return res;
-  return kl_ensure(c, KL_BUF_SAMPLE_PARTS, kl_sample_parts_bytes(c, k->tokens),
-                   kl_sample_parts_bytes(c, most), s);
+  if (res || !slices) return res;
+  return kl_ensure(c, KL_BUF_SLICE_RESULTS, kl_slice_results_bytes(c, k->tokens),
+                   kl_slice_results_bytes(c, most), s);
 }
 
 /* The gathered rows in the scratch, by the gather route's path `oneshot`. */
@@ -105,7 +105,7 @@ static kl_result gather_rows(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   return oneshot ? kl_gather_route.oneshot(c, &g, s) : kl_gather_route.nccl(c, &g, s);
 }
 
-/* A split row's slices this call: the layout's (about 2,048 columns each)
+/* A sliced row's slices this call: the layout's (about 2,048 columns each)
  * while every row's fit in one wave of the sampler's grid, else fewer and
  * wider ones, down to one a row. On one H200, Kimi's shard (20,480 columns,
  * 10 slices) at 64 tokens: 640 CTAs in 5 waves took 23.5 us a step for
@@ -124,10 +124,11 @@ static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
 static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
-  /* with top-n logprobs no row is split (sample.cu.tmpl split_row) */
-  const int split = x->n_top == 0;
-  kl_sample_part *parts = split ? (kl_sample_part *)c->buf[KL_BUF_SAMPLE_PARTS].p : NULL;
-  unsigned *arrived = split ? kl_sample_counters(c) : NULL;
+  /* with top-n logprobs no row is sliced (sample.cu.tmpl sliced_row) */
+  const int sliced = x->n_top == 0;
+  kl_slice_result *results =
+      sliced ? (kl_slice_result *)c->buf[KL_BUF_SLICE_RESULTS].p : NULL;
+  unsigned *arrived = sliced ? kl_slice_counters(c) : NULL;
   /* Only a one-shot gather can have run dead and left poison in the rows;
    * NCCL's rows are results, fault or not, on every rank alike. */
   const unsigned long long *fault = oneshot && c->recv ? kl_fault_word(c) : NULL;
@@ -135,10 +136,10 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
       (const void *)c->buf[KL_BUF_SAMPLE].p, p->temperature, (const long long *)p->top_k,
       p->top_p, p->min_p, (const unsigned long long *)p->seed,
       (const unsigned long long *)p->offset, (long long *)k->out[0].p, k->out[1].p,
-      (long long *)k->out[2].p, k->out[3].p, fault, parts, arrived,
+      (long long *)k->out[2].p, k->out[3].p, fault, results, arrived,
       k->tokens, x->n_top, 1, (long long)c->spec.vocab_size};
   kl_sample_args *a = &c->kern[KL_K_SAMPLE].prm.sample;
-  if (split) a->slices = slices_for(c, k->tokens, &a->slice_cols);
+  if (sliced) a->slices = slices_for(c, k->tokens, &a->slice_cols);
   /* items: every row's slices (a row a CTA takes whole is one of them) */
   const int grid = kl_grid(c, KL_K_SAMPLE, k->tokens * a->slices, 1);
   /* PDL: launched while the kernel before it runs (the one-shot gather lets
@@ -179,9 +180,9 @@ static kl_result gather_and_draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot)
 }
 
 /* The call's subparts: without filters at few tokens, each of kl_topk's
- * parts split over up to group_subparts CTAs (shards.cu.tmpl), while the
- * grid stays within a CTA a multiprocessor of the group's smallest GPU and
- * within the step slots of max_tokens. At few tokens a token's parts take
+ * parts in up to group_subparts subparts, a CTA each (shards.cu.tmpl),
+ * while the grid stays within a CTA a multiprocessor of the group's
+ * smallest GPU and within the step slots of max_tokens. At few tokens a token's parts take
  * few of the GPU's multiprocessors, each bound by issue on its columns'
  * noise; subparts spread that noise over more of them. Every rank computes
  * the same from what the group agreed. */

@@ -57,7 +57,7 @@ kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, 
   a->slots = kn->slots;
   a->nslots = kn->nslots;
   a->subparts = subparts;
-  /* parts split subparts ways: the grid of subparts times the tokens; the
+  /* parts in subparts: the grid of subparts times the tokens; the
    * CTAs that merge apart after them (the kernel tells them by the grid) */
   int grid = kl_grid(c, id, k->tokens * subparts, 1) + merge_ctas;
   return launched(kl_launch(c, id, grid, 1, s), "one-shot");

@@ -105,10 +105,10 @@ typedef struct kl_select_args {
   const float *top_p, *min_p;
   void *whole_rows;          /* [tokens, VOCAB] (out dtype), or NULL: no filters */
   int tokens, rank, nslots, mode;
-  /* The shard sampler without filters, one-shot: this call's CTAs each of
-   * TOPK_SPLIT's parts is split over, 2 or 4 (at most the layout's bound,
-   * SHARD_SUBPARTS), each a share of every chunk's columns and a record of
-   * its own; any other value is 1. The same on every rank. */
+  /* The shard sampler without filters, one-shot: this call's subparts of
+   * each of TOPK_SPLIT's parts, 2 or 4 (at most the layout's bound,
+   * SHARD_SUBPARTS), a CTA each with a share of every chunk's columns and a
+   * record of its own; any other value is 1. The same on every rank. */
   int subparts;
   int reserved;
 } kl_select_args;
@@ -132,14 +132,15 @@ typedef struct kl_select_args {
  * a token per row out (kl_sample's gathering path: it reads whole rows). Parameter
  * arrays are [tokens]: temperature (0: greedy), top_k (0: off), top_p (1:
  * off), min_p (0: off), seed and offset (64-bit); NULL but temperature: off
- * (seed and offset 0). A greedy or plain-temperature row may be split over
- * up to SAMPLE_SLICES CTAs, each leaving its slice's part; the last to finish
- * merges them and sets arrived[row] back to 0 (zeroed at allocation). */
-typedef struct kl_sample_part {
+ * (seed and offset 0). A greedy or plain-temperature row may be sliced, a
+ * CTA a slice (up to SAMPLE_SLICES), each leaving its slice's result; the
+ * last to finish merges them and sets arrived[row] back to 0 (zeroed at
+ * allocation). */
+typedef struct kl_slice_result {
   unsigned long long kx, kt, best; /* the slice's largest key of x, of t, of t + g */
   double sum; /* the sum of exp(x - its largest x); 0 if that is not finite or no logprob is
                  asked for; -1: the slice saw the group's fault, the row is poison */
-} kl_sample_part;
+} kl_slice_result;
 typedef struct kl_sample_args {
   const void *logits;             /* [tokens, VOCAB], the spec's out dtype */
   const float *temperature;
@@ -155,10 +156,10 @@ typedef struct kl_sample_args {
    * when the sampler starts, the gather before it may have run dead, and
    * every row gets token -1 and NaN logprobs */
   const unsigned long long *fault;
-  kl_sample_part *parts;          /* [tokens, SAMPLE_SLICES], or NULL: no row is split */
-  unsigned *arrived;              /* [tokens]: a split row's slices done */
+  kl_slice_result *slice_results; /* [tokens, SAMPLE_SLICES], or NULL: no row is sliced */
+  unsigned *arrived;              /* [tokens]: a sliced row's slices done */
   int tokens, n_top;              /* n_top <= TOPK and <= VOCAB */
-  /* a split row's slices this call: `slices` (1..SAMPLE_SLICES) of slice_cols
+  /* a sliced row's slices this call: `slices` (1..SAMPLE_SLICES) of slice_cols
    * columns each (a multiple of 4), the last one maybe fewer, none empty */
   int slices;
   long long slice_cols;
@@ -169,7 +170,7 @@ KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit 
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
 KL_ABI_ASSERT(sizeof(kl_select_args) == 144, "peers[] follow kl_select_args at byte 144");
-KL_ABI_ASSERT(sizeof(kl_sample_part) == 32, "kl_sample_part layout");
+KL_ABI_ASSERT(sizeof(kl_slice_result) == 32, "kl_slice_result layout");
 KL_ABI_ASSERT(sizeof(kl_sample_args) == 136, "kl_sample_args layout");
 
 #endif

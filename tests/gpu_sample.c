@@ -110,8 +110,8 @@ static void run_kernel(const dev *d, rows *w, int slices, long long cols, int de
               S = up(d, w->seed, 8 * n), O = up(d, w->offset, 8 * n), tok = up(d, NULL, 8 * n),
               lp = up(d, NULL, 4 * n), ti = w->n_top ? up(d, NULL, 8 * n * (size_t)w->n_top) : 0,
               tl = w->n_top ? up(d, NULL, 4 * n * (size_t)w->n_top) : 0;
-  /* a row's parts at the kernel's stride (SAMPLE_SLICES <= 32), whatever this call's slices */
-  const size_t part_bytes = n * 32 * sizeof(kl_sample_part);
+  /* a row's slice results at the kernel's stride (SAMPLE_SLICES <= 32), whatever the slices */
+  const size_t part_bytes = n * 32 * sizeof(kl_slice_result);
   CUdeviceptr parts = slices > 0 ? up(d, NULL, part_bytes + 4 * n) : 0;
   if (parts) CU_CHECK(d->cu, cuMemsetD32(parts, 0, part_bytes / 4 + n));
   CU_CHECK(d->cu, cuMemsetD32(tok, 0x5a5a5a5au, 2 * n)); /* a row left unwritten shows */
@@ -126,7 +126,7 @@ static void run_kernel(const dev *d, rows *w, int slices, long long cols, int de
   const unsigned long long fault_word = 1;
   CUdeviceptr fault = dead ? up(d, &fault_word, 8) : 0;
   a.fault = (const unsigned long long *)fault;
-  a.parts = (kl_sample_part *)parts;
+  a.slice_results = (kl_slice_result *)parts;
   a.arrived = parts ? (unsigned *)(parts + part_bytes) : NULL;
   void *args[] = {&a};
   const unsigned grid = (unsigned)(w->n * (slices > 0 ? slices : 1) / 3 + 1);
