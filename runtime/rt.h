@@ -124,13 +124,13 @@ long long kl_crossover(const char *arch, int nranks, long long shard_bytes, long
 /* The generated kernels a context loads, an entry each (c->kern[id]); a new
  * kernel is an id here and a row of kernels.c's table. */
 typedef enum kl_kernel_id {
-  KL_K_ONESHOT,  /* kl_gather, one-shot */
-  KL_K_RELAYOUT, /* kl_gather's NCCL path: [tp, tokens, shard] to [tokens, vocab] */
-  KL_K_ARGMAX,   /* kl_argmax, one-shot or reduce / merge around NCCL */
-  KL_K_TOPK,     /* kl_topk, alike; only for a spec with topk */
-  KL_K_SAMPLE,   /* kl_sample's row sampler, after a gather; only for a spec with topk */
-  KL_K_SHARDS,   /* kl_sample's shard sampler, as the select kernels; only with topk */
-  KL_K_CANDIDATES, /* the same for calls with filters (one-shot only) */
+  KL_K_ONESHOT,         /* kl_gather, one-shot */
+  KL_K_RELAYOUT,        /* kl_gather's NCCL path: [tp, tokens, shard] to [tokens, vocab] */
+  KL_K_ARGMAX,          /* kl_argmax, one-shot or reduce / merge around NCCL */
+  KL_K_TOPK,            /* kl_topk, alike; only for a spec with topk */
+  KL_K_SAMPLE,          /* kl_sample's row sampler, after a gather; only for a spec with topk */
+  KL_K_SHARDS,          /* kl_sample's shard sampler, as the select kernels; only with topk */
+  KL_K_SHARDS_FILTERED, /* the same for calls with filters (one-shot only) */
   KL_K_COUNT
 } kl_kernel_id;
 /* A kernel's parameter (kl_abi.h): its args, then the peers' receive
@@ -410,9 +410,10 @@ kl_result kl_allgather(kl_ctx *c, CUdeviceptr mine, CUdeviceptr all, size_t byte
 extern const kl_route kl_gather_route, kl_argmax_route, kl_topk_route, kl_sample_route;
 /* A select kernel's two paths for a call (select.c): the kernel one-shot, or
  * reduce, NCCL all-gather, merge. The call's outputs are the kernel's index,
- * value and lse; kl_sample's parameters come from k->extra for KL_K_SHARDS and KL_K_CANDIDATES.
+ * value and lse; kl_sample's parameters come from k->extra for KL_K_SHARDS and
+ * KL_K_SHARDS_FILTERED.
  * subparts: KL_K_SHARDS' parts each in that many subparts, a CTA each (else 1).
- * merge_ctas: KL_K_CANDIDATES' CTAs beyond the parts, each merging a token
+ * merge_ctas: KL_K_SHARDS_FILTERED's CTAs beyond the parts, each merging a token
  * alone: 0, or the call's tokens where the whole grid stays within the
  * kernel's cap and step slots (sample.c). */
 kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, int subparts,

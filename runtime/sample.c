@@ -201,7 +201,7 @@ static int call_subparts(const kl_ctx *c, int tokens) {
  * marks first; one that merges alone waits for none of them. The ranks
  * need not agree: a rank's grid decides only which of its CTAs merge. */
 static int merge_ctas(const kl_ctx *c, int tokens) {
-  const kl_kernel *kn = &c->kern[KL_K_CANDIDATES];
+  const kl_kernel *kn = &c->kern[KL_K_SHARDS_FILTERED];
   const int64_t grid = (int64_t)tokens * (c->layout.topk_split + 1);
   return grid <= kn->cap && grid <= kn->nslots ? tokens : 0;
 }
@@ -212,7 +212,7 @@ static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
     return kl_select_oneshot(c, KL_K_SHARDS, k, s, call_subparts(c, k->tokens), 0);
   /* the scratch before the kernel that writes and reads it */
   kl_result res = ensure_scratch(c, k, s, 0);
-  return res ? res : kl_select_oneshot(c, KL_K_CANDIDATES, k, s, 1, merge_ctas(c, k->tokens));
+  return res ? res : kl_select_oneshot(c, KL_K_SHARDS_FILTERED, k, s, 1, merge_ctas(c, k->tokens));
 }
 
 /* Without the peers' staged rows, a row with filters needs the gather. */

@@ -30,7 +30,7 @@ static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mo
   *a = (kl_select_args){.in = (const void *)k->kin, .index = (long long *)k->out[0].p,
                         .value = k->out[1].p, .lse = k->out[2].p, .tokens = k->tokens,
                         .rank = c->rank, .mode = mode, .subparts = 1};
-  if (id == KL_K_SHARDS || id == KL_K_CANDIDATES) {
+  if (id == KL_K_SHARDS || id == KL_K_SHARDS_FILTERED) {
     const kl_sampling *p = ((const kl_sample_call *)k->extra)->p;
     a->temperature = p->temperature;
     a->seed = (const unsigned long long *)p->seed;
@@ -38,7 +38,7 @@ static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mo
     /* filters only one-shot (sample.c): the rows they cannot decide are
      * copied into the sample scratch from the peers' staged rows and
      * sampled there */
-    if (id == KL_K_CANDIDATES) {
+    if (id == KL_K_SHARDS_FILTERED) {
       a->top_k = (const long long *)p->top_k;
       a->top_p = p->top_p;
       a->min_p = p->min_p;
