@@ -410,7 +410,7 @@ kl_result kl_allgather(kl_ctx *c, CUdeviceptr mine, CUdeviceptr all, size_t byte
 extern const kl_route kl_gather_route, kl_argmax_route, kl_topk_route, kl_sample_route;
 /* A select kernel's two paths for a call (select.c): the kernel one-shot, or
  * reduce, NCCL all-gather, merge. The call's outputs are the kernel's index,
- * value and lse; kl_sample's parameters come from k->extra for KL_K_SHARDS and
+ * value and lse (the shard samplers': token and logprob); kl_sample's parameters come from k->extra for KL_K_SHARDS and
  * KL_K_SHARDS_FILTERED.
  * subparts: KL_K_SHARDS' parts each in that many subparts, a CTA each (else 1).
  * merge_ctas: KL_K_SHARDS_FILTERED's CTAs beyond the parts, each merging a token

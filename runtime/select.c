@@ -24,7 +24,8 @@ static kl_result launched(CUresult r, const char *what) {
 
 /* The call's args in kernel id's parameter, for mode; no step state (the
  * one-shot mode adds it). The shard sampler's outputs are kl_sample's token
- * and logprob (out[0], out[1]; out[2], top_index, is NULL for its calls). */
+ * and logprob (out[0], out[1], set as index and value, whose places the
+ * args' token and logprob share; out[2], top_index, is NULL for its calls). */
 static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mode) {
   kl_select_args *a = &c->kern[id].prm.select.a;
   *a = (kl_select_args){.in = (const void *)k->kin, .index = (long long *)k->out[0].p,

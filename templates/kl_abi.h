@@ -84,16 +84,22 @@ typedef struct kl_relayout_args {
  * one-shot (reduce, exchange candidates through the peers' buffers, merge);
  * mode 1: reduce only, records to rec ([tokens, SPLIT] records); mode 2:
  * merge only, from rec ([TP, tokens, SPLIT] records: ncclAllGather's
- * layout). The shard sampler writes its tokens to index and their logprobs
- * to value ([tokens] each) and reads the rows' parameters (kl_sample_args'
- * arrays); the others leave them NULL. With whole_rows (one-shot only) the
+ * layout). The shard sampler writes token and logprob, [tokens] each (in
+ * the places of the others' index and value), and reads the rows'
+ * parameters (kl_sample_args' arrays); the others leave them NULL. With whole_rows (one-shot only) the
  * call has filters: each part stages its rank row and sends its candidates
  * too, and a row they cannot decide is copied whole from every rank's
  * staged rows into whole_rows, where the CTA that merged it samples it. */
 typedef struct kl_select_args {
   const void *in;            /* this rank's [tokens, SHARD] */
-  long long *index;          /* [tokens, K] */
-  float *value;              /* [tokens, K], or NULL */
+  union {
+    long long *index;        /* kl_argmax, kl_topk: [tokens, K] */
+    long long *token;        /* the shard sampler: [tokens] */
+  };
+  union {
+    float *value;            /* kl_argmax, kl_topk: [tokens, K], or NULL */
+    float *logprob;          /* the shard sampler: [tokens], or NULL */
+  };
   float *lse;                /* [tokens] (topk only), or NULL */
   kl_state *state;           /* this rank's state block */
   unsigned long long *fault; /* this rank's copy of the group's fault word */
