@@ -349,9 +349,11 @@ void kl_kernels_set_peers(kl_ctx *c);
 /* Forgets what points into the state block and the peers (teardown, or a
  * context that is not ready): nothing is left to point at freed memory. */
 void kl_kernels_forget(kl_ctx *c);
-/* CTAs of kernel id for `tokens` rows: at most its cap when capped, else
- * as many as the rows need. */
-int kl_grid(const kl_ctx *c, kl_kernel_id id, int tokens, int capped);
+/* CTAs of kernel id for `items`, which its grid rule counts as rows: a
+ * call's tokens, or tokens x slices for the row sampler (a CTA a slice)
+ * and tokens x subparts for the shard sampler (each part's subparts); at
+ * most its cap when capped, else as many as the items need. */
+int kl_grid(const kl_ctx *c, kl_kernel_id id, int items, int capped);
 /* The launcher: kernel k on s with `grid` CTAs and its parameter as it
  * stands. overlap: a one-shot step, which may begin while the previous
  * kernel drains (PDL, where the context launches with it). */
