@@ -27,9 +27,8 @@
 #define SEL_BLOCK 256
 #define SEL_SPLIT_MAX 16
 #define SHARED_MERGE_CHUNKS 2560
-/* kl_argmax's CTAs read at least this many chunks a thread. Kimi TP8's shard
- * (2560 chunks) in 5 CTAs, not 10: 64 tokens 5.4 -> 3.9 us, 1 token 2.36 ->
- * 2.44 (klbench --select, 2 x H200); 2 CTAs: 3.4 and 2.9. */
+/* kl_argmax's CTAs read at least this many chunks a thread (derive_select
+ * says why). */
 #define ARGMAX_THREAD_CHUNKS_MIN 2
 /* kl_sample: a row the row sampler slices (greedy, or T and no filter) is
  * cut into ceil(vocab / (SEL_BLOCK x SAMPLE_SLICE_THREAD_COLS)) slices of equal

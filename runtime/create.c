@@ -429,7 +429,8 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
     return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' was made by an incompatible klgen "
                       "(vec %d/%d, block %d/%d); regenerate it", g->name, g->vec_bytes,
                       l.vec_bytes, g->block, l.block);
-  /* Before abi 4 every kernel had one thread a chunk and one split. */
+  /* A header of abi < 4 carries neither: one thread a chunk, and one split
+   * for both select kernels. */
   int ct = g->abi >= 4 ? g->chunk_threads : 1;
   int am = g->abi >= 4 ? g->argmax_split : l.topk_split;
   int tk = g->abi >= 4 ? g->topk_split : l.topk_split;

@@ -179,8 +179,9 @@ int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) {
 /* A pointer argument: memory of this context's GPU (the ordinal the driver
  * gives it), with the `bytes` the call reads or writes from p inside the
  * address range of its allocation. One driver query a pointer, every call,
- * never remembered: an address says nothing of the allocation behind it now
- * (one freed and made again there may be on another GPU, or smaller). */
+ * never remembered: an address says nothing of the allocation behind it at
+ * this call (one freed and made again there may be on another GPU, or
+ * smaller). */
 kl_result kl_check_ptr(const kl_ctx *c, const kl_call *k, const void *p, size_t bytes, kl_arg arg) {
   unsigned type = 0; /* CUmemorytype; 0: not CUDA memory */
   int ordinal = -1;

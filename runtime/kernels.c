@@ -83,9 +83,9 @@ CUresult kl_kernels_load(kl_ctx *c) {
     char name[128];
     kl_entry_name(&c->spec, rows[i].kind, name, sizeof name);
     r = c->cu->cuModuleGetFunction(&k->fn, c->mod, name);
-    /* Onto the GPU now: with lazy loading (the driver's default since CUDA
-     * 12.2) a first launch may wait for the whole context to go idle, and
-     * ranks that share a GPU spin on each other's kernels. Drivers without
+    /* Onto the GPU here, at loading: with lazy loading (the driver's
+     * default from CUDA 12.2) a first launch may wait for the whole context
+     * to go idle, and ranks that share a GPU spin on each other's kernels. Drivers without
      * cuFuncLoad load eagerly. */
     if (r == CUDA_SUCCESS && c->cu->cuFuncLoad) r = c->cu->cuFuncLoad(k->fn);
     int per_sm = 0;
@@ -120,10 +120,9 @@ static int residency_cap(const kl_kernel *k, int on_device) {
    * CTAs pack into a multiprocessor less well than each alone, and a rank
    * behind its peers still has kernels that poll nothing (the relayout, the
    * row sampler) to run beside their spinning grids: each grid gets a
-   * quarter of its share. Seen on one H200 with 8 ranks: at half a share a
-   * step now and then timed out at max_tokens, where every grid is at its
-   * cap, and a late rank's row sampler found no room beside its peers'
-   * argmax grids (21 of its 22 rows ran only once they had given up). */
+   * quarter of its share. At half a share, at max_tokens, where every grid
+   * is at its cap, a late rank's row sampler can find no room beside its
+   * peers' spinning grids, which then wait for it until they time out. */
   int grids = on_device > 1 ? 4 * on_device : 1;
   const int cap = k->wave / grids;
   /* a small GPU (a MIG slice) shared by many ranks: half a share, if that fits */

@@ -107,9 +107,8 @@ static kl_result gather_rows(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
 
 /* A sliced row's slices this call: the layout's (about 2,048 columns each)
  * while every row's fit in one wave of the sampler's grid, else fewer and
- * wider ones, down to one a row. On one H200, Kimi's shard (20,480 columns,
- * 10 slices) at 64 tokens: 640 CTAs in 5 waves took 23.5 us a step for
- * greedy rows, a CTA a row 13.5. */
+ * wider ones, down to one a row: past a wave, narrow slices only queue
+ * behind each other, and each wave adds its launch and merge to the step. */
 static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
   const int wave = c->kern[KL_K_SAMPLE].wave > 0 ? c->kern[KL_K_SAMPLE].wave : c->sm_count;
   int64_t most = tokens > 0 ? wave / tokens : 1, w = 0;

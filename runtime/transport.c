@@ -202,9 +202,9 @@ static int ranks_on_device(const kl_ctx *c, const peer_info *all) {
  * The driver maps streams round robin onto CUDA_DEVICE_MAX_CONNECTIONS
  * queues (8 by default), and a queue runs in order: a rank whose next kernel
  * waits behind its spinning one-shot grid blocks any peer work queued after it
- * in the same queue, so the grid spins until the poll limit. Measured on one
- * H200 with 8 ranks: with 1 queue every run stalls at step 1; with 8 now and
- * then; with 32 never. 32 is the driver's maximum. */
+ * in the same queue, so the grid spins until the poll limit. The fewer the
+ * queues, the likelier two ranks' streams share one; 32, the driver's
+ * maximum, leaves the most room. */
 #define KL_SHARED_GPU_QUEUES 32
 static int queues_ok(const kl_ctx *c, int on_device, char *why) {
   int given;
@@ -248,10 +248,9 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
   /* Without PDL when ranks share the GPU: PDL lets a rank's next grid become
    * resident while its current one runs, and on a shared GPU those waiting
    * grids can hold what a peer's current grid needs to be resident, so the
-   * peer is late and every rank's poll times out (seen on one H200 with 3
-   * to 16 ranks: 26 of 334 random cases of tests/gpu_diff, mostly with
-   * kl_topk; the ones replayed passed without PDL). A rank alone on its GPU
-   * keeps it. */
+   * peer is late and every rank's poll times out (tests/gpu_diff's random
+   * cases with several ranks a GPU find it). A rank alone on its GPU keeps
+   * it. */
   if (on_device > 1) c->pdl = 0;
   return kl_kernels_ready(c, on_device, why);
 }
