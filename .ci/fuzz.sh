@@ -24,7 +24,7 @@ work=$(mktemp -d) # the corpus grown by this run; only findings are kept
 trap 'rm -rf "$work"' EXIT
 # The harness holds each load to its limit (250 ms) + 1 s and each rendering
 # to its own (2 s) + 1 s, as docs/design/spec.md promises; -timeout is for a
-# hang past those: a file of 256 specs renders 512 times (~15 s under ASan).
+# hang past those: a file of 256 specs renders 512 times, seconds under ASan.
 # -rss_limit_mb: Lua is capped at 32 MiB (the loader's default); -max_len:
 # a page of spec (the loader takes up to 1 MiB; longer inputs find little).
 set +e

@@ -9,7 +9,7 @@
 # Each run's whole output goes to build/gpu-sanitize/TOOL-TEST.log
 # (GPU_SANITIZE_LOGS moves it): a failing case's timings are there.
 # Ranks share the GPU and wait on each other, so the poll limits are raised:
-# under a tool a kernel runs 10-100 times slower.
+# under a tool a kernel runs many times slower.
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 cases=${1:-6}
@@ -39,10 +39,10 @@ run() { # tool, then the command (the tool's own options in $flags)
   fi
 }
 for tool in $tools; do
-  # initcheck: one rank. Under it a launch waited for the GPU's running
-  # kernels, and ranks sharing the GPU wait for each other's launches: at tp 4
-  # (seed 7001) calls returned after 60, 90 and 120 s, multiples of the poll
-  # limits, with the stand-in's and the kernels' time-outs between.
+  # initcheck: one rank. Under it a launch waits for the GPU's running
+  # kernels, and ranks sharing the GPU wait for each other's launches: calls
+  # return only after multiples of the poll limits, with the stand-in's and
+  # the kernels' time-outs between.
   tp=""
   [ "$tool" = initcheck ] && tp="--max-tp 1"
   # a case hung under the tool is named with its stage before a caller's

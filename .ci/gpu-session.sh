@@ -17,9 +17,9 @@ export CUDA_DEVICE_MAX_CONNECTIONS=32
 start=$SECONDS
 source "$(dirname "$0")/gpu-parts.sh"
 nvidia-smi -L 2>/dev/null | sed 's/^/gpu-session: /'
-# 387 s on a fresh H200 (2026-12-03; gpu_select 180 s, gpu_sample 153 s:
-# ranks sharing the GPU take a quarter share each), the GPU pytest 163 s:
-# the two fill a 600 s call, the sanitizers and gpu_diff want one of their own
+# ctest and the GPU pytest take most of a default budget (gpu_select and
+# gpu_sample the longest: ranks sharing the GPU take a quarter share each);
+# the sanitizers and gpu_diff get what is left, or a budget of their own
 part ctest 420 bash "$root/.ci/gpu-tests.sh" -E gpu_diff
 show ctest "tests passed|Failed|\(Failed\)|\(Timeout\)"
 wheel_pytest 240

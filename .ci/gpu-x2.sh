@@ -27,7 +27,7 @@ part select 90 "$root/build/klbench" "$kimi" --select --tokens 1,8,64
 show select "^tokens|^[0-9]+ "
 part sample 120 "$root/build/klbench" "$kimi" --sample --tokens 1,8,64
 show sample "^tokens|^[0-9]+ "
-# the two-process tests alone (gpu_one_gpu_*_tp2 ran in gpu-session.sh)
+# the two-process tests alone (gpu-session.sh runs gpu_one_gpu_*_tp2)
 part ctest 200 bash "$root/.ci/gpu-tests.sh" -R '^(gpu_tp2_|gpu_select_tp2$|gpu_example_tp_decode$)'
 show ctest "tests passed|Failed|\(Failed\)|\(Timeout\)"
 # with the wheel in: the Python bench of kl_sample (against vLLM's torch sampler)

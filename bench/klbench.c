@@ -287,8 +287,8 @@ static void run_e2e(rank *R) {
   CUDA(cudaMalloc(&E->logits, (size_t)T2 * (size_t)b->l.shard * e));
   CUDA(cudaMemset(E->x, 0x11, (size_t)T2 * HIDDEN * e)); /* small finite values */
   CUDA(cudaMemset(E->w, 0x11, (size_t)b->l.shard * HIDDEN * e));
-  /* The gather is a few us on a GEMM of 80-300 us whose time wanders by
-   * more: 3x the rounds. */
+  /* The gather is small beside the GEMM, whose time wanders by more than
+   * the gather takes: three times the rounds (e2e_rounds). */
   int all[NE2E];
   double t[NE2E];
   for (int w = 0; w < NE2E; w++) all[w] = w;

@@ -105,8 +105,10 @@ typedef struct kl_layout {
   int topk_thread_chunks;   /* kl_topk: 16-byte input chunks per thread */
   int topk_split;           /* kl_topk: CTAs (records) per rank row */
   /* kl_sample's shard sampler without filters, one-shot, at few tokens:
-   * CTAs each of kl_topk's parts may be split over (1, 2 or 4), each taking
-   * a share of every chunk's columns (the runtime picks per call) */
+   * the bound on the subparts of each of kl_topk's parts (1, 2 or 4), a CTA
+   * each taking a share of every chunk's columns; the group agrees
+   * on its own (the runtime's group_subparts, within this and every rank's
+   * KLGEN_SHARD_SUBPARTS) and each call takes its own within that */
   int shard_subparts;
   int argmax_thread_chunks; /* kl_argmax: 16-byte input chunks per thread */
   int argmax_split;         /* kl_argmax: CTAs (records) per rank row */
@@ -123,7 +125,7 @@ typedef struct kl_layout {
   int64_t recv_bytes;   /* fault_offset + KL_FAULT_BYTES: what each rank allocates */
   int sel_max_ctas;     /* select CTAs at max_tokens (before residency caps) */
   /* kl_sample's row sampler (sample.cu.tmpl): a greedy or plain-temperature
-   * gathered row is split over sample_slices CTAs of sample_slice_cols
+   * gathered row is sliced over sample_slices CTAs of sample_slice_cols
    * columns (a multiple of 4: one Philox call serves four columns); 0
    * without a topk (no sampler). */
   int sample_slices;
@@ -170,7 +172,7 @@ int kl_layout_select_grid(const kl_layout *l, int tokens, int cap, int topk);
  * whether kl_topk exists), each grid at most its cap (0: none). */
 int kl_layout_select_slots(const kl_layout *l, int tokens, int argmax_cap, int topk_cap,
                            int topk);
-/* kl_sample's split row of `vocab` columns in at most `most` (>= 1) slices of
+/* kl_sample's sliced row of `vocab` columns in at most `most` (>= 1) slices of
  * equal columns, a multiple of 4, none empty: their count, and *cols each
  * (the last may have fewer). The layout's sample_slices at few rows; a call
  * with more rows than one wave of the grid holds takes fewer. */

@@ -13,26 +13,25 @@
 #define DEFAULT_TIMEOUT_MS 10000
 #define CHUNK 16   /* bytes: one Lamport vector, one volatile poll */
 #define BLOCK 128  /* threads per CTA: small CTAs spread the pushes over more SMs */
-/* With an epilogue, CHUNK_THREADS threads share a 16-byte chunk, each a
- * 4-byte part: the epilogue of the chunk that arrives last is what a step
+/* With an epilogue, CHUNK_THREADS threads share a 16-byte chunk, a 4-byte
+ * quarter each: the epilogue of the chunk that arrives last is what a step
  * waits for after its poll, and a thread computes it for two elements, not
- * eight. Measured: docs/BENCHMARKS.md, "The epilogue, argmax and top-k". */
+ * eight (docs/BENCHMARKS.md, "The epilogue, argmax and top-k"). */
 #define EPI_CHUNK_THREADS 4
 #define RELAYOUT_BLOCK 256
 /* Select kernels (kl_argmax, kl_topk): one CTA reads SEL_BLOCK x (its
  * kernel's chunks a thread) chunks of a row, so a row is spread over up to
  * SEL_SPLIT_MAX CTAs (the kernel's split): at one token the reduction runs
- * on many SMs, not one. The merge keeps every rank's records of a token in
- * shared memory: at most MERGE_CHUNKS 16-byte chunks. */
+ * on many SMs, not one. kl_topk's shared merge keeps every rank's records
+ * of a token in shared memory: at most SHARED_MERGE_CHUNKS 16-byte chunks. */
 #define SEL_BLOCK 256
 #define SEL_SPLIT_MAX 16
-/* kl_argmax's CTAs read at least this many chunks a thread. Kimi TP8's shard
- * (2560 chunks) in 5 CTAs, not 10: 64 tokens 5.4 -> 3.9 us, 1 token 2.36 ->
- * 2.44 (klbench --select, 2 x H200); 2 CTAs: 3.4 and 2.9. */
+#define SHARED_MERGE_CHUNKS 2560
+/* kl_argmax's CTAs read at least this many chunks a thread (derive_select
+ * says why). */
 #define ARGMAX_THREAD_CHUNKS_MIN 2
-#define MERGE_CHUNKS 2560
-/* kl_sample: a row the sampler splits (greedy, or T and no filter) is cut
- * into ceil(vocab / (SEL_BLOCK x SAMPLE_SLICE_THREAD_COLS)) slices of equal
+/* kl_sample: a row the row sampler slices (greedy, or T and no filter) is
+ * cut into ceil(vocab / (SEL_BLOCK x SAMPLE_SLICE_THREAD_COLS)) slices of equal
  * columns (a multiple of 4), at most 2,048 (two groups of four a thread),
  * at most SAMPLE_SLICES_MAX of them (the merge is a warp's; past 65,536
  * columns slices grow): at one token a row takes that many multiprocessors,
@@ -102,15 +101,15 @@ static void derive_epilogue(const kl_spec *s, kl_layout *l) {
 }
 
 /* kl_sample's shard sampler without filters at few tokens: each of kl_topk's
- * parts split over up to this many CTAs, each a share of every chunk's
- * columns, so a token's noise (a Philox call and two logf a column, bound
+ * parts in up to this many subparts, a CTA each with a share of every
+ * chunk's columns, so a token's noise (a Philox call and two logf a column, bound
  * by issue) spreads over more multiprocessors. A power of two that divides
  * a chunk's elements, at most 4, and within two bounds: a token's records
  * (tp x topk_split x subparts) within the two passes of a warp that the
  * merge polls (64), and a token's records, 8 words in 2 chunks, within the
- * region's stride of a token (rec_split x rec_chunks chunks), so the
- * region and its refill stay as they are. */
-static int shard_subparts(const kl_spec *s, const kl_layout *l) {
+ * region's stride of a token (rec_split x rec_chunks chunks), so that
+ * subparts need no room of their own in the region or its refill. */
+static int subparts_bound(const kl_spec *s, const kl_layout *l) {
   const int64_t chunk_elems = CHUNK / l->elem_bytes;
   const int64_t record_chunks = (KL_SHARD_RECORD_WORDS + 3) / 4;
   int sub = SHARD_SUBPARTS_MAX;
@@ -138,7 +137,7 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
     if (words < KL_SHARD_CAND_WORD + 2 * cand) words = KL_SHARD_CAND_WORD + 2 * (int)cand;
   }
   l->rec_chunks = (words + 3) / 4;
-  int64_t split_cap = MERGE_CHUNKS / (split_chunks * s->tp);
+  int64_t split_cap = SHARED_MERGE_CHUNKS / (split_chunks * s->tp);
   if (split_cap > SEL_SPLIT_MAX) split_cap = SEL_SPLIT_MAX;
   if (split_cap < 1) split_cap = 1; /* cannot happen: rec_chunks <= 33, tp <= 64 */
   int64_t per_cta = SEL_BLOCK * split_cap;
@@ -155,7 +154,7 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
   cta_chunks = (int64_t)SEL_BLOCK * l->argmax_thread_chunks;
   l->argmax_split = (int)((l->row_chunks + cta_chunks - 1) / cta_chunks);
   l->rec_split = l->topk_split > l->argmax_split ? l->topk_split : l->argmax_split;
-  l->shard_subparts = s->topk > 0 ? shard_subparts(s, l) : 1;
+  l->shard_subparts = s->topk > 0 ? subparts_bound(s, l) : 1;
   l->sel_offset = l->total_bytes;
   l->sel_slot_bytes = s->max_tokens * l->rec_split * l->rec_chunks * CHUNK;
   l->sel_buffer_bytes = l->sel_slot_bytes * s->tp;
@@ -205,7 +204,7 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
   l->shard_bytes = l->shard * l->elem_bytes;
   l->vec_bytes = vector_width(l->shard_bytes, s->vocab_size * l->elem_bytes, l->elem_bytes);
   derive_epilogue(s, l);
-  /* parts of 4 bytes need 4-byte aligned rows (vec_bytes) */
+  /* quarters of 4 bytes need 4-byte aligned rows (vec_bytes) */
   l->chunk_threads = l->epilogue && l->vec_bytes >= 4 ? EPI_CHUNK_THREADS : 1;
   l->row_chunks = (l->shard_bytes + CHUNK - 1) / CHUNK;
   l->slot_bytes = s->max_tokens * l->row_chunks * CHUNK;
@@ -241,7 +240,7 @@ int kl_layout_derive(const kl_spec *s, kl_layout *l, kl_err *err) {
 }
 
 /* One thread per 16-byte chunk of a shard row (chunk_threads per chunk with
- * an epilogue, a part each): it pushes that chunk to every peer, then polls
+ * an epilogue, a quarter each): it pushes that chunk to every peer, then polls
  * the same chunk of every rank's slot. */
 int kl_layout_grid(const kl_layout *l, int tokens, int cap) {
   int64_t items = (int64_t)tokens * l->row_chunks * l->chunk_threads;

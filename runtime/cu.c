@@ -51,6 +51,10 @@ static void load(void) {
   loaded = &table;
 }
 
+#ifdef KL_TESTING
+const kl_cu *kl_testing_cu;
+#endif
+
 const kl_cu *kl_cu_get(const char **why) {
 #ifdef KL_TESTING
   if (kl_testing_cu) return kl_testing_cu;

@@ -32,7 +32,7 @@ static int capturing(const kl_ctx *c, CUstream s) {
 static const char *const buf_names[KL_BUF_COUNT] = {
     [KL_BUF_SCRATCH] = "NCCL scratch", [KL_BUF_RECORDS] = "select scratch",
     [KL_BUF_STAGE_IN] = "staging (input)", [KL_BUF_STAGE_OUT] = "staging (output)",
-    [KL_BUF_SAMPLE] = "sample scratch", [KL_BUF_SAMPLE_PARTS] = "sample parts"};
+    [KL_BUF_SAMPLE] = "sample scratch", [KL_BUF_SLICE_RESULTS] = "slice results"};
 
 /* A failed allocation or clearing of device memory: out of memory only when
  * the driver says so; anything else (a context a fault has broken) is a
@@ -86,21 +86,21 @@ size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens) {
   return kl_record_bytes(c, tokens) * (size_t)(1 + c->nranks);
 }
 
-/* A split row's parts (kl_sample_part, one a slice) and its counter: the
- * parts of `rows` rows, then their counters. */
-static size_t part_row_bytes(const kl_ctx *c) {
-  return (size_t)c->layout.sample_slices * sizeof(kl_sample_part) + sizeof(unsigned);
+/* A sliced row's results (kl_slice_result, one a slice) and its counter:
+ * the results of `rows` rows, then their counters. */
+static size_t slice_row_bytes(const kl_ctx *c) {
+  return (size_t)c->layout.sample_slices * sizeof(kl_slice_result) + sizeof(unsigned);
 }
 
 /* Where the buffer's rows' counters are. */
-unsigned *kl_sample_counters(const kl_ctx *c) {
-  const kl_buffer *pb = &c->buf[KL_BUF_SAMPLE_PARTS];
-  const size_t rows = pb->bytes / part_row_bytes(c);
-  return (unsigned *)(pb->p + rows * (size_t)c->layout.sample_slices * sizeof(kl_sample_part));
+unsigned *kl_slice_counters(const kl_ctx *c) {
+  const kl_buffer *pb = &c->buf[KL_BUF_SLICE_RESULTS];
+  const size_t rows = pb->bytes / slice_row_bytes(c);
+  return (unsigned *)(pb->p + rows * (size_t)c->layout.sample_slices * sizeof(kl_slice_result));
 }
 
-size_t kl_sample_parts_bytes(const kl_ctx *c, long long tokens) {
-  return (size_t)tokens * part_row_bytes(c);
+size_t kl_slice_results_bytes(const kl_ctx *c, long long tokens) {
+  return (size_t)tokens * slice_row_bytes(c);
 }
 
 /* Staging for max_tokens from the start too: a rank's first misaligned or
@@ -151,15 +151,15 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
     if ((r = c->cu->cuMemAlloc(&smp->p, rows)) != CUDA_SUCCESS)
       return mem_fail(r, "sample scratch", rows);
     smp->bytes = rows;
-    /* the split rows' counters start at 0 (the kernels leave them so) */
-    kl_buffer *parts = &c->buf[KL_BUF_SAMPLE_PARTS];
-    size_t pb = kl_sample_parts_bytes(c, c->spec.max_tokens);
-    if ((r = c->cu->cuMemAlloc(&parts->p, pb)) != CUDA_SUCCESS)
-      return mem_fail(r, "sample parts", pb);
-    r = c->cu->cuMemsetD32Async(parts->p, 0, pb / 4, c->stream);
+    /* the sliced rows' counters start at 0 (the kernels leave them so) */
+    kl_buffer *res = &c->buf[KL_BUF_SLICE_RESULTS];
+    size_t pb = kl_slice_results_bytes(c, c->spec.max_tokens);
+    if ((r = c->cu->cuMemAlloc(&res->p, pb)) != CUDA_SUCCESS)
+      return mem_fail(r, "slice results", pb);
+    r = c->cu->cuMemsetD32Async(res->p, 0, pb / 4, c->stream);
     if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
-    if (r != CUDA_SUCCESS) return mem_fail(r, "sample parts", pb);
-    parts->bytes = pb;
+    if (r != CUDA_SUCCESS) return mem_fail(r, "slice results", pb);
+    res->bytes = pb;
   }
   return KLRT_OK;
 }
@@ -179,8 +179,9 @@ int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) {
 /* A pointer argument: memory of this context's GPU (the ordinal the driver
  * gives it), with the `bytes` the call reads or writes from p inside the
  * address range of its allocation. One driver query a pointer, every call,
- * never remembered: an address says nothing of the allocation behind it now
- * (one freed and made again there may be on another GPU, or smaller). */
+ * never remembered: an address says nothing of the allocation behind it at
+ * this call (one freed and made again there may be on another GPU, or
+ * smaller). */
 kl_result kl_check_ptr(const kl_ctx *c, const kl_call *k, const void *p, size_t bytes, kl_arg arg) {
   unsigned type = 0; /* CUmemorytype; 0: not CUDA memory */
   int ordinal = -1;

@@ -33,7 +33,7 @@ const char *kl_result_name(kl_result r) {
 }
 
 const char *kl_decline_name(kl_decline d) {
-  static const char *const names[] = {"disabled", "not-ready", "tokens", "size", "wide"};
+  static const char *const names[] = {"disabled", "not-ready", "tokens", "size"};
   return (unsigned)d < KL_DECLINE_COUNT ? names[d] : "?";
 }
 

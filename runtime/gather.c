@@ -51,11 +51,6 @@ static kl_result relayout_copies(kl_ctx *c, CUdeviceptr out, int tokens, CUstrea
   return KLRT_OK;
 }
 
-/* The relayout launch's error message, kept word for word: callers may
- * match on messages. */
-#define RELAYOUT_LAUNCH "cuLaunchKernel(c->relayout, grid, 1, 1, " \
-  "(unsigned)c->layout.relayout_block, 1, 1, 0, s, args, NULL)"
-
 /* [tp, tokens, shard] in scratch to [tokens, vocab_size] in out. */
 static kl_result relayout(kl_ctx *c, kl_call *k, CUstream s) {
   kl_kernel *kn = &c->kern[KL_K_RELAYOUT];
@@ -68,7 +63,7 @@ static kl_result relayout(kl_ctx *c, kl_call *k, CUstream s) {
                                         k->tokens, 0};
   CUresult r = kl_launch(c, KL_K_RELAYOUT, kl_grid(c, KL_K_RELAYOUT, k->tokens, 1), 0, s);
   if (r != CUDA_SUCCESS)
-    return kl_rt_fail(KLRT_ECUDA, "%s failed: %s", RELAYOUT_LAUNCH, kl_cu_errstr(r));
+    return kl_rt_fail(KLRT_ECUDA, "launching the relayout kernel: %s", kl_cu_errstr(r));
   return kl_unstage_out(c, k, kout, s);
 }
 

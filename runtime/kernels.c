@@ -14,26 +14,27 @@ enum params_kind { PARAMS_ONESHOT, PARAMS_RELAYOUT, PARAMS_SELECT, PARAMS_SAMPLE
  * holds kl_state, the gather's slots, then the select kernels' shared ones). */
 enum slot_group { SLOTS_NONE, SLOTS_GATHER, SLOTS_SELECT, SLOTS_COUNT };
 
-/* The grids, as the layout (libklgen) defines them: CTAs for `tokens` rows,
- * at most cap (0: none; the relayout always has one). */
-static int oneshot_grid(const kl_ctx *c, int tokens, int cap) {
-  return kl_layout_grid(&c->layout, tokens, cap);
+/* The grids, as the layout (libklgen) defines them: CTAs for `items` (rows,
+ * but for the callers of kl_grid that say otherwise), at most cap (0: none;
+ * the relayout always has one). */
+static int oneshot_grid(const kl_ctx *c, int items, int cap) {
+  return kl_layout_grid(&c->layout, items, cap);
 }
-static int relayout_grid(const kl_ctx *c, int tokens, int cap) {
-  int64_t out_bytes = (int64_t)tokens * c->spec.vocab_size * c->layout.out_elem_bytes;
+static int relayout_grid(const kl_ctx *c, int items, int cap) {
+  int64_t out_bytes = (int64_t)items * c->spec.vocab_size * c->layout.out_elem_bytes;
   return kl_layout_relayout_grid(&c->layout, out_bytes, cap);
 }
-static int argmax_grid(const kl_ctx *c, int tokens, int cap) {
-  return kl_layout_select_grid(&c->layout, tokens, cap, 0);
+static int argmax_grid(const kl_ctx *c, int items, int cap) {
+  return kl_layout_select_grid(&c->layout, items, cap, 0);
 }
-static int topk_grid(const kl_ctx *c, int tokens, int cap) {
-  return kl_layout_select_grid(&c->layout, tokens, cap, 1);
+static int topk_grid(const kl_ctx *c, int items, int cap) {
+  return kl_layout_select_grid(&c->layout, items, cap, 1);
 }
-static int sample_grid(const kl_ctx *c, int tokens, int cap) {
-  (void)c; /* tokens: items, a CTA each (a row, or a slice of one); past cap (0: none) the
-             CTAs take several */
-  if (tokens < 1) return 1;
-  return cap > 0 && tokens > cap ? cap : tokens;
+static int sample_grid(const kl_ctx *c, int items, int cap) {
+  (void)c; /* a CTA an item (a row, or a slice of one); past cap (0: none) the CTAs take
+             several */
+  if (items < 1) return 1;
+  return cap > 0 && items > cap ? cap : items;
 }
 
 static const struct row {
@@ -44,7 +45,7 @@ static const struct row {
    * co-resident, it advances these slots, and a one-shot step may use PDL. */
   enum slot_group slots;
   int needs_topk;     /* loaded only for a spec with topk */
-  int (*grid)(const kl_ctx *c, int tokens, int cap);
+  int (*grid)(const kl_ctx *c, int items, int cap);
   int cap_per_sm;     /* a kernel that polls no peer: its cap, per multiprocessor */
 } rows[KL_K_COUNT] = {
     [KL_K_ONESHOT] = {"oneshot", offsetof(kl_layout, block), PARAMS_ONESHOT, SLOTS_GATHER, 0,
@@ -60,8 +61,10 @@ static const struct row {
     /* kl_topk's grid: a CTA a part of kl_topk's split */
     [KL_K_SHARDS] = {"shards", offsetof(kl_layout, sel_block), PARAMS_SELECT, SLOTS_SELECT, 1,
                      topk_grid, 0},
-    [KL_K_CANDIDATES] = {"candidates", offsetof(kl_layout, sel_block), PARAMS_SELECT,
-                         SLOTS_SELECT, 1, topk_grid, 0},
+    /* shards.cu.tmpl's kernel with filters, whose entry point is named for
+     * the candidates its records carry */
+    [KL_K_SHARDS_FILTERED] = {"candidates", offsetof(kl_layout, sel_block), PARAMS_SELECT,
+                              SLOTS_SELECT, 1, topk_grid, 0},
 };
 
 static int wanted(const kl_ctx *c, kl_kernel_id id) { return !rows[id].needs_topk || c->spec.topk; }
@@ -80,9 +83,9 @@ CUresult kl_kernels_load(kl_ctx *c) {
     char name[128];
     kl_entry_name(&c->spec, rows[i].kind, name, sizeof name);
     r = c->cu->cuModuleGetFunction(&k->fn, c->mod, name);
-    /* Onto the GPU now: with lazy loading (the driver's default since CUDA
-     * 12.2) a first launch may wait for the whole context to go idle, and
-     * ranks that share a GPU spin on each other's kernels. Drivers without
+    /* Onto the GPU here, at loading: with lazy loading (the driver's
+     * default from CUDA 12.2) a first launch may wait for the whole context
+     * to go idle, and ranks that share a GPU spin on each other's kernels. Drivers without
      * cuFuncLoad load eagerly. */
     if (r == CUDA_SUCCESS && c->cu->cuFuncLoad) r = c->cu->cuFuncLoad(k->fn);
     int per_sm = 0;
@@ -117,10 +120,9 @@ static int residency_cap(const kl_kernel *k, int on_device) {
    * CTAs pack into a multiprocessor less well than each alone, and a rank
    * behind its peers still has kernels that poll nothing (the relayout, the
    * row sampler) to run beside their spinning grids: each grid gets a
-   * quarter of its share. Seen on one H200 with 8 ranks: at half a share a
-   * step now and then timed out at max_tokens, where every grid is at its
-   * cap, and a late rank's row sampler found no room beside its peers'
-   * argmax grids (21 of its 22 rows ran only once they had given up). */
+   * quarter of its share. At half a share, at max_tokens, where every grid
+   * is at its cap, a late rank's row sampler can find no room beside its
+   * peers' spinning grids, which then wait for it until they time out. */
   int grids = on_device > 1 ? 4 * on_device : 1;
   const int cap = k->wave / grids;
   /* a small GPU (a MIG slice) shared by many ranks: half a share, if that fits */
@@ -236,8 +238,8 @@ int kl_kernels_ready(kl_ctx *c, int on_device, char *why) {
   return warm_up(c, why);
 }
 
-int kl_grid(const kl_ctx *c, kl_kernel_id id, int tokens, int capped) {
-  return rows[id].grid(c, tokens, capped ? c->kern[id].cap : 0);
+int kl_grid(const kl_ctx *c, kl_kernel_id id, int items, int capped) {
+  return rows[id].grid(c, items, capped ? c->kern[id].cap : 0);
 }
 
 CUresult kl_launch(kl_ctx *c, kl_kernel_id id, int grid, int overlap, CUstream s) {

@@ -23,6 +23,10 @@ static int resolve(void *lib, char *why, size_t n) {
   return 0;
 }
 
+#ifdef KL_TESTING
+const kl_nccl_api *kl_testing_nccl;
+#endif
+
 const kl_nccl_api *kl_nccl_api_get(const char *hint, char *why, size_t n) {
 #ifdef KL_TESTING
   if (kl_testing_nccl) return kl_testing_nccl;

@@ -18,7 +18,10 @@
  *   select.c    kl_argmax's and kl_topk's routes: one-shot select kernel, or
  *               reduce, NCCL, merge (kl_sample's shard sampler rides on them)
  *   sample.c    kl_sample's route: the shard sampler, or gather + row sampler
- *   context.c   create / destroy / stats / status, and the calls' entry */
+ *   create.c    create / destroy, the live list, a call's hold on a context
+ *   calls.c     the step calls' entry: kl_gather, kl_argmax, kl_topk, kl_sample
+ *   query.c     spec info and names, context info / stats / status, devices
+ *   testing.c   klrt_testing's hooks (KL_TESTING builds only) */
 #ifndef KL_RT_H
 #define KL_RT_H
 
@@ -82,8 +85,9 @@ int kl_jit_cubin(const char *source, const char *name, const char *arch, const c
 /* klrt_testing only (KL_TESTING; the installed library has none of this):
  * tests of the host's logic on a machine without a GPU give the library a
  * driver, an NCCL and a compiler of their own, used from the next
- * kl_cu_get, kl_nccl_api_get and kl_jit_cubin on (NULL: the real one).
- * Not thread-safe: set before any context is made. */
+ * kl_cu_get, kl_nccl_api_get and kl_jit_cubin on (NULL: the real one;
+ * kl_testing_fakes is testing.c's). Not thread-safe: set before any context
+ * is made. */
 typedef int (*kl_testing_jit_fn)(const char *source, const char *name, kl_binary *out,
                                  kl_err *err);
 void kl_testing_fakes(const kl_cu *cu, const kl_nccl_api *nccl, kl_testing_jit_fn jit);
@@ -99,13 +103,13 @@ long long kl_crossover(const char *arch, int nranks, long long shard_bytes, long
 /* The generated kernels a context loads, an entry each (c->kern[id]); a new
  * kernel is an id here and a row of kernels.c's table. */
 typedef enum kl_kernel_id {
-  KL_K_ONESHOT,  /* kl_gather, one-shot */
-  KL_K_RELAYOUT, /* kl_gather's NCCL path: [tp, tokens, shard] to [tokens, vocab] */
-  KL_K_ARGMAX,   /* kl_argmax, one-shot or reduce / merge around NCCL */
-  KL_K_TOPK,     /* kl_topk, alike; only for a spec with topk */
-  KL_K_SAMPLE,   /* kl_sample's row sampler, after a gather; only for a spec with topk */
-  KL_K_SHARDS,   /* kl_sample's shard sampler, as the select kernels; only with topk */
-  KL_K_CANDIDATES, /* the same for calls with filters (one-shot only) */
+  KL_K_ONESHOT,         /* kl_gather, one-shot */
+  KL_K_RELAYOUT,        /* kl_gather's NCCL path: [tp, tokens, shard] to [tokens, vocab] */
+  KL_K_ARGMAX,          /* kl_argmax, one-shot or reduce / merge around NCCL */
+  KL_K_TOPK,            /* kl_topk, alike; only for a spec with topk */
+  KL_K_SAMPLE,          /* kl_sample's row sampler, after a gather; only for a spec with topk */
+  KL_K_SHARDS,          /* kl_sample's shard sampler, as the select kernels; only with topk */
+  KL_K_SHARDS_FILTERED, /* the same for calls with filters (one-shot only) */
   KL_K_COUNT
 } kl_kernel_id;
 /* A kernel's parameter (kl_abi.h): its args, then the peers' receive
@@ -157,7 +161,7 @@ typedef enum kl_buf_id {
   KL_BUF_STAGE_IN,  /* an input copied where the kernels can read it */
   KL_BUF_STAGE_OUT, /* an output the kernels write aligned, copied after */
   KL_BUF_SAMPLE,    /* kl_sample's gathered rows, [tokens, vocab] of the out dtype */
-  KL_BUF_SAMPLE_PARTS, /* its split rows' parts and counters (kl_sample_parts_bytes) */
+  KL_BUF_SLICE_RESULTS, /* its sliced rows' results and counters (kl_slice_results_bytes) */
   KL_BUF_COUNT
 } kl_buf_id;
 typedef struct kl_buffer {
@@ -197,7 +201,7 @@ typedef struct kl_route {
    * and before the layer's checks */
   kl_result (*check)(kl_ctx *c, const kl_call *k);
   /* NULL: none; else the route's own counts of a call once its path is
-   * chosen (kl_sample's wide decline), before anything may refuse it */
+   * chosen (kl_sample's sample_gathered), before anything may refuse it */
   void (*count)(kl_ctx *c, const kl_call *k, int path);
   /* The paths, after the layer's checks, choice, counts and staging; the
    * one-shot path only while this rank knows of no fault, the NCCL path
@@ -253,9 +257,10 @@ struct kl_ctx {
   unsigned char ipc_opened[KL_TP_MAX];
   int ready, disabled;
   /* agreed at creation, the same on every rank: the fewest multiprocessors
-   * of the group's GPUs, and the CTAs a part of the shard sampler may take
-   * (the layout's shard_subparts and every rank's KLGEN_SHARD_SUBPARTS) */
-  int group_sms, shard_subparts;
+   * of the group's GPUs, and the most CTAs a part of the shard sampler may
+   * take (1, 2 or 4: within the layout's bound, shard_subparts, and every
+   * rank's KLGEN_SHARD_SUBPARTS); a call takes at most that many */
+  int group_sms, group_subparts;
   int nccl_everywhere; /* every rank has a communicator: size declines are possible */
   int kernels_everywhere; /* every rank loaded the kernels: NCCL paths that run them can run */
   long long crossover, crossover_cfg;
@@ -298,8 +303,8 @@ typedef struct agree_info {
   int32_t has_kernels; /* the generated kernels loaded (the select kernels' NCCL path runs them too) */
   int64_t crossover;
   /* its GPU's multiprocessors and KLGEN_SHARD_SUBPARTS: the group takes the
-   * least of each, so every rank splits kl_sample's parts alike */
-  int32_t sm_count, subparts;
+   * least of each, so every rank gives kl_sample's parts the same subparts */
+  int32_t sm_count, subparts_cfg;
   char why[KL_PEER_WHY];
 } agree_info;
 /* Equal on every rank that runs the same kernel with the same limits. */
@@ -323,9 +328,11 @@ void kl_kernels_set_peers(kl_ctx *c);
 /* Forgets what points into the state block and the peers (teardown, or a
  * context that is not ready): nothing is left to point at freed memory. */
 void kl_kernels_forget(kl_ctx *c);
-/* CTAs of kernel id for `tokens` rows: at most its cap when capped, else
- * as many as the rows need. */
-int kl_grid(const kl_ctx *c, kl_kernel_id id, int tokens, int capped);
+/* CTAs of kernel id for `items`, which its grid rule counts as rows: a
+ * call's tokens, or tokens x slices for the row sampler (a CTA a slice)
+ * and tokens x subparts for the shard sampler (each part's subparts); at
+ * most its cap when capped, else as many as the items need. */
+int kl_grid(const kl_ctx *c, kl_kernel_id id, int items, int capped);
 /* The launcher: kernel k on s with `grid` CTAs and its parameter as it
  * stands. overlap: a one-shot step, which may begin while the previous
  * kernel drains (PDL, where the context launches with it). */
@@ -340,7 +347,7 @@ kl_result kl_fault_error(const kl_ctx *c, uint64_t fault);
 /* The path rule (docs/design/dispatch.md) for a step moving `bytes` per rank (0:
  * no size limit): PATH_ONESHOT, or PATH_NCCL with *why. */
 int kl_path_for(const kl_ctx *c, int tokens, long long bytes, kl_decline *why);
-/* One call, after the entry's checks (context.c): the arguments checked,
+/* One call, after the entry's checks (calls.c): the arguments checked,
  * the path chosen and counted, a one-shot call refused once this rank knows
  * of the group's fault, the input staged where the route says, the route's
  * path run, the log. */
@@ -363,10 +370,10 @@ kl_result kl_buffers_alloc(kl_ctx *c);
 size_t kl_record_bytes(const kl_ctx *c, long long tokens);
 /* KL_BUF_RECORDS's bytes for `tokens` rows: this rank's records, then all ranks'. */
 size_t kl_records_scratch_bytes(const kl_ctx *c, long long tokens);
-/* KL_BUF_SAMPLE_PARTS's bytes for `tokens` rows. */
-size_t kl_sample_parts_bytes(const kl_ctx *c, long long tokens);
-/* Its rows' counters (the row sampler's split rows). */
-unsigned *kl_sample_counters(const kl_ctx *c);
+/* KL_BUF_SLICE_RESULTS's bytes for `tokens` rows. */
+size_t kl_slice_results_bytes(const kl_ctx *c, long long tokens);
+/* Its rows' counters (the row sampler's sliced rows). */
+unsigned *kl_slice_counters(const kl_ctx *c);
 const char *kl_arg_name(kl_arg a);
 int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn);
 /* k->kin: the input itself when aligned for the kernels' vectors and apart
@@ -384,21 +391,38 @@ kl_result kl_allgather(kl_ctx *c, CUdeviceptr mine, CUdeviceptr all, size_t byte
 extern const kl_route kl_gather_route, kl_argmax_route, kl_topk_route, kl_sample_route;
 /* A select kernel's two paths for a call (select.c): the kernel one-shot, or
  * reduce, NCCL all-gather, merge. The call's outputs are the kernel's index,
- * value and lse; kl_sample's parameters come from k->extra for KL_K_SHARDS and KL_K_CANDIDATES.
- * subparts: KL_K_SHARDS' parts each split over that many CTAs (else 1).
- * merge_ctas: KL_K_CANDIDATES' CTAs beyond the parts, each merging a token
+ * value and lse (the shard samplers': token and logprob); kl_sample's parameters come from k->extra for KL_K_SHARDS and
+ * KL_K_SHARDS_FILTERED.
+ * subparts: KL_K_SHARDS' parts each in that many subparts, a CTA each (else 1).
+ * merge_ctas: KL_K_SHARDS_FILTERED's CTAs beyond the parts, each merging a token
  * alone: 0, or the call's tokens where the whole grid stays within the
  * kernel's cap and step slots (sample.c). */
 kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, int subparts,
                             int merge_ctas);
 kl_result kl_select_nccl(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s);
 
-/* ---- context.c ---- */
+/* ---- create.c ---- */
 /* KLRT_EUNAVAILABLE, naming the minimum, for a GPU the kernels cannot run on. */
 kl_result kl_require_arch(int device, int major, int minor);
 /* Makes c's CUDA context current if it is not; *pushed says to pop it. */
 kl_result kl_ctx_enter(kl_ctx *c, int *pushed);
 void kl_ctx_leave(kl_ctx *c, int pushed);
+/* A call on c begins: c must be live, and no other thread inside a call on
+ * it (KLRT_EBUSY: waiting could deadlock a collective, and two calls at once
+ * would race on the context's buffers). remove: destroy takes it out.
+ * kl_ctx_release ends the call. */
+kl_result kl_ctx_acquire(kl_ctx *c, int remove, const char *fn);
+void kl_ctx_release(kl_ctx *c);
+/* fn(c, arg) under the live list's lock, which kl_ctx_destroy takes before
+ * it frees, if c is live: 1; else 0 and nothing is called. */
+int kl_ctx_if_live(const kl_ctx *c, void (*fn)(const kl_ctx *c, void *arg), void *arg);
+/* The environment's variables, each valid if set (param.c). */
+kl_result kl_check_environment(void);
+/* Every spec of a file (path) or a string (src), under the environment's
+ * limits (KLGEN_SPEC_TIME_MS). */
+kl_result kl_load_specs(const char *path, const char *src, kl_spec_list *l);
+/* The spec named `name` of l (NULL: its only one). */
+kl_result kl_pick_spec(const kl_spec_list *l, const char *name, kl_spec *out);
 #define KL_CU_TRY(c, call)                                                                \
   do {                                                                                    \
     CUresult r_ = (c)->cu->call;                                                          \

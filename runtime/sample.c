@@ -5,8 +5,9 @@
  * the records carry each part's candidates, and a row they cannot decide is
  * copied from every rank's staged rows into the context's scratch and
  * sampled there by the CTA that merged it, as the row sampler would, in the
- * same kernel (counted on the device as a "wide" call). Every other call takes
- * the wide path, counted as a "wide" decline: the logits are gathered into
+ * same kernel (the device counts such a call in sample_gathered). Every
+ * other call takes the gathering path, counted in sample_gathered when its
+ * path is chosen: the logits are gathered into
  * the scratch by the gather's own paths (one-shot, or NCCL and the
  * relayout; the layer chooses as for kl_gather, every rank alike), then the
  * row sampler draws each row's token there, a greedy or plain-temperature
@@ -82,15 +83,15 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
 
 /* The scratch rows for k's tokens (gathered, or a row the candidates cannot
  * decide), before the kernel that writes them is queued (only a staged
- * input's copy may precede it); with `parts`, the split rows' parts too
- * (the row sampler's). */
-static kl_result ensure_scratch(kl_ctx *c, const kl_call *k, CUstream s, int parts) {
+ * input's copy may precede it); with `slices`, the sliced rows' slice
+ * results too (the row sampler's). */
+static kl_result ensure_scratch(kl_ctx *c, const kl_call *k, CUstream s, int slices) {
   const long long most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
   kl_result res = kl_ensure(c, KL_BUF_SAMPLE, (size_t)k->tokens * row_bytes(c),
                             (size_t)most * row_bytes(c), s);
-  if (res || !parts) return res;
-  return kl_ensure(c, KL_BUF_SAMPLE_PARTS, kl_sample_parts_bytes(c, k->tokens),
-                   kl_sample_parts_bytes(c, most), s);
+  if (res || !slices) return res;
+  return kl_ensure(c, KL_BUF_SLICE_RESULTS, kl_slice_results_bytes(c, k->tokens),
+                   kl_slice_results_bytes(c, most), s);
 }
 
 /* The gathered rows in the scratch, by the gather route's path `oneshot`. */
@@ -104,11 +105,10 @@ static kl_result gather_rows(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   return oneshot ? kl_gather_route.oneshot(c, &g, s) : kl_gather_route.nccl(c, &g, s);
 }
 
-/* A split row's slices this call: the layout's (about 2,048 columns each)
+/* A sliced row's slices this call: the layout's (about 2,048 columns each)
  * while every row's fit in one wave of the sampler's grid, else fewer and
- * wider ones, down to one a row. On one H200, Kimi's shard (20,480 columns,
- * 10 slices) at 64 tokens: 640 CTAs in 5 waves took 23.5 us a step for
- * greedy rows, a CTA a row 13.5. */
+ * wider ones, down to one a row: past a wave, narrow slices only queue
+ * behind each other, and each wave adds its launch and merge to the step. */
 static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
   const int wave = c->kern[KL_K_SAMPLE].wave > 0 ? c->kern[KL_K_SAMPLE].wave : c->sm_count;
   int64_t most = tokens > 0 ? wave / tokens : 1, w = 0;
@@ -123,10 +123,11 @@ static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
 static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = x->p;
-  /* with top-n logprobs no row is split (sample.cu.tmpl split_row) */
-  const int split = x->n_top == 0;
-  kl_sample_part *parts = split ? (kl_sample_part *)c->buf[KL_BUF_SAMPLE_PARTS].p : NULL;
-  unsigned *arrived = split ? kl_sample_counters(c) : NULL;
+  /* with top-n logprobs no row is sliced (sample.cu.tmpl sliced_row) */
+  const int sliced = x->n_top == 0;
+  kl_slice_result *results =
+      sliced ? (kl_slice_result *)c->buf[KL_BUF_SLICE_RESULTS].p : NULL;
+  unsigned *arrived = sliced ? kl_slice_counters(c) : NULL;
   /* Only a one-shot gather can have run dead and left poison in the rows;
    * NCCL's rows are results, fault or not, on every rank alike. */
   const unsigned long long *fault = oneshot && c->recv ? kl_fault_word(c) : NULL;
@@ -134,10 +135,10 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
       (const void *)c->buf[KL_BUF_SAMPLE].p, p->temperature, (const long long *)p->top_k,
       p->top_p, p->min_p, (const unsigned long long *)p->seed,
       (const unsigned long long *)p->offset, (long long *)k->out[0].p, k->out[1].p,
-      (long long *)k->out[2].p, k->out[3].p, fault, parts, arrived,
+      (long long *)k->out[2].p, k->out[3].p, fault, results, arrived,
       k->tokens, x->n_top, 1, (long long)c->spec.vocab_size};
   kl_sample_args *a = &c->kern[KL_K_SAMPLE].prm.sample;
-  if (split) a->slices = slices_for(c, k->tokens, &a->slice_cols);
+  if (sliced) a->slices = slices_for(c, k->tokens, &a->slice_cols);
   /* items: every row's slices (a row a CTA takes whole is one of them) */
   const int grid = kl_grid(c, KL_K_SAMPLE, k->tokens * a->slices, 1);
   /* PDL: launched while the kernel before it runs (the one-shot gather lets
@@ -158,33 +159,34 @@ static int has_filters(const kl_call *k) {
  * choice the crossover leaves alone: one-shot, it moves records.) */
 static int gathers(const kl_call *k) { return ((const kl_sample_call *)k->extra)->n_top > 0; }
 
-/* Whether the call takes the wide path on `path`: with top-n logprobs
+/* Whether the call takes the gathering path on `path`: with top-n logprobs
  * always; with filters where the peers' staged rows are out of reach. */
-static int wide_on(const kl_call *k, int path) {
+static int gathering(const kl_call *k, int path) {
   return gathers(k) || (path == PATH_NCCL && has_filters(k));
 }
 
-/* A wide call is counted when its path is chosen, as the path is: alike on
- * every rank, whether or not the call is refused after. */
+/* A gathering call is counted when its path is chosen, as the path is:
+ * alike on every rank, whether or not the call is refused after. */
 static void count(kl_ctx *c, const kl_call *k, int path) {
-  if (wide_on(k, path)) c->stats.declined[KL_DECLINE_WIDE]++;
+  if (gathering(k, path)) c->stats.sample_gathered++;
 }
 
-/* The wide path: the rows gathered by the gather route's path `oneshot`,
- * then drawn by the row sampler. */
-static kl_result wide(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
+/* The gathering path: the rows gathered by the gather route's path
+ * `oneshot`, then drawn by the row sampler. */
+static kl_result gather_and_draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   kl_result res = gather_rows(c, k, s, oneshot);
   return res ? res : draw(c, k, s, oneshot);
 }
 
-/* A call without filters at few tokens: each of kl_topk's parts split over
- * up to the group's shard_subparts CTAs (shards.cu.tmpl), while the grid
- * stays within a CTA a multiprocessor of the group's smallest GPU and within
- * the step slots of max_tokens. A part's noise is bound by issue: on one
- * H200, Kimi's shard at 1 token took 10 multiprocessors of 132 split 1 way.
- * Every rank computes the same from what the group agreed. */
-static int shard_subparts(const kl_ctx *c, int tokens) {
-  int sub = c->shard_subparts;
+/* The call's subparts: without filters at few tokens, each of kl_topk's
+ * parts in up to group_subparts subparts, a CTA each (shards.cu.tmpl),
+ * while the grid stays within a CTA a multiprocessor of the group's
+ * smallest GPU and within the step slots of max_tokens. At few tokens a token's parts take
+ * few of the GPU's multiprocessors, each bound by issue on its columns'
+ * noise; subparts spread that noise over more of them. Every rank computes
+ * the same from what the group agreed. */
+static int call_subparts(const kl_ctx *c, int tokens) {
+  int sub = c->group_subparts;
   while (sub > 1 && ((int64_t)tokens * c->layout.topk_split * sub > c->group_sms ||
                      (int64_t)tokens * sub > c->spec.max_tokens))
     sub /= 2;
@@ -195,26 +197,26 @@ static int shard_subparts(const kl_ctx *c, int tokens) {
  * parts, which merges that token alone (shards.cu.tmpl), where the whole
  * grid stays resident (the kernel's cap) and within its step slots. A CTA
  * that merges after its own part waits for its part, its fence and its
- * marks first: on one H200, Kimi's shard at 1 token, 0.9 us. The ranks
+ * marks first; one that merges alone waits for none of them. The ranks
  * need not agree: a rank's grid decides only which of its CTAs merge. */
 static int merge_ctas(const kl_ctx *c, int tokens) {
-  const kl_kernel *kn = &c->kern[KL_K_CANDIDATES];
+  const kl_kernel *kn = &c->kern[KL_K_SHARDS_FILTERED];
   const int64_t grid = (int64_t)tokens * (c->layout.topk_split + 1);
   return grid <= kn->cap && grid <= kn->nslots ? tokens : 0;
 }
 
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
-  if (wide_on(k, PATH_ONESHOT)) return wide(c, k, s, 1);
+  if (gathering(k, PATH_ONESHOT)) return gather_and_draw(c, k, s, 1);
   if (!has_filters(k))
-    return kl_select_oneshot(c, KL_K_SHARDS, k, s, shard_subparts(c, k->tokens), 0);
+    return kl_select_oneshot(c, KL_K_SHARDS, k, s, call_subparts(c, k->tokens), 0);
   /* the scratch before the kernel that writes and reads it */
   kl_result res = ensure_scratch(c, k, s, 0);
-  return res ? res : kl_select_oneshot(c, KL_K_CANDIDATES, k, s, 1, merge_ctas(c, k->tokens));
+  return res ? res : kl_select_oneshot(c, KL_K_SHARDS_FILTERED, k, s, 1, merge_ctas(c, k->tokens));
 }
 
 /* Without the peers' staged rows, a row with filters needs the gather. */
 static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
-  if (wide_on(k, PATH_NCCL)) return wide(c, k, s, 0);
+  if (gathering(k, PATH_NCCL)) return gather_and_draw(c, k, s, 0);
   return kl_select_nccl(c, KL_K_SHARDS, k, s);
 }
 

@@ -24,13 +24,14 @@ static kl_result launched(CUresult r, const char *what) {
 
 /* The call's args in kernel id's parameter, for mode; no step state (the
  * one-shot mode adds it). The shard sampler's outputs are kl_sample's token
- * and logprob (out[0], out[1]; out[2], top_index, is NULL for its calls). */
+ * and logprob (out[0], out[1], set as index and value, whose places the
+ * args' token and logprob share; out[2], top_index, is NULL for its calls). */
 static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mode) {
   kl_select_args *a = &c->kern[id].prm.select.a;
   *a = (kl_select_args){.in = (const void *)k->kin, .index = (long long *)k->out[0].p,
                         .value = k->out[1].p, .lse = k->out[2].p, .tokens = k->tokens,
                         .rank = c->rank, .mode = mode, .subparts = 1};
-  if (id == KL_K_SHARDS || id == KL_K_CANDIDATES) {
+  if (id == KL_K_SHARDS || id == KL_K_SHARDS_FILTERED) {
     const kl_sampling *p = ((const kl_sample_call *)k->extra)->p;
     a->temperature = p->temperature;
     a->seed = (const unsigned long long *)p->seed;
@@ -38,11 +39,11 @@ static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mo
     /* filters only one-shot (sample.c): the rows they cannot decide are
      * copied into the sample scratch from the peers' staged rows and
      * sampled there */
-    if (id == KL_K_CANDIDATES) {
+    if (id == KL_K_SHARDS_FILTERED) {
       a->top_k = (const long long *)p->top_k;
       a->top_p = p->top_p;
       a->min_p = p->min_p;
-      a->wide = (void *)c->buf[KL_BUF_SAMPLE].p;
+      a->whole_rows = (void *)c->buf[KL_BUF_SAMPLE].p;
     }
   }
   return a;
@@ -57,7 +58,7 @@ kl_result kl_select_oneshot(kl_ctx *c, kl_kernel_id id, kl_call *k, CUstream s, 
   a->slots = kn->slots;
   a->nslots = kn->nslots;
   a->subparts = subparts;
-  /* parts split subparts ways: the grid of subparts times the tokens; the
+  /* parts in subparts: the grid of subparts times the tokens; the
    * CTAs that merge apart after them (the kernel tells them by the grid) */
   int grid = kl_grid(c, id, k->tokens * subparts, 1) + merge_ctas;
   return launched(kl_launch(c, id, grid, 1, s), "one-shot");

@@ -202,9 +202,9 @@ static int ranks_on_device(const kl_ctx *c, const peer_info *all) {
  * The driver maps streams round robin onto CUDA_DEVICE_MAX_CONNECTIONS
  * queues (8 by default), and a queue runs in order: a rank whose next kernel
  * waits behind its spinning one-shot grid blocks any peer work queued after it
- * in the same queue, so the grid spins until the poll limit. Measured on one
- * H200 with 8 ranks: with 1 queue every run stalls at step 1; with 8 now and
- * then; with 32 never. 32 is the driver's maximum. */
+ * in the same queue, so the grid spins until the poll limit. The fewer the
+ * queues, the likelier two ranks' streams share one; 32, the driver's
+ * maximum, leaves the most room. */
 #define KL_SHARED_GPU_QUEUES 32
 static int queues_ok(const kl_ctx *c, int on_device, char *why) {
   int given;
@@ -248,10 +248,9 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
   /* Without PDL when ranks share the GPU: PDL lets a rank's next grid become
    * resident while its current one runs, and on a shared GPU those waiting
    * grids can hold what a peer's current grid needs to be resident, so the
-   * peer is late and every rank's poll times out (seen on one H200 with 3
-   * to 16 ranks: 26 of 334 random cases of tests/gpu_diff, mostly with
-   * kl_topk; the ones replayed passed without PDL). A rank alone on its GPU
-   * keeps it. */
+   * peer is late and every rank's poll times out (tests/gpu_diff's random
+   * cases with several ranks a GPU find it). A rank alone on its GPU keeps
+   * it. */
   if (on_device > 1) c->pdl = 0;
   return kl_kernels_ready(c, on_device, why);
 }
@@ -262,7 +261,8 @@ static kl_result check_agreement(const kl_ctx *c, agree_info *agree) {
     agree_info *a = &agree[r];
     a->why[KL_PEER_WHY - 1] = 0;
     if (((a->mapped | a->disabled | a->has_nccl | a->has_kernels) & ~1) || a->sm_count < 1 ||
-        a->subparts < kl_params[KL_P_SHARD_SUBPARTS].lo || a->subparts > kl_params[KL_P_SHARD_SUBPARTS].hi)
+        a->subparts_cfg < kl_params[KL_P_SHARD_SUBPARTS].lo ||
+        a->subparts_cfg > kl_params[KL_P_SHARD_SUBPARTS].hi)
       return kl_rt_fail(KLRT_ESPEC, "rank %d sent a malformed agreement record", r);
     if (a->crossover < 0)
       return kl_rt_fail(KLRT_EINVAL, "rank %d reports a crossover of %lld bytes (must be >= 0)",
@@ -296,7 +296,7 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   mine.crossover = kl_crossover(c->arch, c->nranks, c->layout.shard_bytes, c->crossover_cfg,
                                 c->cache_dir[0] ? c->cache_dir : NULL, &c->crossover_from);
   mine.sm_count = c->sm_count > 0 ? c->sm_count : 1;
-  mine.subparts = (int32_t)kl_param_int(KL_P_SHARD_SUBPARTS, NULL);
+  mine.subparts_cfg = (int32_t)kl_param_int(KL_P_SHARD_SUBPARTS, NULL);
   if (kl_exchange_all(&c->ex, &mine, agree, sizeof mine, why) != 0) {
     res = kl_rt_fail(KLRT_ENCCL, "rank %d: %s", c->rank, why);
     goto out;
@@ -309,7 +309,7 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
   int subparts = c->layout.shard_subparts;
   for (int r = 0; r < c->nranks; r++) {
     if (agree[r].sm_count < c->group_sms) c->group_sms = agree[r].sm_count;
-    if (agree[r].subparts < subparts) subparts = agree[r].subparts;
+    if (agree[r].subparts_cfg < subparts) subparts = agree[r].subparts_cfg;
     c->disabled |= agree[r].disabled;
     c->nccl_everywhere &= agree[r].has_nccl;
     c->kernels_everywhere &= agree[r].has_kernels;
@@ -319,7 +319,7 @@ kl_result kl_transport_setup(kl_ctx *c, int compiled, const char *compile_why) {
       snprintf(c->stats.not_ready, sizeof c->stats.not_ready, "%s", agree[r].why);
     }
   }
-  c->shard_subparts = subparts >= 4 ? 4 : subparts >= 2 ? 2 : 1; /* the kernel's: 1, 2 or 4 */
+  c->group_subparts = subparts >= 4 ? 4 : subparts >= 2 ? 2 : 1; /* the kernel's: 1, 2 or 4 */
 out:
   if (!c->ready || res != KLRT_OK) {
     kl_transport_teardown(c);

@@ -3,8 +3,8 @@
  *
  * In order: the caller's kl_config.crossover_bytes; $KLGEN_CROSSOVER_BYTES;
  * the table `klbench --tune` writes ($KLGEN_TUNE_FILE, else tune.txt in the JIT
- * cache directory), nearest measured shard size for this arch and group size;
- * the default for the architecture, measured by klbench (README). The table
+ * cache directory), nearest shard size in it for this arch and group size;
+ * the default for the architecture, from klbench (README). The table
  * decides which path a gather takes, so it is read only from a directory
  * trusted as the cache's is (jit.c), and only if root or this user wrote it. */
 #include <fcntl.h>
@@ -18,9 +18,9 @@
 
 #include "rt.h"
 
-/* Measured on 2 x H200 (sm_90) with klbench (docs/BENCHMARKS.md): the
- * one-shot kernel beat NCCL (ring and symmetric windows) at every size up to
- * 16 MiB per rank, by 1.4x at the top. Past what was measured, NCCL. */
+/* From klbench on sm_90 (docs/BENCHMARKS.md): the one-shot kernel is the
+ * faster path at every size klbench compares, up to 16 MiB per rank; past
+ * that, NCCL. */
 static const struct {
   const char *arch;
   long long bytes;

@@ -24,12 +24,12 @@ typedef struct kl_state {
   /* Host memory (pinned, mapped), two words: the kernels copy the group's
    * fault word (below) into the first, so the host reads it with a load,
    * never a device sync; the second counts kl_sample's calls that sampled a
-   * row whole on the device (the stats' wide count). */
+   * row whole on the device (in the stats' sample_gathered). */
   unsigned long long *mirror;
   /* The step + 1 of the last call counted there: the first CTA of a call
    * to sample a row whole swaps its own in, and counts the call if the word
    * held another. */
-  unsigned long long wide_step;
+  unsigned long long whole_step;
   unsigned long long reserved[5];
 } kl_state;
 
@@ -84,16 +84,22 @@ typedef struct kl_relayout_args {
  * one-shot (reduce, exchange candidates through the peers' buffers, merge);
  * mode 1: reduce only, records to rec ([tokens, SPLIT] records); mode 2:
  * merge only, from rec ([TP, tokens, SPLIT] records: ncclAllGather's
- * layout). The shard sampler writes its tokens to index and their logprobs
- * to value ([tokens] each) and reads the rows' parameters (kl_sample_args'
- * arrays); the others leave them NULL. With wide (one-shot only) the call
- * has filters: each part stages its rank row and sends its candidates too,
- * and a row they cannot decide is copied whole from every rank's staged
- * rows into wide, where the CTA that merged it samples it. */
+ * layout). The shard sampler writes token and logprob, [tokens] each (in
+ * the places of the others' index and value), and reads the rows'
+ * parameters (kl_sample_args' arrays); the others leave them NULL. With whole_rows (one-shot only) the
+ * call has filters: each part stages its rank row and sends its candidates
+ * too, and a row they cannot decide is copied whole from every rank's
+ * staged rows into whole_rows, where the CTA that merged it samples it. */
 typedef struct kl_select_args {
   const void *in;            /* this rank's [tokens, SHARD] */
-  long long *index;          /* [tokens, K] */
-  float *value;              /* [tokens, K], or NULL */
+  union {
+    long long *index;        /* kl_argmax, kl_topk: [tokens, K] */
+    long long *token;        /* the shard sampler: [tokens] */
+  };
+  union {
+    float *value;            /* kl_argmax, kl_topk: [tokens, K], or NULL */
+    float *logprob;          /* the shard sampler: [tokens], or NULL */
+  };
   float *lse;                /* [tokens] (topk only), or NULL */
   kl_state *state;           /* this rank's state block */
   unsigned long long *fault; /* this rank's copy of the group's fault word */
@@ -103,12 +109,12 @@ typedef struct kl_select_args {
   const unsigned long long *seed, *offset; /* the shard sampler's [tokens], or NULL (0) */
   const long long *top_k;    /* the shard sampler's filters, [tokens] or NULL (off) */
   const float *top_p, *min_p;
-  void *wide;                /* [tokens, VOCAB] (out dtype), or NULL: no filters */
+  void *whole_rows;          /* [tokens, VOCAB] (out dtype), or NULL: no filters */
   int tokens, rank, nslots, mode;
-  /* The shard sampler without filters, one-shot: CTAs each of TOPK_SPLIT's
-   * parts is split over, 2 or 4 (at most the layout's SHARD_SUBPARTS), each
-   * a share of every chunk's columns and a record of its own; any other
-   * value is 1. The same on every rank. */
+  /* The shard sampler without filters, one-shot: this call's subparts of
+   * each of TOPK_SPLIT's parts, 2 or 4 (at most the layout's bound,
+   * SHARD_SUBPARTS), a CTA each with a share of every chunk's columns and a
+   * record of its own; any other value is 1. The same on every rank. */
   int subparts;
   int reserved;
 } kl_select_args;
@@ -121,7 +127,7 @@ typedef struct kl_select_args {
  * min(TOPK, VOCAB) columns in the key order of t, two words each (the
  * logit, and the column + 1; 0: none, a part with fewer columns). Its
  * first column word KL_SHARD_CAND_UNKNOWN: too many equal keys to rank,
- * the row takes the wide path. */
+ * the row is sampled whole. */
 #define KL_SHARD_CAND_WORD 8
 #define KL_SHARD_CAND_UNKNOWN 0xfffffffeu
 #define KL_SELECT_ONESHOT 0
@@ -129,17 +135,18 @@ typedef struct kl_select_args {
 #define KL_SELECT_MERGE 2
 
 /* kl_sample's row sampler: the gathered logits and per-row parameters in,
- * a token per row out (the wide path: it reads whole rows). Parameter
+ * a token per row out (kl_sample's gathering path: it reads whole rows). Parameter
  * arrays are [tokens]: temperature (0: greedy), top_k (0: off), top_p (1:
  * off), min_p (0: off), seed and offset (64-bit); NULL but temperature: off
- * (seed and offset 0). A greedy or plain-temperature row may be split over
- * up to SAMPLE_SLICES CTAs, each leaving its slice's part; the last to finish
- * merges them and sets arrived[row] back to 0 (zeroed at allocation). */
-typedef struct kl_sample_part {
+ * (seed and offset 0). A greedy or plain-temperature row may be sliced, a
+ * CTA a slice (up to SAMPLE_SLICES), each leaving its slice's result; the
+ * last to finish merges them and sets arrived[row] back to 0 (zeroed at
+ * allocation). */
+typedef struct kl_slice_result {
   unsigned long long kx, kt, best; /* the slice's largest key of x, of t, of t + g */
   double sum; /* the sum of exp(x - its largest x); 0 if that is not finite or no logprob is
                  asked for; -1: the slice saw the group's fault, the row is poison */
-} kl_sample_part;
+} kl_slice_result;
 typedef struct kl_sample_args {
   const void *logits;             /* [tokens, VOCAB], the spec's out dtype */
   const float *temperature;
@@ -155,10 +162,10 @@ typedef struct kl_sample_args {
    * when the sampler starts, the gather before it may have run dead, and
    * every row gets token -1 and NaN logprobs */
   const unsigned long long *fault;
-  kl_sample_part *parts;          /* [tokens, SAMPLE_SLICES], or NULL: no row is split */
-  unsigned *arrived;              /* [tokens]: a split row's slices done */
+  kl_slice_result *slice_results; /* [tokens, SAMPLE_SLICES], or NULL: no row is sliced */
+  unsigned *arrived;              /* [tokens]: a sliced row's slices done */
   int tokens, n_top;              /* n_top <= TOPK and <= VOCAB */
-  /* a split row's slices this call: `slices` (1..SAMPLE_SLICES) of slice_cols
+  /* a sliced row's slices this call: `slices` (1..SAMPLE_SLICES) of slice_cols
    * columns each (a multiple of 4), the last one maybe fewer, none empty */
   int slices;
   long long slice_cols;
@@ -169,7 +176,7 @@ KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit 
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
 KL_ABI_ASSERT(sizeof(kl_select_args) == 144, "peers[] follow kl_select_args at byte 144");
-KL_ABI_ASSERT(sizeof(kl_sample_part) == 32, "kl_sample_part layout");
+KL_ABI_ASSERT(sizeof(kl_slice_result) == 32, "kl_slice_result layout");
 KL_ABI_ASSERT(sizeof(kl_sample_args) == 136, "kl_sample_args layout");
 
 #endif

@@ -41,7 +41,7 @@ class Info(ctypes.Structure):
     ]
 
 
-DECLINES = ("disabled", "not-ready", "tokens", "size", "wide")  # kl_decline, in order
+DECLINES = ("disabled", "not-ready", "tokens", "size")  # kl_decline, in order
 
 ALLGATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                 ctypes.c_void_p)
@@ -80,6 +80,7 @@ class Stats(ctypes.Structure):
         ("oneshot", ctypes.c_uint64),
         ("nccl", ctypes.c_uint64),
         ("declined", ctypes.c_uint64 * len(DECLINES)),
+        ("sample_gathered", ctypes.c_uint64),
         ("staged", ctypes.c_uint64),
         ("oneshot_ready", ctypes.c_int),
         ("cache_hit", ctypes.c_int),

@@ -354,12 +354,14 @@ class LogitsGather:
     # ---- state ----
 
     def stats(self):
-        """Calls per path, declines by reason, and what creation agreed."""
+        """Calls per path, declines by reason, kl_sample calls the shards could not
+        serve alone (sample_gathered), and what creation agreed."""
         st = _capi.Stats(size=ctypes.sizeof(_capi.Stats))
         _capi.check(_capi.lib.kl_ctx_stats(self._ctx, ctypes.byref(st)))
         return {
             "oneshot": st.oneshot, "nccl": st.nccl,
-            "declined": dict(zip(_capi.DECLINES, st.declined)), "staged": st.staged,
+            "declined": dict(zip(_capi.DECLINES, st.declined)),
+            "sample_gathered": st.sample_gathered, "staged": st.staged,
             "oneshot_ready": bool(st.oneshot_ready), "cache_hit": bool(st.cache_hit),
             "crossover_bytes": st.crossover_bytes, "not_ready": st.not_ready.decode(),
             "arch": st.arch.decode(),

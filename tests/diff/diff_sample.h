@@ -71,8 +71,8 @@ void sample_shard_reduce(const float *t, const float *g, int64_t first, int64_t 
                          sample_shard *out);
 
 /* The token sample_token gives the whole row of `vocab` columns, from its
- * shards' reductions alone, or -1 where they cannot decide it (the wide
- * path's rows). a->top_k at most K; e and g as for sample_token (read at
+ * shards' reductions alone, or -1 where they cannot decide it (a row
+ * sampled whole). a->top_k at most K; e and g as for sample_token (read at
  * candidates' columns only). outside: the sum of the integer top-p weights
  * floor(e * 2^38) of the columns top-p weighs that are not among the merged
  * candidates (those min-p keeps, or all), as a second exchange round would

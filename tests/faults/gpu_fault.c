@@ -60,10 +60,10 @@
  * (the shard sampler with candidates), a top-n logprob (the gather and the
  * row sampler), and top_p 0.5 (rows sampled whole from the staged rows, a
  * peer's marks lost) */
-enum { GATHER, ARGMAX, TOPK, SAMPLE, SAMPLE_FILTERED, SAMPLE_WIDE, SAMPLE_MARKS, GATHER_STATUS,
+enum { GATHER, ARGMAX, TOPK, SAMPLE, SAMPLE_FILTERED, SAMPLE_GATHERED, SAMPLE_MARKS, GATHER_STATUS,
        OPS };
 static const char *const names[] = {"kl_gather", "kl_argmax", "kl_topk", "kl_sample",
-                                    "kl_sample (filters)", "kl_sample (wide)",
+                                    "kl_sample (filters)", "kl_sample (gathered)",
                                     "kl_sample (a peer's marks lost)",
                                     "kl_gather (rank 1 asks kl_ctx_status first)"};
 /* The call an op makes. */
@@ -127,12 +127,12 @@ static kl_result call_n(shared *sh, kl_ctx *c, const bufs *b, int set, int token
     return kl_argmax(c, (void *)b->shard, (int64_t *)o->index, (float *)o->value, tokens, b->s);
   case SAMPLE:
   case SAMPLE_FILTERED:
-  case SAMPLE_WIDE:
+  case SAMPLE_GATHERED:
   case SAMPLE_MARKS: { /* the token in index, its logprob in value (top-n: index after them) */
     kl_sampling p = {(const float *)b->temperature, NULL, NULL, NULL, NULL, NULL};
     if (sh->op == SAMPLE_FILTERED) p.top_p = (const float *)b->top_p;
     if (sh->op == SAMPLE_MARKS) p.top_p = (const float *)b->top_p_half;
-    const int n_top = sh->op == SAMPLE_WIDE;
+    const int n_top = sh->op == SAMPLE_GATHERED;
     int64_t *top = n_top ? (int64_t *)o->index + tokens : NULL;
     return kl_sample(c, (void *)b->shard, &p, (int64_t *)o->index, (float *)o->value, top, NULL,
                      n_top, tokens, b->s);
@@ -303,9 +303,9 @@ static void *rank_main(void *arg) {
   if (!outputs_are(sh, &b, 0, 0)) failf(sh, rank, "a good step's outputs are wrong");
   if (sh->op == SAMPLE_MARKS) { /* its rows were sampled whole: the marks were waited for */
     kl_stats st = KL_STATS_INIT;
-    if (kl_ctx_stats(c, &st) != KLRT_OK || st.declined[KL_DECLINE_WIDE] != 1 || st.oneshot != 1)
-      failf(sh, rank, "a good step: %llu wide calls of %llu one-shot, want 1 of 1",
-            (unsigned long long)st.declined[KL_DECLINE_WIDE], (unsigned long long)st.oneshot);
+    if (kl_ctx_stats(c, &st) != KLRT_OK || st.sample_gathered != 1 || st.oneshot != 1)
+      failf(sh, rank, "a good step: %llu gathered calls of %llu one-shot, want 1 of 1",
+            (unsigned long long)st.sample_gathered, (unsigned long long)st.oneshot);
   }
   /* a good NCCL-path step: its buffers grow here, not in the capture below */
   nccl_step(sh, rank, c, &b, "a good NCCL-path step");

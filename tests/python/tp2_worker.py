@@ -183,13 +183,13 @@ def check_draws(g, x, gathered, step, tp):
     bit for bit (the definition's noise on CUDA is the kernel's), the same on
     every rank; logprobs within 1e-5; the top columns equal. Odd steps pass
     no filter and ask no top-n: kl_sample's shards draw them, nothing
-    gathered (no "wide" decline). 0 or 1 (bad)."""
+    gathered (not counted in sample_gathered). 0 or 1 (bad)."""
     bare = step % 2 == 1
     n = 0 if bare else min(g.k, 4)
     p = draw_params(x.shape[0], g.k, step, x.device)
     if bare:
         p = {name: v for name, v in p.items() if name not in ("top_k", "top_p", "min_p")}
-    wide = g.stats()["declined"]["wide"]
+    n_gathered = g.stats()["sample_gathered"]
     got = g.sample(x, logprobs=n, **p)
     want = definition.sample(gathered, logprobs=n, **p)
     ranks = [torch.empty_like(got.tokens) for _ in range(tp)]
@@ -198,7 +198,7 @@ def check_draws(g, x, gathered, step, tp):
                                         equal_nan=True)
     ok = (torch.equal(got.tokens, want.tokens) and all(torch.equal(r, got.tokens) for r in ranks)
           and close(got.logprobs, want.logprob) and
-          g.stats()["declined"]["wide"] == wide + (not bare))
+          g.stats()["sample_gathered"] == n_gathered + (not bare))
     if not bare:
         ok = ok and (torch.equal(got.top_logprobs.indices, want.top_indices) and
                      close(got.top_logprobs.values, want.top_logprobs))

@@ -621,12 +621,12 @@ static void check_counts_agree(pair *p, const char *what) {
   kl_stats st[2] = {KL_STATS_INIT, KL_STATS_INIT};
   for (int r = 0; r < 2; r++) CHECK_KL(kl_ctx_stats(p->ctx[r], &st[r]) == KLRT_OK, "kl_ctx_stats");
   CHECK_KL(st[0].oneshot == st[1].oneshot && st[0].nccl == st[1].nccl &&
-           !memcmp(st[0].declined, st[1].declined, sizeof st[0].declined),
-           "%s: the ranks count apart: one-shot %llu / %llu, NCCL %llu / %llu, wide %llu / %llu",
+           !memcmp(st[0].declined, st[1].declined, sizeof st[0].declined) &&
+           st[0].sample_gathered == st[1].sample_gathered,
+           "%s: the ranks count apart: one-shot %llu / %llu, NCCL %llu / %llu, gathered %llu / %llu",
            what, (unsigned long long)st[0].oneshot, (unsigned long long)st[1].oneshot,
            (unsigned long long)st[0].nccl, (unsigned long long)st[1].nccl,
-           (unsigned long long)st[0].declined[KL_DECLINE_WIDE],
-           (unsigned long long)st[1].declined[KL_DECLINE_WIDE]);
+           (unsigned long long)st[0].sample_gathered, (unsigned long long)st[1].sample_gathered);
 }
 
 /* Every op on the NCCL path (tokens past max_tokens) on both ranks: both

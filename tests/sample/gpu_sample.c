@@ -8,7 +8,7 @@
  * tokens must agree bit for bit; logprobs within 2 ulp. Each such row is
  * also split into random shards, reduced and merged on the host, and
  * candidates.cuh.tmpl's decide_row must decide from that alone what
- * sample_from_shards decides (the same token, or the wide path).
+ * sample_from_shards decides (the same token, or a row sampled whole).
  * Then kl_sample itself on one rank: eager on both paths, in a replayed CUDA
  * graph (which reads the parameters of the replay), and the calls it must
  * refuse. Last, its distribution: 102,400 draws of fixed logits per case of
@@ -109,8 +109,8 @@ static void run_kernel(const dev *d, rows *w, int slices, long long cols, int de
               S = up(d, w->seed, 8 * n), O = up(d, w->offset, 8 * n), tok = up(d, NULL, 8 * n),
               lp = up(d, NULL, 4 * n), ti = w->n_top ? up(d, NULL, 8 * n * (size_t)w->n_top) : 0,
               tl = w->n_top ? up(d, NULL, 4 * n * (size_t)w->n_top) : 0;
-  /* a row's parts at the kernel's stride (SAMPLE_SLICES <= 32), whatever this call's slices */
-  const size_t part_bytes = n * 32 * sizeof(kl_sample_part);
+  /* a row's slice results at the kernel's stride (SAMPLE_SLICES <= 32), whatever the slices */
+  const size_t part_bytes = n * 32 * sizeof(kl_slice_result);
   CUdeviceptr parts = slices > 0 ? up(d, NULL, part_bytes + 4 * n) : 0;
   if (parts) CU_CHECK(d->cu, cuMemsetD32(parts, 0, part_bytes / 4 + n));
   CU_CHECK(d->cu, cuMemsetD32(tok, 0x5a5a5a5au, 2 * n)); /* a row left unwritten shows */
@@ -125,7 +125,7 @@ static void run_kernel(const dev *d, rows *w, int slices, long long cols, int de
   const unsigned long long fault_word = 1;
   CUdeviceptr fault = dead ? up(d, &fault_word, 8) : 0;
   a.fault = (const unsigned long long *)fault;
-  a.parts = (kl_sample_part *)parts;
+  a.slice_results = (kl_slice_result *)parts;
   a.arrived = parts ? (unsigned *)(parts + part_bytes) : NULL;
   void *args[] = {&a};
   const unsigned grid = (unsigned)(w->n * (slices > 0 ? slices : 1) / 3 + 1);
@@ -177,7 +177,7 @@ static int random_shards(rng *r, long long vocab, int64_t cut[9]) {
  * sample_from_shards: row i split into random shards, each reduced to its
  * first K of t in the key order and its best draw, merged here; the device
  * decides from the merge alone. Every lane answers alike, as the reference
- * does (-1: the wide path's row), and a decided row's token is the whole
+ * does (-1: a row to sample whole), and a decided row's token is the whole
  * row's, want. */
 static void check_candidates(dev *d, const rows *w, int i, const float *t, const float *e,
                              const float *g, const sample_args *a, int64_t want, const char *name) {
@@ -457,23 +457,24 @@ static void upload_filters(const dev *d, const api_bufs *b, const rows *w, int n
 }
 
 /* kl_sample's stats now and the calls it counted since `before`: one on
- * `path` (0 one-shot, 1 NCCL), and `wide` of them gathering; -1: 0 or 1, as
- * the device found (the shards with filters sample whole only the rows
- * their candidates cannot decide, and count the call if any). The caller
- * has synchronized. */
-static void counted(kl_ctx *ctx, const kl_stats *before, int path, int wide, const char *what) {
+ * `path` (0 one-shot, 1 NCCL), and `gathered` of them in sample_gathered;
+ * -1: 0 or 1, as the device found (the shards with filters sample whole only
+ * the rows their candidates cannot decide, and count the call if any). The
+ * caller has synchronized. */
+static void counted(kl_ctx *ctx, const kl_stats *before, int path, int gathered, const char *what) {
   kl_stats st = KL_STATS_INIT;
   kl_ctx_stats(ctx, &st);
   CHECK(path ? st.nccl == before->nccl + 1 : st.oneshot == before->oneshot + 1,
         "%s: not one call on the %s path", what, path ? "NCCL" : "one-shot");
-  const uint64_t more = st.declined[KL_DECLINE_WIDE] - before->declined[KL_DECLINE_WIDE];
-  CHECK(wide < 0 ? more <= 1 : more == (uint64_t)wide, "%s: %llu wide declines, want %d more than %llu",
-        what, (unsigned long long)st.declined[KL_DECLINE_WIDE], wide,
-        (unsigned long long)before->declined[KL_DECLINE_WIDE]);
-  if (wide < 0) printf("%s: %s\n", what, more ? "rows sampled whole" : "every row decided");
+  const uint64_t more = st.sample_gathered - before->sample_gathered;
+  CHECK(gathered < 0 ? more <= 1 : more == (uint64_t)gathered,
+        "%s: %llu gathered calls, want %d more than %llu", what,
+        (unsigned long long)st.sample_gathered, gathered,
+        (unsigned long long)before->sample_gathered);
+  if (gathered < 0) printf("%s: %s\n", what, more ? "rows sampled whole" : "every row decided");
 }
 
-/* The wide count of calls with filters, exactly where it is known. Rows with
+/* sample_gathered for calls with filters, exactly where it is known. Rows with
  * top-k alone are decided by the shards' candidates in this spec (0): a part
  * has one chunk a thread, so at most 8 x 8 keys reach its threshold, and the
  * merge sees 3 x 8, both far below the caps past which a row goes whole (a
@@ -482,7 +483,7 @@ static void counted(kl_ctx *ctx, const kl_stats *before, int path, int wide, con
  * decided by them (1: the call sampled a row whole, in the kernel that
  * merged it); such a call twice counts twice. The rows' own filters are put
  * back after. */
-static void api_wide(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w) {
+static void api_gathered(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w) {
   const int n = 16;
   const filters kept = keep_filters(w);
   kl_sampling all = api_params(b);
@@ -632,7 +633,7 @@ static void api(dev *d) {
       check_row(d, &w, i, k ? "kl_sample (NCCL)" : "kl_sample", n_top > 0);
   }
   api_shards(d, ctx, &b, &w, &r);
-  api_wide(d, ctx, &b, &w);
+  api_gathered(d, ctx, &b, &w);
   api_marks(d, ctx, &b);
   w.n = 16, w.n_top = 8;
   api_misuse(ctx, &b, 16);

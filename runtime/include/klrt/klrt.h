@@ -255,8 +255,8 @@ typedef struct kl_sampling {
  * with a filter and n_top 0, on the one-shot path, each rank adds its
  * shard's first topk candidates, and only the rows they cannot decide are
  * copied from the ranks' shards and sampled whole (a call with any such row
- * counts as a KL_DECLINE_WIDE); otherwise (n_top > 0, or filters on the NCCL
- * path) the call takes the wide path, counted as a KL_DECLINE_WIDE: the
+ * counts in kl_stats.sample_gathered); otherwise (n_top > 0, or filters on
+ * the NCCL path) the call gathers, counted in kl_stats.sample_gathered: the
  * logits are gathered (either path, as kl_gather chooses) into the
  * context's scratch and sampled there. All give the same tokens. Pass NULL
  * for a filter no row uses. Every rank must pass NULL for the same arrays and
@@ -268,16 +268,12 @@ kl_result kl_sample(kl_ctx *ctx, const void *shard, const kl_sampling *params, i
                     float *logprob, int64_t *top_index, float *top_logprob, int n_top, int tokens,
                     kl_stream stream);
 
-/* Why a call did not take the one-shot path (KL_DECLINE_WIDE: why a
- * kl_sample call did not take the shards'). */
+/* Why a call did not take the one-shot path. */
 typedef enum kl_decline {
   KL_DECLINE_DISABLED = 0, /* KLGEN_DISABLE=1 on some rank */
   KL_DECLINE_NOT_READY,    /* compile, load or peer mapping failed on some rank */
   KL_DECLINE_TOKENS,       /* tokens > the spec's max_tokens */
   KL_DECLINE_SIZE,         /* tokens x shard bytes above the crossover limit */
-  /* kl_sample only, beside the path's own count: the shards could not decide
-   * the call (a filter or top-n logprobs), so its rows were gathered */
-  KL_DECLINE_WIDE,
   KL_DECLINE_COUNT
 } kl_decline;
 
@@ -290,6 +286,12 @@ typedef struct kl_stats {
   uint64_t oneshot;     /* calls sent down the one-shot path */
   uint64_t nccl;        /* calls sent down the NCCL path */
   uint64_t declined[KL_DECLINE_COUNT];
+  /* kl_sample calls, beside their path's count, that the shards could not
+   * serve alone: calls whose rows were gathered (top-n logprobs, or filters
+   * on the NCCL path; counted as the paths are), and calls of which some row
+   * was sampled whole (filters, one-shot; counted by the device, as far as
+   * it has run) */
+  uint64_t sample_gathered;
   uint64_t staged;      /* calls that went through a staging copy */
   int oneshot_ready;    /* agreed by all ranks at creation */
   int cache_hit;        /* the kernel came from the JIT cache */
@@ -297,7 +299,7 @@ typedef struct kl_stats {
   char not_ready[256];  /* why one-shot is not ready, if it is not */
   char arch[16];        /* sm_XY the kernel was compiled for */
 } kl_stats;
-#define KL_STATS_INIT {sizeof(kl_stats), 0, 0, {0}, 0, 0, 0, 0, "", ""}
+#define KL_STATS_INIT {sizeof(kl_stats), 0, 0, {0}, 0, 0, 0, 0, 0, "", ""}
 
 /* A spec's sizes, for sizing the caller's buffers. */
 #define KL_INFO_NAME 64

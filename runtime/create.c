@@ -1,6 +1,6 @@
-/* Context lifecycle: create (spec -> layout -> JIT -> transport), gather entry,
- * stats, device status, destroy. */
-#include <limits.h>
+/* A context's life: creation (spec -> layout -> JIT -> transport, every
+ * rank alike), the live list every call looks the context up in, and
+ * destruction. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -9,9 +9,6 @@
 #include <string.h>
 
 #include "rt.h"
-#ifdef KL_TESTING
-#include "klrt_testing.h"
-#endif
 
 /* Live contexts, so that a call after destroy is an error, not a crash. */
 #define LIVE_MAX 1024
@@ -37,10 +34,7 @@ static int live_find(const kl_ctx *c) {
   return -1;
 }
 
-/* A call on c begins: c must be live, and no other thread inside a call on
- * it (KLRT_EBUSY: waiting could deadlock a collective, and two calls at once
- * would race on the context's buffers). remove: destroy takes it out. */
-static kl_result ctx_acquire(kl_ctx *c, int remove, const char *fn) {
+kl_result kl_ctx_acquire(kl_ctx *c, int remove, const char *fn) {
   pthread_mutex_lock(&live_m);
   int i = live_find(c);
   kl_result res = KLRT_OK;
@@ -54,7 +48,15 @@ static kl_result ctx_acquire(kl_ctx *c, int remove, const char *fn) {
   return res;
 }
 
-static void ctx_release(kl_ctx *c) { atomic_store(&c->busy, 0); }
+void kl_ctx_release(kl_ctx *c) { atomic_store(&c->busy, 0); }
+
+int kl_ctx_if_live(const kl_ctx *c, void (*fn)(const kl_ctx *c, void *arg), void *arg) {
+  pthread_mutex_lock(&live_m);
+  int found = live_find(c) >= 0;
+  if (found) fn(c, arg);
+  pthread_mutex_unlock(&live_m);
+  return found;
+}
 
 kl_result kl_ctx_enter(kl_ctx *c, int *pushed) {
   CUcontext cur = NULL;
@@ -71,8 +73,7 @@ void kl_ctx_leave(kl_ctx *c, int pushed) {
   if (pushed) c->cu->cuCtxPopCurrent(&dummy);
 }
 
-/* The environment's variables, each valid if set (param.c). */
-static kl_result check_environment(void) {
+kl_result kl_check_environment(void) {
   char why[KL_PARAM_WHY];
   if (kl_params_check(why, sizeof why) != 0)
     return kl_rt_fail(KLRT_EINVAL, "environment: %s", why);
@@ -97,17 +98,6 @@ static kl_result read_config(const kl_config *in, kl_config *out, const char *fn
                         KLRT_VERSION);
   *out = *in;
   out->size = sizeof *out;
-  return KLRT_OK;
-}
-
-/* Copies a result struct into the caller's, as much as its size says. */
-static kl_result write_out(void *dst, const void *src, size_t src_size, const char *what) {
-  size_t n = *(const size_t *)dst;
-  if (n < sizeof(size_t))
-    return kl_rt_fail(KLRT_EINVAL, "%s->size is %zu: initialize it with the KL_*_INIT macro", what,
-                      n);
-  if (n > src_size) n = src_size;
-  memcpy((char *)dst + sizeof(size_t), (const char *)src + sizeof(size_t), n - sizeof(size_t));
   return KLRT_OK;
 }
 
@@ -328,7 +318,7 @@ static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
   return KLRT_OK;
 }
 
-static kl_result pick_spec(const kl_spec_list *l, const char *name, kl_spec *out) {
+kl_result kl_pick_spec(const kl_spec_list *l, const char *name, kl_spec *out) {
   if (!name) {
     if (l->n != 1)
       return kl_rt_fail(KLRT_EINVAL, "the spec defines %d specs; pass the name of one", l->n);
@@ -346,13 +336,23 @@ static kl_limits spec_limits(void) {
   return lim;
 }
 
-/* After kl_spec_load_*: the named spec of the list, then the context. */
-static kl_result create_loaded(kl_ctx **ctx, int load_rc, const kl_err *err, kl_spec_list *l,
-                               const char *name, const kl_config *cfg) {
-  if (load_rc != 0) return kl_rt_fail(KLRT_ESPEC, "%s", err->msg);
+kl_result kl_load_specs(const char *path, const char *src, kl_spec_list *l) {
+  kl_err err;
+  kl_limits lim = spec_limits();
+  int rc = path ? kl_spec_load_file(path, &lim, l, &err)
+                : kl_spec_load_string("<spec string>", src, strlen(src), &lim, l, &err);
+  return rc ? kl_rt_fail(KLRT_ESPEC, "%s", err.msg) : KLRT_OK;
+}
+
+/* The named spec of a file (path) or a string (src), then the context. */
+static kl_result create_named(kl_ctx **ctx, const char *path, const char *src, const char *name,
+                              const kl_config *cfg) {
+  kl_spec_list l;
+  kl_result res = kl_load_specs(path, src, &l);
+  if (res) return res;
   kl_spec s;
-  kl_result res = pick_spec(l, name, &s);
-  kl_spec_list_free(l);
+  res = kl_pick_spec(&l, name, &s);
+  kl_spec_list_free(&l);
   return res ? res : create(ctx, &s, NULL, cfg);
 }
 
@@ -365,7 +365,7 @@ static kl_result create_loaded(kl_ctx **ctx, int load_rc, const kl_err *err, kl_
     *(ctx) = NULL;                                                                      \
     if (!(cfg_in)) return kl_rt_fail(KLRT_EINVAL, "%s: cfg is NULL", __func__);         \
     kl_result r_ = read_config(cfg_in, &cfg_copy_, __func__);                           \
-    if (!r_) r_ = check_environment();                                                  \
+    if (!r_) r_ = kl_check_environment();                                               \
     if (r_) return r_;                                                                  \
   } while (0)
 
@@ -373,21 +373,14 @@ kl_result kl_ctx_create_file(kl_ctx **ctx, const char *path, const char *name,
                              const kl_config *cfg_in) {
   CHECK_OUT_CFG(ctx, cfg_in);
   if (!path) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_file: spec_path is NULL");
-  kl_limits lim = spec_limits();
-  kl_spec_list l;
-  kl_err err;
-  return create_loaded(ctx, kl_spec_load_file(path, &lim, &l, &err), &err, &l, name, cfg);
+  return create_named(ctx, path, NULL, name, cfg);
 }
 
 kl_result kl_ctx_create_string(kl_ctx **ctx, const char *src, const char *name,
                                const kl_config *cfg_in) {
   CHECK_OUT_CFG(ctx, cfg_in);
   if (!src) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_string: spec_source is NULL");
-  kl_limits lim = spec_limits();
-  kl_spec_list l;
-  kl_err err;
-  int rc = kl_spec_load_string("<spec string>", src, strlen(src), &lim, &l, &err);
-  return create_loaded(ctx, rc, &err, &l, name, cfg);
+  return create_named(ctx, NULL, src, name, cfg);
 }
 
 /* The number after `key` in a rendered source (the kernel ABI, a constant
@@ -436,7 +429,8 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
     return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' was made by an incompatible klgen "
                       "(vec %d/%d, block %d/%d); regenerate it", g->name, g->vec_bytes,
                       l.vec_bytes, g->block, l.block);
-  /* Before abi 4 every kernel had one thread a chunk and one split. */
+  /* A header of abi < 4 carries neither: one thread a chunk, and one split
+   * for both select kernels. */
   int ct = g->abi >= 4 ? g->chunk_threads : 1;
   int am = g->abi >= 4 ? g->argmax_split : l.topk_split;
   int tk = g->abi >= 4 ? g->topk_split : l.topk_split;
@@ -453,8 +447,8 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
     return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' carries kernels of kernel ABI %d, "
                       "and this libklrt (%s) launches ABI %d: regenerate it with this klgen",
                       g->name, abi, KLRT_VERSION, KL_ABI_VERSION);
-  /* the row sampler's split is a launch shape the header carries only in its
-   * source: the runtime sizes its scratch and grid by its own */
+  /* the row sampler's slices are a launch shape the header carries only in
+   * its source: the runtime sizes its scratch and grid by its own */
   long long slices = source_int(g->source, "int SAMPLE_SLICES = "),
             cols = source_int(g->source, "long long SAMPLE_SLICE_COLS = ");
   if (s.topk && (slices != l.sample_slices || cols != l.sample_slice_cols))
@@ -464,281 +458,10 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
   return create(ctx, &s, g->source, cfg);
 }
 
-/* What every call's arguments must be, and the route's own condition. */
-static kl_result check_call(const kl_ctx *c, const kl_call *k) {
-  const char *fn = k->route->fn;
-  if (!k->in || !k->out[0].p)
-    return kl_rt_fail(KLRT_EINVAL, "%s: %s is NULL", fn,
-                      kl_arg_name(k->in ? k->out[0].arg : KL_ARG_SHARD));
-  if (k->tokens <= 0)
-    return kl_rt_fail(KLRT_EINVAL, "%s: tokens is %d (must be > 0)", fn, k->tokens);
-  return k->route->usable ? k->route->usable(c) : KLRT_OK;
-}
-
-/* One step's call (kl_gather, kl_argmax, kl_topk, kl_sample): the context
- * taken, the arguments, the context entered, the stream ordered after the
- * previous call, the call's route through the dispatch layer (which refuses
- * a one-shot call once this rank knows of the group's fault), and its mark. */
-static kl_result step(kl_ctx *c, kl_call *k, kl_stream stream) {
-  if (!c) return kl_rt_fail(KLRT_EINVAL, "%s: ctx is NULL", k->route->fn);
-  kl_result res = ctx_acquire(c, 0, k->route->fn);
-  if (res) return res;
-  int pushed;
-  res = check_call(c, k);
-  if (!res && !(res = kl_ctx_enter(c, &pushed))) {
-    int outside = 0; /* not capturing a graph */
-    res = kl_order_streams(c, (CUstream)stream, &outside);
-    if (!res) res = kl_dispatch(c, k, (CUstream)stream);
-    if (!res && outside) res = kl_order_mark(c, (CUstream)stream);
-    kl_ctx_leave(c, pushed);
-  }
-  ctx_release(c);
-  return res;
-}
-
-kl_result kl_gather(kl_ctx *c, const void *in, void *out, int tokens, kl_stream stream) {
-  kl_call k = {.route = &kl_gather_route, .in = in, .out = {{out, 0, KL_ARG_OUT}}, .tokens = tokens};
-  return step(c, &k, stream);
-}
-
-kl_result kl_argmax(kl_ctx *c, const void *shard, int64_t *index, float *value, int tokens,
-                    kl_stream stream) {
-  kl_call k = {.route = &kl_argmax_route, .in = shard,
-               .out = {{index, 0, KL_ARG_INDEX}, {value, 0, KL_ARG_VALUE}, {NULL, 0, KL_ARG_LSE}},
-               .tokens = tokens};
-  return step(c, &k, stream);
-}
-
-kl_result kl_topk(kl_ctx *c, const void *shard, int64_t *index, float *value, float *lse,
-                  int tokens, kl_stream stream) {
-  kl_call k = {.route = &kl_topk_route, .in = shard,
-               .out = {{index, 0, KL_ARG_INDEX}, {value, 0, KL_ARG_VALUE}, {lse, 0, KL_ARG_LSE}},
-               .tokens = tokens};
-  return step(c, &k, stream);
-}
-
-kl_result kl_sample(kl_ctx *c, const void *shard, const kl_sampling *params, int64_t *token,
-                    float *logprob, int64_t *top_index, float *top_logprob, int n_top, int tokens,
-                    kl_stream stream) {
-  kl_sample_call x = {params, n_top};
-  kl_call k = {.route = &kl_sample_route, .in = shard, .tokens = tokens, .extra = &x,
-               .out = {{token, 0, KL_ARG_TOKEN}, {logprob, 0, KL_ARG_LOGPROB},
-                       {top_index, 0, KL_ARG_TOP_INDEX}, {top_logprob, 0, KL_ARG_TOP_LOGPROB}}};
-  return step(c, &k, stream);
-}
-
-static void fill_info(const kl_spec *s, const kl_layout *l, kl_info *info) {
-  memset(info, 0, sizeof *info);
-  info->size = sizeof *info;
-  snprintf(info->name, sizeof info->name, "%s", s->name);
-  info->vocab_size = s->vocab_size;
-  info->padded_vocab = l->padded_vocab;
-  info->shard = l->shard;
-  info->max_tokens = s->max_tokens;
-  info->tp = s->tp;
-  info->dtype = (int)s->dtype;
-  info->elem_bytes = l->elem_bytes;
-  info->vec_bytes = l->vec_bytes;
-  info->buffer_bytes = l->recv_bytes;
-  info->out_dtype = (int)s->out_dtype;
-  info->out_elem_bytes = l->out_elem_bytes;
-  info->topk = s->topk;
-}
-
-/* Every spec of a file (path) or a string (src), under the environment's
- * limits; the environment is checked first. */
-static kl_result load_specs(const char *path, const char *src, kl_spec_list *l) {
-  kl_result env = check_environment();
-  if (env) return env;
-  kl_err err;
-  kl_limits lim = spec_limits();
-  int rc = path ? kl_spec_load_file(path, &lim, l, &err)
-                : kl_spec_load_string("<spec string>", src, strlen(src), &lim, l, &err);
-  return rc ? kl_rt_fail(KLRT_ESPEC, "%s", err.msg) : KLRT_OK;
-}
-
-/* The named spec of a file or a string, and its layout. */
-static kl_result spec_of(const char *path, const char *src, const char *name, kl_spec *s,
-                         kl_layout *lay) {
-  kl_spec_list l;
-  kl_err err;
-  kl_result res = load_specs(path, src, &l);
-  if (res) return res;
-  res = pick_spec(&l, name, s);
-  kl_spec_list_free(&l);
-  if (!res && kl_layout_derive(s, lay, &err) != 0) res = kl_rt_fail(KLRT_ESPEC, "%s", err.msg);
-  return res;
-}
-
-static kl_result info_of(const char *path, const char *src, const char *name, kl_info *info) {
-  kl_spec s;
-  kl_layout lay;
-  kl_info mine;
-  kl_result res = spec_of(path, src, name, &s, &lay);
-  if (res) return res;
-  fill_info(&s, &lay, &mine);
-  return write_out(info, &mine, sizeof mine, "info");
-}
-
-kl_result kl_spec_info_file(const char *path, const char *name, kl_info *info) {
-  if (!path || !info) return kl_rt_fail(KLRT_EINVAL, "kl_spec_info_file: NULL argument");
-  return info_of(path, NULL, name, info);
-}
-
-kl_result kl_spec_info_string(const char *src, const char *name, kl_info *info) {
-  if (!src || !info) return kl_rt_fail(KLRT_EINVAL, "kl_spec_info_string: NULL argument");
-  return info_of(NULL, src, name, info);
-}
-
-static kl_result names_of(const char *path, const char *src, char (*names)[KL_INFO_NAME],
-                          int cap, int *count) {
-  if (!count || cap < 0 || (cap > 0 && !names))
-    return kl_rt_fail(KLRT_EINVAL, "kl_spec_names: count is NULL, cap < 0, or names NULL with "
-                      "cap %d", cap);
-  kl_spec_list l;
-  kl_result res = load_specs(path, src, &l);
-  if (res) return res;
-  for (int i = 0; i < l.n && i < cap; i++) snprintf(names[i], KL_INFO_NAME, "%s", l.v[i].name);
-  *count = l.n;
-  kl_spec_list_free(&l);
-  return KLRT_OK;
-}
-
-kl_result kl_spec_names_file(const char *path, char (*names)[KL_INFO_NAME], int cap, int *count) {
-  if (!path) return kl_rt_fail(KLRT_EINVAL, "kl_spec_names_file: spec_path is NULL");
-  return names_of(path, NULL, names, cap, count);
-}
-
-kl_result kl_spec_names_string(const char *src, char (*names)[KL_INFO_NAME], int cap,
-                               int *count) {
-  if (!src) return kl_rt_fail(KLRT_EINVAL, "kl_spec_names_string: spec_source is NULL");
-  return names_of(NULL, src, names, cap, count);
-}
-
-kl_result kl_ctx_info(const kl_ctx *c, kl_info *info) {
-  if (!c || !info) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_info: NULL argument");
-  /* fixed at creation, so no race with a call; read under the live list's
-   * lock, which kl_ctx_destroy takes before it frees */
-  kl_info mine;
-  pthread_mutex_lock(&live_m);
-  int found = live_find(c) >= 0;
-  if (found) fill_info(&c->spec, &c->layout, &mine);
-  pthread_mutex_unlock(&live_m);
-  if (!found) return kl_rt_fail(KLRT_ESTATE, "kl_ctx_info: ctx was destroyed");
-  return write_out(info, &mine, sizeof mine, "info");
-}
-
-kl_result kl_ctx_stats(const kl_ctx *c, kl_stats *stats) {
-  if (!c || !stats) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_stats: NULL argument");
-  kl_result res = ctx_acquire((kl_ctx *)c, 0, "kl_ctx_stats");
-  if (res) return res;
-  kl_stats mine = c->stats;
-  mine.size = sizeof mine;
-  /* with the calls whose rows the device sent wide (sample.c): as far as
-   * they have run */
-  if (c->mirror) mine.declined[KL_DECLINE_WIDE] += c->mirror[1];
-  ctx_release((kl_ctx *)c);
-  return write_out(stats, &mine, sizeof mine, "stats");
-}
-
-kl_result kl_ctx_status(kl_ctx *c) {
-  if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_ctx_status: ctx is NULL");
-  kl_result res = ctx_acquire(c, 0, "kl_ctx_status");
-  if (res) return res;
-  if (!c->state) return ctx_release(c), KLRT_OK; /* one-shot never ran here */
-  /* What this rank knows, else the word itself: a peer may have set it
-   * while no kernel of this rank has run since. A fault found there is
-   * kept, so the next one-shot call is refused as this call says; only
-   * one-shot calls are, which ranks may refuse apart (dispatch.c). */
-  uint64_t f = kl_fault_known(c);
-  int pushed;
-  CUresult r = CUDA_SUCCESS;
-  if (!f && !(res = kl_ctx_enter(c, &pushed))) {
-    r = c->cu->cuMemcpyDtoHAsync(&f, c->recv + (size_t)c->layout.fault_offset, sizeof f, c->stream);
-    if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
-    kl_ctx_leave(c, pushed);
-    if (r != CUDA_SUCCESS) res = kl_rt_fail(KLRT_ECUDA, "reading the device state: %s", kl_cu_errstr(r));
-    else c->fault = f;
-  }
-  if (!res && f) res = kl_fault_error(c, f);
-  ctx_release(c);
-  return res;
-}
-
-#ifdef KL_TESTING
-const kl_cu *kl_testing_cu;
-const kl_nccl_api *kl_testing_nccl;
-kl_testing_jit_fn kl_testing_jit;
-
-void kl_testing_fakes(const kl_cu *cu, const kl_nccl_api *nccl, kl_testing_jit_fn jit) {
-  kl_testing_cu = cu, kl_testing_nccl = nccl, kl_testing_jit = jit;
-}
-
-/* n step slots at dev: each one's step count moved to the largest value <=
- * near with the same residue modulo 6 (3: the rotating buffers; 2: kl_sample's
- * staged rows); the tokens of the last step kept. */
-static kl_result move_slots(kl_ctx *c, CUdeviceptr dev, int n, uint32_t near, uint32_t *set) {
-  uint64_t *slots = calloc((size_t)n, sizeof *slots);
-  if (!slots) return kl_rt_fail(KLRT_ENOMEM, "out of memory");
-  CUresult r = c->cu->cuMemcpyDtoH(slots, dev, (size_t)n * 8);
-  uint32_t to = 0, first = (uint32_t)slots[0];
-  for (int i = 0; i < n && r == CUDA_SUCCESS; i++) {
-    uint32_t step = (uint32_t)slots[i];
-    if (step != first) {
-      free(slots);
-      return kl_rt_fail(KLRT_ESTATE, "step slots disagree (%u, %u)", first, step);
-    }
-    to = near - (uint32_t)((near % 6 + 6 - step % 6) % 6);
-    slots[i] = (slots[i] & 0xffffffff00000000ull) | to;
-  }
-  /* from pageable memory cuMemcpyHtoD may return before the copy lands, and
-   * on the legacy stream, unordered with the kernels' streams: wait for it */
-  if (r == CUDA_SUCCESS) r = c->cu->cuMemcpyHtoDAsync(dev, slots, (size_t)n * 8, c->stream);
-  if (r == CUDA_SUCCESS) r = c->cu->cuStreamSynchronize(c->stream);
-  free(slots);
-  if (r != CUDA_SUCCESS) return kl_rt_fail(KLRT_ECUDA, "step slots: %s", kl_cu_errstr(r));
-  if (set) *set = to;
-  return KLRT_OK;
-}
-
-kl_result kl_testing_set_steps(kl_ctx *c, uint32_t near, uint32_t *gather_step,
-                               uint32_t *select_step) {
-  if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_testing_set_steps: ctx is NULL");
-  if (near >= KL_STEP_WRAP || near < 2)
-    return kl_rt_fail(KLRT_EINVAL, "kl_testing_set_steps: %u is not a step (2..%u)", near,
-                      KL_STEP_WRAP - 1);
-  kl_result res = ctx_acquire(c, 0, "kl_testing_set_steps");
-  if (res) return res;
-  int pushed;
-  if (!c->state) res = kl_rt_fail(KLRT_ESTATE, "the one-shot path has no state here");
-  else if (!(res = kl_ctx_enter(c, &pushed))) {
-    CUresult r = c->cu->cuCtxSynchronize();
-    if (r != CUDA_SUCCESS) res = kl_rt_fail(KLRT_ECUDA, "%s", kl_cu_errstr(r));
-    const kl_kernel *g = &c->kern[KL_K_ONESHOT], *sel = &c->kern[KL_K_ARGMAX];
-    if (!res) res = move_slots(c, (CUdeviceptr)g->slots, g->nslots, near, gather_step);
-    if (!res) res = move_slots(c, (CUdeviceptr)sel->slots, sel->nslots, near, select_step);
-    kl_ctx_leave(c, pushed);
-  }
-  ctx_release(c);
-  return res;
-}
-
-kl_result kl_testing_marks(kl_ctx *c, void **marks, size_t *bytes, uint32_t *sentinel,
-                           int *per_token) {
-  if (!c || !marks || !bytes || !sentinel || !per_token)
-    return kl_rt_fail(KLRT_EINVAL, "kl_testing_marks: a NULL argument");
-  if (!c->recv) return kl_rt_fail(KLRT_ESTATE, "the one-shot path has no buffers here");
-  *marks = (void *)(uintptr_t)(c->recv + (CUdeviceptr)c->layout.mark_offset);
-  *bytes = 2 * (size_t)c->layout.mark_buffer_bytes;
-  *sentinel = c->layout.sentinel32;
-  *per_token = c->layout.topk_split;
-  return KLRT_OK;
-}
-#endif
 
 kl_result kl_ctx_destroy(kl_ctx *c) {
   if (!c) return KLRT_OK;
-  kl_result res = ctx_acquire(c, 1, "kl_ctx_destroy");
+  kl_result res = kl_ctx_acquire(c, 1, "kl_ctx_destroy");
   if (res) return res;
   int pushed;
   res = kl_ctx_enter(c, &pushed);
@@ -752,16 +475,4 @@ kl_result kl_ctx_destroy(kl_ctx *c) {
   kl_ctx_leave(c, pushed); /* also when the exchange failed: never leave a context pushed */
   release(c);
   return res;
-}
-
-int kl_device_count(void) {
-  const char *why;
-  const kl_cu *cu = kl_cu_get(&why);
-  if (!cu) {
-    kl_rt_fail(KLRT_ENODRIVER, "%s", why);
-    return -(int)KLRT_ENODRIVER;
-  }
-  int n = 0;
-  cu->cuDeviceGetCount(&n);
-  return n;
 }
