@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What only two GPUs of one host can check, in one sitting on such a machine
-# (nvidia-h200-x2), from a build/ and a wheel in dist/ made elsewhere:
+# (two H100s or H200s joined by NVLink), from a build/ and a wheel in dist/ made elsewhere:
 #   bash .ci/gpu-x2.sh [SECONDS] [LOGS]    (default 570 s, build/gpu-x2)
 # In order: the benches whose figures are two-GPU ones (klbench --select:
 # the plain gather at 1 token; klbench --sample and python -m klgen.bench

@@ -40,9 +40,9 @@ __device__ __forceinline__ unsigned long long stage_now() {
   asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t));
   return t;
 }
-// A slot not stamped this step holds a former step's time (over 2 us before
-// CTA 0's stamp 0: a step takes longer) or none: -1 in print (the timer
-// counts in 32 ns, so no stage reads -1).
+// A slot not stamped this step holds a former step's time (long before CTA
+// 0's stamp 0: a step takes longer than that gap) or none: -1 in print (the
+// timer's resolution is coarser than a nanosecond, so no stage reads -1).
 #define STAGE(i) do { if (threadIdx.x == 0 && blockIdx.x < 64) kl_stage_ts[blockIdx.x][i] = stage_now(); } while (0)
 #define STAGES_PRINT(step, ctas) do { \
   if (threadIdx.x == 0 && (step) %% 512 == 300 && blockIdx.x < (ctas) && blockIdx.x < 64) { \

@@ -10,10 +10,13 @@
 #include "lauxlib.h"
 #include "lualib.h"
 
-#define HOOK_EVERY 1000 /* instructions between clock reads: ~20 ns per ~10 us */
+/* Instructions between clock reads: few enough that the time between two
+ * reads is small beside any limit, many enough that reading costs little. */
+#define HOOK_EVERY 1000
 /* Bytes of string that the instructions between two clock reads may touch:
- * an instruction's work is at most linear in the longest string, ~10 ns a
- * byte at worst (comparing strings of NULs), so ~10 ms between reads. */
+ * an instruction's work is at most linear in the longest string (comparing
+ * strings of NULs is the slowest), so bounding the bytes bounds the time
+ * between reads. */
 #define WORK_BYTES (1 << 20)
 #define HOOK_MASK (LUA_MASKCOUNT | LUA_MASKCALL)
 #define READ_PIECE 4096 /* bytes the parser gets between clock reads */

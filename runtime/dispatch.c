@@ -296,7 +296,7 @@ kl_result kl_order_streams(kl_ctx *c, CUstream s, int *outside) {
   *outside = !capturing(c, s);
   if (!*outside) return KLRT_OK;
 #ifdef KL_TESTING
-  /* Lets tests/gpu_streams.c show that it fails without the ordering. */
+  /* Lets tests/gather/gpu_streams.c show that it fails without the ordering. */
   if (getenv("KLGEN_FAULT_NO_STREAM_ORDER")) return KLRT_OK;
 #endif
   if (c->have_last_stream && c->last_stream != s)

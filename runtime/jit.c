@@ -38,7 +38,7 @@ typedef struct entry_header {
   uint64_t key[2];
   uint64_t size, checksum[2];
 } entry_header;
-_Static_assert(sizeof(entry_header) == 56, "entry header layout (tests/test_cache.c forges one)");
+_Static_assert(sizeof(entry_header) == 56, "entry header layout (tests/runtime/test_cache.c forges one)");
 
 uint64_t kl_fnv1a(uint64_t h, const void *p, size_t n) {
   const unsigned char *b = p;

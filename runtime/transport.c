@@ -248,7 +248,7 @@ static int map_all(kl_ctx *c, const peer_info *all, char *why) {
   /* Without PDL when ranks share the GPU: PDL lets a rank's next grid become
    * resident while its current one runs, and on a shared GPU those waiting
    * grids can hold what a peer's current grid needs to be resident, so the
-   * peer is late and every rank's poll times out (tests/gpu_diff's random
+   * peer is late and every rank's poll times out (tests/diff/'s random
    * cases with several ranks a GPU find it). A rank alone on its GPU keeps
    * it. */
   if (on_device > 1) c->pdl = 0;

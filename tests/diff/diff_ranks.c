@@ -265,9 +265,9 @@ void *diff_rank_main(void *arg) {
   ranks_sync_all(&run->threads);
   /* The first work on a stream after the group's contexts made theirs
    * could wait behind peers' spinning grids, as a new stream's first work
-   * does (diff_main.c setup): at tp 16 on one H200, 7 first steps of 368
-   * cases timed out so, 0 of 186 with an event recorded and waited for here
-   * first (the next barrier waits for every rank's). */
+   * does (diff_main.c setup), and time out so; an event recorded and
+   * waited for here first keeps them apart (the next barrier waits for
+   * every rank's). */
   diff_progress(rank, "its stream's first work after creation");
   CUresult fr = ctx ? env->cu->cuEventRecord(s->ev[0], s->s) : CUDA_SUCCESS;
   if (fr == CUDA_SUCCESS && ctx) fr = env->cu->cuStreamSynchronize(s->s);

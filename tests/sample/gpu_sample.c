@@ -731,8 +731,7 @@ static void *chi_rank_main(void *arg) {
               dtop = up(&d, NULL, 8 * rows);
   /* A stream's first work waits for the GPU's work before it: were that a
    * peer's spinning grid, this rank's first step would wait out the poll
-   * limit (seen on one H200: 9 of 27 groups timed out at step 1 without
-   * this, none of 20 with it). So the stream works once before any peer spins. */
+   * limit. So the stream works once before any peer spins. */
   CU_CHECK(cu, cuMemsetD8Async(dtok, 0, 8, s));
   CU_CHECK(cu, cuCtxSynchronize()); /* no kernel of this group runs yet */
   kl_config cfg = rank_config(r->rank, r->tp, 0, r->group);

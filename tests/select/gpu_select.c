@@ -135,11 +135,9 @@ typedef struct rank_ctx {
   double worst_lse;
 } rank_ctx;
 
-/* Host buffers are pinned and allocated before creation. With pageable ones
- * (malloc) a step timed out in 4 of 6 runs on one H200 (a rank thread stalled
- * in the copies back while its peers spun); pinned, none in the next 4 (a
- * later time-out, at max_tokens, was the residency cap: runtime/kernels.c).
- * A pageable copy goes through driver staging that may wait on the device. */
+/* Host buffers are pinned and allocated before creation: a pageable copy
+ * goes through driver staging that may wait on the device, and a rank thread
+ * stalled in its copies back while its peers spin lets their steps time out. */
 typedef struct bufs {
   CUdeviceptr shard, out, ref, step, idx1, val1, idxk, valk, lse;
   void *h_out, *h_ref;
@@ -382,9 +380,8 @@ static void alloc_bufs(const shared *sh, bufs *b) {
   CU_CHECK(cu, cuMemAllocHost((void **)&b->h_valk, T * K * 4));
   CU_CHECK(cu, cuMemAllocHost((void **)&b->h_lse, T * 4));
   /* A stream's first work may wait on the device behind the GPU's earlier
-   * work, a peer's spinning grid too (the first step of a tp 2 and of two
-   * tp 8 specs timed out so on one H200): each test kernel runs once here
-   * on the rank's stream, before any peer spins. */
+   * work, a peer's spinning grid too, and the step times out: each test
+   * kernel runs once here on the rank's stream, before any peer spins. */
   int one = 1;
   unsigned rank0 = 0;
   void *fa[] = {&b->shard, &one, &rank0, &b->step};
