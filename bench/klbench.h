@@ -84,6 +84,11 @@ typedef void (*step_fn)(rank *R, int p, int T);
 void time_graphs(rank *R, step_fn fn, const int *which, int n, int T, int replays, double *t);
 double worst(const double *v, int n);
 void progress(const bench *b, int i, const char *what);
+/* elems logits of dtype on the host (free them), the same for the same seed. */
+unsigned char *bench_logits(size_t elems, kl_dtype dtype, uint32_t seed);
+/* Device memory (dies if there is none); n copies of value. */
+void *bench_dev(size_t bytes);
+void *bench_dev_fill(size_t n, size_t elem, const void *value);
 
 /* ---- select.c: --select, and the engines' kernels --sample measures too ---- */
 void select_setup(bench *b);
