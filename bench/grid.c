@@ -3,7 +3,7 @@
  * kernels on the same rows.
  *
  * For each row width and dtype ("setting") klbench makes three specs of
- * width columns at tp 1: topk 8 (kl_gather, kl_argmax, kl_topk k 8), topk 64
+ * width columns at tp 1, unpadded (a rank row is the row): topk 8 (kl_gather, kl_argmax, kl_topk k 8), topk 64
  * (kl_topk k 64, kl_sample) and the epilogue's (fp32 out, soft-cap 30,
  * engine numerics), each with max_tokens the most tokens measured, or the
  * most its one-shot buffers allow. Their kernels are compiled first, all
@@ -120,10 +120,10 @@ typedef struct grid {
  * its layout fits. */
 static int make_spec(setting *s, int k, int max_tokens, kl_err *e) {
   snprintf(s->lua[k], sizeof s->lua[k],
-           "return { name = 'grid_w%d_%s_%s', vocab_size = %d, tp = 1, dtype = '%s', "
-           "max_tokens = %d, %s }",
-           s->width, kl_dtype_name(s->dtype), spec_suffix[k], s->width, kl_dtype_name(s->dtype),
-           max_tokens, spec_extra[k]);
+           "return { name = 'grid_w%d_%s_%s', vocab_size = %d, padded_vocab = %d, tp = 1, "
+           "dtype = '%s', max_tokens = %d, %s }",
+           s->width, kl_dtype_name(s->dtype), spec_suffix[k], s->width, s->width,
+           kl_dtype_name(s->dtype), max_tokens, spec_extra[k]);
   kl_spec_list list;
   /* the runtime's own chunk name: the same source it renders from this string */
   if (kl_spec_load_string("<spec string>", s->lua[k], strlen(s->lua[k]), NULL, &list, e)) return -1;

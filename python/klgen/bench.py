@@ -436,8 +436,9 @@ _GRID_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 def _grid_source(width, dtype, kind, max_tokens):
     """The spec klbench --grid makes (bench/grid.c, make_spec), to the
     character: the same source, so the same kernels and JIT cache entries."""
-    return (f"return {{ name = 'grid_w{width}_{dtype}_{kind}', vocab_size = {width}, tp = 1, "
-            f"dtype = '{dtype}', max_tokens = {max_tokens}, {_GRID_EXTRA[kind]} }}")
+    return (f"return {{ name = 'grid_w{width}_{dtype}_{kind}', vocab_size = {width}, "
+            f"padded_vocab = {width}, tp = 1, dtype = '{dtype}', max_tokens = {max_tokens}, "
+            f"{_GRID_EXTRA[kind]} }}")
 
 
 def _grid_spec(width, dtype, kind, want):
