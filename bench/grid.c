@@ -3,10 +3,11 @@
  * kernels on the same rows.
  *
  * For each row width and dtype ("setting") klbench makes three specs of
- * width columns at tp 1, unpadded (a rank row is the row): topk 8 (kl_gather, kl_argmax, kl_topk k 8), topk 64
- * (kl_topk k 64, kl_sample) and the epilogue's (fp32 out, soft-cap 30,
- * engine numerics), each with max_tokens the most tokens measured, or the
- * most its one-shot buffers allow. Their kernels are compiled first, all
+ * width columns at tp 1, unpadded (a rank row is the row): topk 8
+ * (kl_gather, kl_argmax, kl_topk k 8), topk 64 (kl_topk k 64, kl_sample)
+ * and the epilogue's (fp32 out, soft-cap 30, engine numerics), each with
+ * max_tokens the most tokens measured, or the most its one-shot buffers
+ * allow. Their kernels are compiled first, all
  * settings at once on every CPU, into the JIT cache the contexts then load
  * from. Contexts take the runtime's own dispatch (the path each call took is
  * reported). Per token count ("cell"), every variant runs once, outside a
@@ -181,7 +182,8 @@ static void *compile_worker(void *arg) {
     int k = j->kind[i], hit = 0;
     kl_binary bin;
     kl_err e;
-    int rc = kl_jit_cubin(s->src[k], s->spec[k].name, j->g->b->arch, j->g->cache_dir, &bin, &hit, &e);
+    int rc = kl_jit_cubin(s->src[k], s->spec[k].name, j->g->b->arch, j->g->cache_dir, &bin, &hit,
+                          &e);
     pthread_mutex_lock(&j->mu);
     if (rc && !j->error[0])
       snprintf(j->error, sizeof j->error, "%s: %.500s", s->spec[k].name, e.msg);
@@ -235,7 +237,8 @@ static void cache_dir(grid *g) {
           g->cache_dir);
 }
 
-static void load_module(grid *g, const char *src, const char *name, CUmodule *mod, kl_binary *keep) {
+static void load_module(grid *g, const char *src, const char *name, CUmodule *mod,
+                        kl_binary *keep) {
   kl_binary bin;
   kl_err e;
   if (kl_nvrtc_compile(src, name, g->b->arch, &bin, &e)) die(name, e.msg);
@@ -373,8 +376,9 @@ static void close_setting(grid *g) {
 /* ---------- the variants ---------- */
 
 static kl_result sample(grid *g, const float *t, int filter, int64_t *token, int T) {
-  kl_sampling p = {t, filter == G_FILTERED ? g->top_k : NULL, filter == G_FILTERED ? g->top_p : NULL,
-                   filter == G_MINP ? g->min_p : NULL, g->seed, g->offset};
+  const int f = filter == G_FILTERED, m = filter == G_MINP;
+  kl_sampling p = {t, f ? g->top_k : NULL, f ? g->top_p : NULL, m ? g->min_p : NULL, g->seed,
+                   g->offset};
   return kl_sample(g->ctx[S_SAMPLE], g->in, &p, token, NULL, NULL, NULL, 0, T, g->R.s);
 }
 
@@ -457,18 +461,22 @@ static void note(cell *c, int k, const char *fmt, ...) {
   va_end(ap);
 }
 
-static float host_x(const grid *g, int t, int col) {
-  const unsigned char *p = g->host_in + ((size_t)t * (size_t)g->s->width + (size_t)col) * (size_t)g->s->elem;
+/* Element i of an array of bf16 (elem 2) or fp32 values, as a float. */
+static float elem_value(const void *base, size_t i, int elem) {
   uint32_t u = 0;
-  if (g->s->elem == 4) memcpy(&u, p, 4);
+  if (elem == 4) memcpy(&u, (const char *)base + 4 * i, 4);
   else {
     uint16_t h;
-    memcpy(&h, p, 2);
+    memcpy(&h, (const char *)base + 2 * i, 2);
     u = (uint32_t)h << 16;
   }
   float f;
   memcpy(&f, &u, 4);
   return f;
+}
+
+static float host_x(const grid *g, int t, int col) {
+  return elem_value(g->host_in, (size_t)t * (size_t)g->s->width + (size_t)col, g->s->elem);
 }
 
 static void *to_host(const void *d, size_t bytes) {
@@ -488,10 +496,10 @@ static unsigned char *ends_to_host(const void *d, size_t row_bytes, int T) {
   return h;
 }
 
+/* kl_argmax's, kl_topk's and kl_sample's results of a cell, on the host. */
 typedef struct outs {
-  int64_t *idx, *k8, *k64, *tok[5], *fi_idx;
+  int64_t *idx, *k8, *k64, *tok[5];
   float *val, *v8, *v64;
-  int32_t *fi_tok[3];
 } outs;
 
 /* A token of a row with T 0.7 and filter: in range, and kept by the filter
@@ -544,19 +552,6 @@ static void check_selects(grid *g, cell *c, const outs *o, int T, const int *ran
   }
 }
 
-static float fi_value(const grid *g, const void *vals, size_t i) {
-  uint32_t u = 0;
-  if (g->s->elem == 4) memcpy(&u, (const char *)vals + 4 * i, 4);
-  else {
-    uint16_t h;
-    memcpy(&h, (const char *)vals + 2 * i, 2);
-    u = (uint32_t)h << 16;
-  }
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 static int cmp_desc(const void *a, const void *b) {
   float x = *(const float *)a, y = *(const float *)b;
   return (x < y) - (x > y);
@@ -567,13 +562,17 @@ static int cmp_desc(const void *a, const void *b) {
  * three share the output buffers. */
 static void check_fi_top(grid *g, cell *c, const outs *o, int T, int v, int k, int kernel) {
   const char *why = run_variant(g, v, T);
-  if (why) return note(c, kernel, "FlashInfer: %s", why);
+  if (why) {
+    note(c, kernel, "FlashInfer: %s", why);
+    return;
+  }
   CUDA(cudaStreamSynchronize(g->R.s));
   void *vals = to_host(g->fi_val, (size_t)T * (size_t)k * (size_t)g->s->elem);
   const float *want = k == 1 ? o->val : k == 8 ? o->v8 : o->v64;
   float got[64];
   for (int t = 0; t < T && want; t++) {
-    for (int i = 0; i < k; i++) got[i] = fi_value(g, vals, (size_t)t * (size_t)k + (size_t)i);
+    for (int i = 0; i < k; i++)
+      got[i] = elem_value(vals, (size_t)t * (size_t)k + (size_t)i, g->s->elem);
     qsort(got, (size_t)k, sizeof *got, cmp_desc);
     for (int i = 0; i < k; i++)
       if (got[i] != want[(size_t)t * (size_t)k + (size_t)i]) {
@@ -601,13 +600,11 @@ static void check_cell(grid *g, cell *c, int T, const int *ran) {
     unsigned char *out = ends_to_host(g->out, row, T);
     for (int r = 0; r < 2; r++)
       for (int col = 0; col < width; col++) {
-        float a = host_x(g, ends[r], col), b;
-        uint32_t u = 0;
-        memcpy(&u, out + (size_t)r * row + (size_t)col * (size_t)g->s->elem, (size_t)g->s->elem);
-        if (g->s->elem == 2) u <<= 16;
-        memcpy(&b, &u, 4);
+        float a = host_x(g, ends[r], col);
+        float b = elem_value(out, (size_t)r * (size_t)width + (size_t)col, g->s->elem);
         if (a != b) {
-          note(c, G_GATHER, "row %d column %d: %g, the input %g", ends[r], col, (double)b, (double)a);
+          note(c, G_GATHER, "row %d column %d: %g, the input %g", ends[r], col, (double)b,
+               (double)a);
           break;
         }
       }

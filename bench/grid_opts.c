@@ -8,8 +8,8 @@
 #include "grid.h"
 #include "klgen.h"
 
-const char *const grid_kernel_names[G_NKERNELS] = {"gather", "fused",  "argmax",   "topk8", "topk64",
-                                                   "greedy", "plain",  "filtered", "minp"};
+const char *const grid_kernel_names[G_NKERNELS] = {"gather", "fused", "argmax",   "topk8", "topk64",
+                                                   "greedy", "plain", "filtered", "minp"};
 
 const char grid_tokens[] = "1,2,4,8,16,32,64,128,256,512";
 const char grid_quick_tokens[] = "1,8,64,256";

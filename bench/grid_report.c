@@ -68,7 +68,8 @@ void grid_print_setting(const grid_row *rows, int ntok, unsigned kernels) {
     const grid_row *r = rows + (size_t)i * G_NKERNELS;
     printf("%-7d", r->tokens);
     for (int k = 0; k < G_NKERNELS; k++)
-      if (kernels & (1u << k)) cell("%.2f (%.0f%%)", r[k].klgen_us, 100 * r[k].roofline_us / r[k].klgen_us);
+      if (kernels & (1u << k))
+        cell("%.2f (%.0f%%)", r[k].klgen_us, 100 * r[k].roofline_us / r[k].klgen_us);
     printf("\n%-7s", "");
     for (int k = 0; k < G_NKERNELS; k++)
       if (kernels & (1u << k)) {
@@ -82,6 +83,7 @@ void grid_print_setting(const grid_row *rows, int ntok, unsigned kernels) {
     printf("\n");
     for (int k = 0; k < G_NKERNELS; k++)
       if ((kernels & (1u << k)) && r[k].check[0])
-        printf("  CHECK FAILED: %s at %d tokens: %s\n", grid_kernel_names[k], r->tokens, r[k].check);
+        printf("  CHECK FAILED: %s at %d tokens: %s\n", grid_kernel_names[k], r->tokens,
+               r[k].check);
   }
 }

@@ -177,8 +177,8 @@ def markdown(c_meta, py_meta, grid, commit):
              "",
              f"Copy bandwidth {c_meta.get('copy_gbps', '?')} GB/s, launch floor "
              f"{c_meta.get('floor_us', '?')} µs; roofline = bytes / bandwidth + floor. A cell: "
-             "klgen's µs per step (% of the roofline) · the best alternative and its µs; ✓ where "
-             "every target that applies is met, ✗ where one is not."]
+             "klgen's µs per step (% of the roofline) · the best alternative and its µs; "
+             "✓ where every target that applies is met, ✗ where one is not."]
     for kernel in KERNELS:
         keys = [k for k in grid if k[3] == kernel]
         if not keys:

@@ -60,7 +60,8 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         c = write(d, "c.csv", C_HEAD, [
             f"{w},{dt},{t},{k},0,3000.0,2.000,{r},{u},,oneshot,{n},{fi},"
-            f"{'top_k(k=8)' if fi else ''},5,\"{chk}\"\n" for w, dt, t, k, r, u, n, fi, chk in C_ROWS])
+            f"{'top_k(k=8)' if fi else ''},5,\"{chk}\"\n"
+            for w, dt, t, k, r, u, n, fi, chk in C_ROWS])
         py = write(d, "py.csv", PY_HEAD, [
             f"{w},{dt},{t},{k},3000.0,1.0,oneshot,{tu},{tc},{fu},,5,\n"
             for w, dt, t, k, tu, tc, fu in PY_ROWS])
