@@ -26,6 +26,10 @@ static int default_path(char *buf, size_t n) {
 int fi_load(fi_lib *f, const char *path, char *why, size_t n) {
   char def[4200];
   memset(f, 0, sizeof *f);
+  if (path && !strcmp(path, "none")) {
+    snprintf(why, n, "left out (--flashinfer none)");
+    return 1;
+  }
   if (!path) {
     struct stat st;
     if (default_path(def, sizeof def) || stat(def, &st) != 0) {

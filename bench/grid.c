@@ -346,9 +346,12 @@ static void open_setting(grid *g, setting *s) {
   }
   for (int i = 0; i < 5; i++) g->token[i] = bench_dev(rows * 8);
   g->fih = NULL;
-  if (g->have_fi) {
-    if (g->fi.kl_fi_create(&g->fih, 0, (int)s->dtype, g->max_rows, s->width, 64))
-      die("FlashInfer", g->fi.kl_fi_error());
+  if (g->have_fi && g->fi.kl_fi_create(&g->fih, 0, (int)s->dtype, g->max_rows, s->width, 64)) {
+    printf("FLASHINFER FAILED: %s: no FlashInfer columns for %d columns, %s\n",
+           g->fi.kl_fi_error(), s->width, kl_dtype_name(s->dtype));
+    g->fih = NULL, g->failed = 1;
+  }
+  if (g->fih) {
     g->fi_val = bench_dev(rows * 64 * e), g->fi_idx = bench_dev(rows * 64 * 8);
     for (int i = 0; i < 3; i++) g->fi_token[i] = bench_dev(rows * 4);
   }
@@ -436,7 +439,7 @@ static int wanted(const grid *g, int v) {
   unsigned k = g->b->go.kernels;
   if (v < G_NKERNELS) return (k >> v) & 1;
   if (v == V_NOISE) return (k & ((1u << G_PLAIN) | (1u << G_FILTERED) | (1u << G_MINP))) != 0;
-  if (!g->have_fi) return 0;
+  if (!g->fih) return 0;
   for (int i = 0; i < G_NKERNELS; i++)
     if (fi_of[i] == v && ((k >> i) & 1)) return 1;
   return 0;
@@ -712,7 +715,7 @@ static grid_row row_of(const grid *g, const grid_meta *m, const cell *c, int k) 
                 .noise_us = NAN, .fi_us = NAN};
   r.roofline_us = grid_roofline(m, r.bytes);
   if (k == G_PLAIN || k == G_FILTERED || k == G_MINP) r.noise_us = c->us[V_NOISE];
-  if (fi_of[k] && g->have_fi) r.fi_us = c->us[fi_of[k]], r.fi_call = fi_names[fi_of[k]];
+  if (fi_of[k] && g->fih) r.fi_us = c->us[fi_of[k]], r.fi_call = fi_names[fi_of[k]];
   return r;
 }
 

@@ -40,7 +40,7 @@ typedef struct grid_opts {
   unsigned dtypes;                      /* bits 1 << kl_dtype; 0: default */
   unsigned kernels;                     /* bits 1 << grid_kernel; 0: all */
   int quick;
-  const char *fi_path; /* --flashinfer LIB; NULL: libkl_flashinfer.so beside klbench */
+  const char *fi_path; /* --flashinfer LIB or "none"; NULL: libkl_flashinfer.so beside klbench */
 } grid_opts;
 
 /* --widths, --dtypes, --kernels, --flashinfer: 0, or 2 after a message on
@@ -71,8 +71,8 @@ typedef struct fi_lib {
 #undef FI_MEMBER
 
 /* Loads the library at path (NULL: libkl_flashinfer.so beside this program).
- * 0: loaded; 1: no file there and no path was given (why: how to build it);
- * -1: it cannot be used (why). */
+ * 0: loaded; 1: path "none", or no file there and no path was given (why:
+ * how to build it); -1: it cannot be used (why). */
 int fi_load(fi_lib *f, const char *path, char *why, size_t n);
 
 /* ---- grid_noise.c: the noise reference kernel ---- */

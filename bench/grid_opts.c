@@ -117,8 +117,8 @@ int grid_option(grid_opts *o, const char *opt, const char *value) {
     return 0;
   }
   if (!strcmp(opt, "--flashinfer")) {
-    if (!*value || access(value, R_OK))
-      return usage_error(opt, "expected the path of a readable libkl_flashinfer.so");
+    if (strcmp(value, "none") && (!*value || access(value, R_OK)))
+      return usage_error(opt, "expected the path of a readable libkl_flashinfer.so, or none");
     o->fi_path = value;
     return 0;
   }

@@ -134,6 +134,8 @@ def _args(argv):
         a.kernels = _list(p, "--kernels", a.kernels, lambda k: k in GRID_KERNELS,
                           "distinct names of " + ", ".join(GRID_KERNELS)) if a.kernels else \
             list(GRID_KERNELS)
+        if a.flashinfer == "none":
+            a.flashinfer = None
         if a.flashinfer and not os.access(a.flashinfer, os.R_OK):
             p.error(f"--flashinfer: cannot read {a.flashinfer}")
         a.tokens = a.tokens or (QUICK["tokens"] if a.quick else GRID_TOKENS)
