@@ -437,15 +437,16 @@ int klbench_plot(const char *path, const char *title, const int *tokens, int n,
 
 static const char usage[] =
     "usage: klbench SPEC [NAME] [options]\n"
+    "       klbench --grid [--quick] [--widths LIST] [--dtypes LIST] [--kernels LIST] [options]\n"
     "Times klgen's paths against NCCL and the engines' kernels on this machine's GPUs,\n"
     "one rank per GPU (a spec for more ranks than GPUs keeps its per-rank shard).\n"
     "Each path is captured --steps deep in a CUDA graph per rank; ranks replay together;\n"
     "a figure is the median over --replays, then the largest over ranks, in us per step.\n"
     "  SPEC, NAME        a spec file, and which of its specs (a file with several)\n"
     "  --tokens LIST     tokens per step, e.g. 1,8,64 (default: powers of two up to the\n"
-    "                    16 MiB crossover; --sample: 1,8,64)\n"
-    "  --steps N         steps a graph holds (default 200)\n"
-    "  --replays R       replays timed, 1-64 (default 7)\n"
+    "                    16 MiB crossover; --sample: 1,8,64; --grid: 1,2,4,...,512)\n"
+    "  --steps N         steps a graph holds (default 200; --grid: at most, see below)\n"
+    "  --replays R       replays timed, 1-64 (default 7; --grid: 5)\n"
     "  --csv FILE        the table as CSV too\n"
     "  --plot FILE.svg   the gather's table as a plot\n"
     "  --tune FILE       append the measured crossover (KLGEN_TUNE_FILE's format)\n"
@@ -456,38 +457,107 @@ static const char usage[] =
     "  --sample          kl_sample (greedy, plain T 0.7, and T 0.7 with top-k 50 and\n"
     "                    top-p 0.9) against gather + argmax and NCCL pairs\n"
     "  --templates DIR   kernels rendered from DIR instead of the built-in templates\n"
-    "  -h, --help        this text\n";
+    "  -h, --help        this text\n"
+    "\n"
+    "--grid (no SPEC): every kernel at every size on GPU 0 at tp 1, against its roofline,\n"
+    "the noise reference and FlashInfer. For each width W and dtype, klbench makes the\n"
+    "specs (W columns, tp 1; topk 8, topk 64, and fp32 out + soft-cap 30 with engine\n"
+    "numerics), max_tokens the most tokens or what the one-shot buffers allow (a call\n"
+    "above it takes the NCCL path: the CSV says which path each call took). Kernels:\n"
+    "gather, fused, argmax, topk8, topk64 (kl_topk with the lse), greedy (kl_sample T 0),\n"
+    "plain (T 0.7), filtered (T 0.7, top_k 50, top_p 0.9), minp (T 0.7, min_p 0.1). Each\n"
+    "cell is checked before it is timed; a graph holds at most --steps steps and about\n"
+    "20 ms of its cell's slowest variant. Roofline = bytes / copy bandwidth (a large\n"
+    "device-to-device copy, read + written) + launch floor (an empty kernel a step in a\n"
+    "graph), both measured in the run; %% of roofline = roofline / time. Bytes, T tokens,\n"
+    "W columns, e bytes an element:\n"
+    "%s"
+    "The noise reference (beside plain, filtered, minp): a kernel that reads every column\n"
+    "and draws its noise (templates/noise.cuh.tmpl, as klgen renders it), t = x / T,\n"
+    "and takes the first largest t + g: kl_sample's plain token, which it must equal.\n"
+    "FlashInfer (libkl_flashinfer.so, bench/flashinfer.sh): its top_k (argmax, greedy,\n"
+    "top-k), sampling_from_logits, top_k_top_p_sampling_from_logits, softmax +\n"
+    "min_p_sampling_from_probs, on the same rows, the temperature applied first.\n"
+    "  --grid            the grid instead of a spec's tables\n"
+    "  --quick           a smoke subset: widths 20480,163840, bf16, tokens 1,8,64,256\n"
+    "  --widths LIST     row widths, multiples of 8 from 1024 to 2097152\n"
+    "                    (default 20480,64128,163840,262144)\n"
+    "  --dtypes LIST     bf16, fp32 or bf16,fp32 (default both)\n"
+    "  --kernels LIST    some of the kernels above (default all)\n"
+    "  --flashinfer LIB  libkl_flashinfer.so, or none (default: beside klbench; without\n"
+    "                    it the grid runs without FlashInfer's columns and says so)\n"
+    "With --csv FILE: one row a kernel and cell (width, dtype, tokens, kernel, bytes,\n"
+    "copy_gbps, floor_us, roofline_us, klgen_us, pct_roofline, klgen_path, noise_us,\n"
+    "flashinfer_us, flashinfer_call, steps, check), after '# ' lines on the run;\n"
+    "bench/grid_table.py turns it into BENCHMARKS tables. Exit status 1 if a check failed.\n";
+
+static int usage_line(void) {
+  fprintf(stderr, "usage: klbench SPEC [NAME] [options] (see --help)\n");
+  return 2;
+}
+
+static int grid_usage(const char *why) {
+  fprintf(stderr, "klbench: %s (see --help)\n", why);
+  return 2;
+}
+
+/* The checks of the options --grid takes and leaves. */
+static int grid_args(bench *b, int grid_opts_given) {
+  if (!b->grid) return grid_opts_given ? grid_usage("--quick, --widths, --dtypes, --kernels and "
+                                                    "--flashinfer go with --grid") : -1;
+  if (b->spec_path) return grid_usage("--grid makes its own specs: give no SPEC");
+  if (b->select || b->sample || b->plot || b->tune)
+    return grid_usage("--grid takes neither --select, --sample, --plot nor --tune");
+  if (!b->ntok) parse_tokens(b, b->go.quick ? grid_quick_tokens : grid_tokens);
+  if (b->tokens[b->ntok - 1] > 65535) return grid_usage("--grid: tokens up to 65535");
+  if (!b->replays_given) b->replays = 5;
+  grid_defaults(&b->go);
+  return -1;
+}
 
 /* -1 to go on, else the exit status (2 for a usage error). */
 static int parse_args(bench *b, int argc, char **argv) {
   b->steps = 200, b->replays = 7, b->gemm = 1, b->topk = 8;
   b->e2e_tokens[0] = 1, b->e2e_tokens[1] = 8;
+  int grid_opts_given = 0;
+  for (int i = 1, used = 0; i < argc; i++) {
+    used += snprintf(b->command + used, sizeof b->command - (size_t)used, "%s%s", i > 1 ? " " : "",
+                     argv[i]);
+    if (used >= (int)sizeof b->command) used = (int)sizeof b->command - 1;
+  }
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int more = i + 1 < argc;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return fputs(usage, stdout), 0;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return printf(usage, grid_byte_model), 0;
     if (!strcmp(a, "--tokens") && more) {
       if (parse_tokens(b, argv[++i])) die("--tokens", "expected a list like 1,2,4,8");
     } else if (!strcmp(a, "--steps") && more) b->steps = atoi(argv[++i]);
-    else if (!strcmp(a, "--replays") && more) b->replays = atoi(argv[++i]);
+    else if (!strcmp(a, "--replays") && more) b->replays = atoi(argv[++i]), b->replays_given = 1;
     else if (!strcmp(a, "--csv") && more) b->csv = argv[++i];
     else if (!strcmp(a, "--plot") && more) b->plot = argv[++i];
     else if (!strcmp(a, "--tune") && more) b->tune = argv[++i];
     else if (!strcmp(a, "--no-gemm")) b->gemm = 0;
     else if (!strcmp(a, "--select")) b->select = 1, b->gemm = 0;
     else if (!strcmp(a, "--sample")) b->sample = 1, b->gemm = 0;
-    else if (!strcmp(a, "--topk") && more) b->topk = atoi(argv[++i]);
+    else if (!strcmp(a, "--grid")) b->grid = 1, b->gemm = 0;
+    else if (!strcmp(a, "--quick")) b->go.quick = 1, grid_opts_given = 1;
+    else if ((!strcmp(a, "--widths") || !strcmp(a, "--dtypes") || !strcmp(a, "--kernels") ||
+              !strcmp(a, "--flashinfer")) && more) {
+      if (grid_option(&b->go, a, argv[++i])) return 2;
+      grid_opts_given = 1;
+    } else if (!strcmp(a, "--topk") && more) b->topk = atoi(argv[++i]);
     else if (!strcmp(a, "--templates") && more) b->templates = argv[++i];
-    else if (a[0] == '-' || (b->spec_path && b->name)) {
-      fprintf(stderr, "usage: klbench SPEC [NAME] [options] (see --help)\n");
-      return 2;
-    } else if (!b->spec_path) b->spec_path = a;
+    else if (a[0] == '-' || (b->spec_path && b->name)) return usage_line();
+    else if (!b->spec_path) b->spec_path = a;
     else b->name = a;
   }
+  if (b->steps < 1 || b->replays < 1 || b->replays > 64 || b->topk < 1 || b->topk > KL_TOPK_MAX ||
+      (b->select && b->sample))
+    return usage_line();
+  int rc = grid_args(b, grid_opts_given);
+  if (rc >= 0 || b->grid) return rc;
   if (b->sample && !b->ntok) parse_tokens(b, "1,8,64"); /* the sizes engines decode at */
-  if (!b->spec_path || b->steps < 1 || b->replays < 1 || b->replays > 64 || b->topk < 1 ||
-      b->topk > KL_TOPK_MAX || (b->select && b->sample))
-    return fprintf(stderr, "usage: klbench SPEC [NAME] [options] (see --help)\n"), 2;
+  if (!b->spec_path) return usage_line();
   return -1;
 }
 
@@ -497,6 +567,11 @@ int main(int argc, char **argv) {
   int rc = parse_args(b, argc, argv);
   if (rc >= 0) return free(b), rc;
   setenv("NCCL_NVLS_ENABLE", "0", 0); /* NVLink multicast stays off on shared hosts */
+  if (b->grid) {
+    rc = grid_run(b);
+    free(b);
+    return rc;
+  }
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) die("CUDA", "no GPU");
   if (gpus > MAX_RANKS) gpus = MAX_RANKS;

@@ -1,8 +1,9 @@
 /* What klbench's modules share: the bench and rank state; the measuring
  * (measure.c), which every table uses; the sampling-ready table (select.c),
  * which klbench.c runs for --select; kl_sample's (sample.c), for --sample,
- * with select.c's engine kernels. Calls go one way: klbench.c -> sample.c,
- * select.c -> measure.c, and sample.c -> select.c. */
+ * with select.c's engine kernels; the grid (grid.c and the modules grid.h
+ * names), for --grid. Calls go one way: klbench.c -> sample.c, select.c,
+ * grid.c -> measure.c, and sample.c -> select.c. */
 #ifndef KL_KLBENCH_H
 #define KL_KLBENCH_H
 
@@ -13,13 +14,14 @@
 #include <nccl.h>
 
 #include "bench_util.h"
+#include "grid.h"
 #include "klgen.h"
 #include "klrt/klrt.h"
 
 #define MAX_TOK 64
 #define MAX_RANKS 8
 #define HIDDEN 7168
-#define MAX_VARIANTS 8 /* graphs timed side by side (paths, end-to-end variants) */
+#define MAX_VARIANTS 24 /* graphs timed side by side (paths, end-to-end, grid variants) */
 enum { P_ONESHOT, P_NOPDL, P_RING, P_SYMM, P_AUTO, NPATHS };
 enum { E_GEMM, E_ONESHOT, E_NOPDL, E_RING, NE2E };
 
@@ -45,6 +47,10 @@ typedef struct bench {
   struct select_bench *sel;
   int sample; /* --sample: kl_sample's table instead (sample.c) */
   struct sample_bench *smp;
+  int grid;       /* --grid: the roofline grid instead (grid.c) */
+  int replays_given;
+  grid_opts go;
+  char command[1024]; /* the command line, for the grid's CSV */
 } bench;
 
 typedef struct rank {
@@ -60,6 +66,7 @@ typedef struct rank {
   cudaEvent_t e0, e1;
   struct select_rank *sel; /* --select, --sample */
   struct sample_rank *smp;  /* --sample */
+  struct grid *grid;        /* --grid */
 } rank;
 
 
@@ -84,6 +91,11 @@ typedef void (*step_fn)(rank *R, int p, int T);
 void time_graphs(rank *R, step_fn fn, const int *which, int n, int T, int replays, double *t);
 double worst(const double *v, int n);
 void progress(const bench *b, int i, const char *what);
+/* elems logits of dtype on the host (free them), the same for the same seed. */
+unsigned char *bench_logits(size_t elems, kl_dtype dtype, uint32_t seed);
+/* Device memory (dies if there is none); n copies of value. */
+void *bench_dev(size_t bytes);
+void *bench_dev_fill(size_t n, size_t elem, const void *value);
 
 /* ---- select.c: --select, and the engines' kernels --sample measures too ---- */
 void select_setup(bench *b);
@@ -95,6 +107,9 @@ void select_engine_ops(rank *R);        /* R->sel: the engines' kernels, the sha
 void *select_shard(const rank *R);      /* [max tokens, shard], finite logits */
 int64_t *select_pairs(rank *R, int T);  /* greedy by NCCL pairs: the indices (device) */
 void select_release(rank *R);
+
+/* ---- grid.c: --grid (on GPU 0; the exit status) ---- */
+int grid_run(bench *b);
 
 /* ---- sample.c: --sample ---- */
 void sample_setup(bench *b);

@@ -24,29 +24,18 @@
 #include <cuda_runtime.h>
 
 #include "bench_util.h"
+#include "floor.h"
 
 #include "klgen.h"
 #include "rt.h"
 
+/* The L2 chase and the ping-pong; the boundary's kernels are floor.c's. */
 static const char *const SRC =
     "typedef unsigned u32;\n"
     "__device__ __forceinline__ unsigned long long now() {\n"
     "  unsigned long long t;\n"
     "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n"
     "  return t;\n"
-    "}\n"
-    "extern \"C\" __global__ void kl_floor_empty() {\n"
-    "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
-    "  asm volatile(\"griddepcontrol.launch_dependents;\");\n"
-    "}\n"
-    /* The same with one 16-byte store per thread, to this GPU's memory or a
-     * peer's: what the stores add to a step (a kernel is done only when its
-     * stores are). */
-    "extern \"C\" __global__ void kl_floor_store(uint4 *dst) {\n"
-    "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
-    "  asm volatile(\"griddepcontrol.launch_dependents;\");\n"
-    "  const u32 t = blockIdx.x * blockDim.x + threadIdx.x;\n"
-    "  dst[t] = make_uint4(t, t, t, t);\n"
     "}\n"
     /* next[] is a cycle of indices 128 bytes apart: every load misses L1
      * (ld.cg) and hits L2, and each waits for the one before. */
@@ -108,7 +97,12 @@ static void setup(gpu *g, int dev, const char *arch) {
   CUDA(cudaFree(0)); /* the primary context, current for the driver calls below */
   kl_binary bin;
   kl_err e;
-  if (kl_nvrtc_compile(SRC, "klfloor", arch, &bin, &e)) die("NVRTC", e.msg);
+  size_t n = strlen(floor_boundary_src) + strlen(SRC) + 1;
+  char *src = malloc(n);
+  if (!src) die("malloc", "out of memory");
+  snprintf(src, n, "%s%s", floor_boundary_src, SRC);
+  if (kl_nvrtc_compile(src, "klfloor", arch, &bin, &e)) die("NVRTC", e.msg);
+  free(src);
   CU(cu->cuModuleLoadData(&g->mod, bin.data));
   kl_binary_free(&bin);
   CU(cu->cuModuleGetFunction(&g->empty, g->mod, "kl_floor_empty"));
@@ -130,17 +124,13 @@ static double elapsed_us(gpu *g) {
 /* µs per step of `steps` kernels captured in one graph: empty ones, or ones
  * that store one chunk per thread to dst. */
 static double boundary(gpu *g, int pdl, void *dst) {
-  CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
-  attr.value.programmaticStreamSerializationAllowed = 1;
-  CUlaunchConfig cfg = {.gridDimX = (unsigned)ctas, .gridDimY = 1, .gridDimZ = 1,
-                        .blockDimX = (unsigned)threads, .blockDimY = 1, .blockDimZ = 1,
-                        .hStream = (CUstream)g->s, .attrs = &attr, .numAttrs = pdl ? 1 : 0};
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA(cudaStreamBeginCapture(g->s, cudaStreamCaptureModeThreadLocal));
   void *args[] = {&dst};
   for (int i = 0; i < steps; i++)
-    CU(cu->cuLaunchKernelEx(&cfg, dst ? g->store : g->empty, dst ? args : NULL, NULL));
+    CU(floor_launch(dst ? g->store : g->empty, dst ? args : NULL, (CUstream)g->s, ctas, threads,
+                    pdl));
   CUDA(cudaStreamEndCapture(g->s, &graph));
   CUDA(cudaGraphInstantiate(&exec, graph, 0));
   double t[MAX_REPLAYS];

@@ -1,9 +1,11 @@
-/* What both of klbench's tables (the gather's, klbench.c; the sampling one,
- * select.c) measure with: the timing of captured graphs, the worst rank's
- * figure, the progress line, and a spec's kl_generated. The tables call
- * these; nothing here calls back into them. */
+/* What klbench's tables (the gather's, klbench.c; the sampling ones,
+ * select.c and sample.c; the grid, grid.c) measure with: the timing of
+ * captured graphs, the worst rank's figure, the progress line, a spec's
+ * kl_generated and the logits they are given. The tables call these;
+ * nothing here calls back into them. */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -71,4 +73,40 @@ double worst(const double *v, int n) {
   double m = v[0];
   for (int i = 1; i < n; i++) m = v[i] > m ? v[i] : m;
   return m;
+}
+
+/* Uniform in [-8, 8) for bf16 and fp32 (bf16 rounded to nearest even); fp16
+ * with random bits in a finite range (magnitudes 2^-5..2^3). */
+unsigned char *bench_logits(size_t elems, kl_dtype dtype, uint32_t seed) {
+  const size_t e = dtype == KL_FP32 ? 4 : 2;
+  unsigned char *h = malloc(elems * e);
+  if (!h) die("klbench", "out of memory for the logits");
+  uint32_t x = seed;
+  for (size_t i = 0; i < elems; i++) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    float f = (float)(x >> 8) * (16.0f / 16777216.0f) - 8.0f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t v = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16); /* bf16, nearest even */
+    if (dtype == KL_FP16) v = (uint16_t)((x & 0x83ffu) | ((10u + (x >> 12) % 8u) << 10));
+    if (e == 4) memcpy(h + 4 * i, &u, 4);
+    else memcpy(h + 2 * i, &v, 2);
+  }
+  return h;
+}
+
+void *bench_dev(size_t bytes) {
+  void *p;
+  CUDA(cudaMalloc(&p, bytes));
+  return p;
+}
+
+void *bench_dev_fill(size_t n, size_t elem, const void *value) {
+  unsigned char *h = malloc(n * elem);
+  if (!h) die("klbench", "out of memory");
+  for (size_t i = 0; i < n; i++) memcpy(h + i * elem, value, elem);
+  void *p = bench_dev(n * elem);
+  CUDA(cudaMemcpy(p, h, n * elem, cudaMemcpyHostToDevice));
+  free(h);
+  return p;
 }

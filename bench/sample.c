@@ -41,27 +41,17 @@ struct sample_rank {
   float *value;
 };
 
-static void *dev_fill(size_t n, size_t elem, const void *value) {
-  unsigned char *h = malloc(n * elem);
-  for (size_t i = 0; i < n; i++) memcpy(h + i * elem, value, elem);
-  void *p;
-  CUDA(cudaMalloc(&p, n * elem));
-  CUDA(cudaMemcpy(p, h, n * elem, cudaMemcpyHostToDevice));
-  free(h);
-  return p;
-}
-
 /* The parameter rows, and seeds 1..n (each row draws its own noise). */
 static void alloc_sample(rank *R) {
   struct sample_rank *S = R->smp;
   const size_t n = (size_t)R->b->tokens[R->b->ntok - 1];
   const float warm = 0.7f, cold = 0.0f, top_p = 0.9f;
   const int64_t top_k = 50, zero = 0;
-  S->warm = dev_fill(n, 4, &warm);
-  S->cold = dev_fill(n, 4, &cold);
-  S->top_p = dev_fill(n, 4, &top_p);
-  S->top_k = dev_fill(n, 8, &top_k);
-  S->offset = dev_fill(n, 8, &zero);
+  S->warm = bench_dev_fill(n, 4, &warm);
+  S->cold = bench_dev_fill(n, 4, &cold);
+  S->top_p = bench_dev_fill(n, 4, &top_p);
+  S->top_k = bench_dev_fill(n, 8, &top_k);
+  S->offset = bench_dev_fill(n, 8, &zero);
   int64_t *seeds = malloc(8 * n);
   for (size_t i = 0; i < n; i++) seeds[i] = (int64_t)i + 1;
   CUDA(cudaMalloc((void **)&S->seed, 8 * n));

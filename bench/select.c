@@ -224,30 +224,10 @@ kl_ctx *select_ctx(const bench *b, const char *extra, const kl_config *cfg) {
   return ctx;
 }
 
-static void *dev(size_t bytes) {
-  void *p;
-  CUDA(cudaMalloc(&p, bytes));
-  return p;
-}
-
-/* Logits-like finite data, different per rank: uniform in [-8, 8) for bf16
- * and fp32; fp16 with random bits in a finite range (magnitudes 2^-5..2^3). */
 static void fill_input(rank *R, size_t elems) {
   bench *b = R->b;
-  int e = b->l.elem_bytes;
-  unsigned char *h = malloc(elems * (size_t)e);
-  uint32_t x = 0x2545f491u * (uint32_t)(R->r + 1);
-  for (size_t i = 0; i < elems; i++) {
-    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-    float f = (float)(x >> 8) * (16.0f / 16777216.0f) - 8.0f;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t v = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16); /* bf16, nearest even */
-    if (b->spec.dtype == KL_FP16) v = (uint16_t)((x & 0x83ffu) | ((10u + (x >> 12) % 8u) << 10));
-    if (e == 4) memcpy(h + 4 * i, &u, 4);
-    else memcpy(h + 2 * i, &v, 2);
-  }
-  CUDA(cudaMemcpy(R->sel->in, h, elems * (size_t)e, cudaMemcpyHostToDevice));
+  unsigned char *h = bench_logits(elems, b->spec.dtype, 0x2545f491u * (uint32_t)(R->r + 1));
+  CUDA(cudaMemcpy(R->sel->in, h, elems * (size_t)b->l.elem_bytes, cudaMemcpyHostToDevice));
   free(h);
 }
 
@@ -256,18 +236,18 @@ static void alloc_select(rank *R) {
   struct select_rank *S = R->sel;
   size_t T = (size_t)b->tokens[b->ntok - 1], V = (size_t)b->spec.vocab_size;
   size_t e = (size_t)b->l.elem_bytes;
-  S->in = dev(T * (size_t)b->l.shard_bytes);
+  S->in = bench_dev(T * (size_t)b->l.shard_bytes);
   fill_input(R, T * (size_t)b->l.shard);
-  S->out32 = dev(T * V * 4);
-  S->ops32 = dev(T * V * 4);
-  S->tmp[0] = dev(T * V * e);
-  S->tmp[1] = dev(T * V * e);
-  S->pairs = dev(T * 8);
-  S->all_pairs = dev(T * 8 * (size_t)b->n);
-  for (int i = 0; i < 3; i++) S->idx[i] = dev(T * 8), S->val[i] = dev(T * 4);
-  S->topk_idx = dev(T * (size_t)b->topk * 8);
-  S->topk_val = dev(T * (size_t)b->topk * 4);
-  S->lse = dev(T * 4);
+  S->out32 = bench_dev(T * V * 4);
+  S->ops32 = bench_dev(T * V * 4);
+  S->tmp[0] = bench_dev(T * V * e);
+  S->tmp[1] = bench_dev(T * V * e);
+  S->pairs = bench_dev(T * 8);
+  S->all_pairs = bench_dev(T * 8 * (size_t)b->n);
+  for (int i = 0; i < 3; i++) S->idx[i] = bench_dev(T * 8), S->val[i] = bench_dev(T * 4);
+  S->topk_idx = bench_dev(T * (size_t)b->topk * 8);
+  S->topk_val = bench_dev(T * (size_t)b->topk * 4);
+  S->lse = bench_dev(T * 4);
 }
 
 /* fused == plain + ops bit for bit; the argmaxes agree. Mismatches. */
