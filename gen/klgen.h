@@ -156,6 +156,11 @@ int kl_spec_load_file(const char *path, const kl_limits *lim, kl_spec_list *out,
 int kl_spec_load_string(const char *chunkname, const char *src, size_t len,
                         const kl_limits *lim, kl_spec_list *out, kl_err *err);
 void kl_spec_list_free(kl_spec_list *l);
+/* The list's spec names, "a, b, c", into buf (n bytes, NUL-terminated):
+ * those that fit, then how many more ("..., and 12 more"). Returns buf. */
+char *kl_spec_list_names(const kl_spec_list *l, char *buf, size_t n);
+/* The index of the spec named `name` in the list, or -1. */
+int kl_spec_list_find(const kl_spec_list *l, const char *name);
 /* Full validation of a spec built by hand (loading already does this). */
 int kl_spec_validate(const kl_spec *s, kl_err *err);
 

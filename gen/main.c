@@ -36,10 +36,11 @@ typedef struct job {
 } job;
 
 static void usage(FILE *f) {
-  fputs("usage: klgen [options] [--] SPEC...\n"
+  fputs("usage: klgen [options] [--] SPEC [NAME...]...\n"
         "Generates a CUDA all-gather kernel specialized for each spec.\n"
-        "SPEC is a spec file, or the name of a shipped one (kimi_k3_tp8; see --list);\n"
-        "a file of that name wins.\n\n"
+        "SPEC is a spec file, or a name --list shows: a shipped file's (kimi_k3_tp8,\n"
+        "every spec it defines) or a spec's (deepseek_v3_tp4, that spec alone); a file\n"
+        "of that name wins. NAMEs after a SPEC pick those of its specs alone.\n\n"
         "  -o DIR           write DIR/<name>.cu and DIR/<name>.h (default: .)\n"
         "  --list           list the shipped specs and the names each defines\n"
         "  --check          validate and compile with NVRTC; write nothing\n"
@@ -213,11 +214,38 @@ static int is_spec_name(const char *s) {
   return 1;
 }
 
-/* arg as a spec file: itself when it exists or is no name; else the shipped
- * spec of that name (*path malloc'd). */
-static int resolve_spec(const char *arg, char **path, kl_err *err) {
-  struct stat st;
+/* The shipped spec files (their stems sorted) of the first directory that
+ * has them: *stems malloc'd, each entry too. 0, or an error. */
+static int shipped_stems(char dir[4096], char ***stems, int *n, kl_err *err);
+
+/* In the shipped files, the file defining the spec `name` (*path malloc'd;
+ * NULL if none does). The files are read under o's limits. */
+static int shipped_defining(const char *name, const kl_limits *lim, char **path, kl_err *err) {
+  char dir[4096];
+  char **stems = NULL;
+  int n = 0, rc = shipped_stems(dir, &stems, &n, err);
   *path = NULL;
+  for (int i = 0; i < n && !rc && !*path; i++) {
+    char file[8192];
+    kl_spec_list l;
+    snprintf(file, sizeof file, "%s/%s.lua", dir, stems[i]); /* both fit */
+    if ((rc = kl_spec_load_file(file, lim, &l, err)) != 0) break;
+    if (kl_spec_list_find(&l, name) >= 0 && !(*path = strdup(file)))
+      rc = kl_fail(err, KL_ENOMEM, "out of memory");
+    kl_spec_list_free(&l);
+  }
+  for (int i = 0; i < n; i++) free(stems[i]);
+  free(stems);
+  return rc;
+}
+
+/* arg as a spec file: itself when it exists or is no name; else the shipped
+ * file of that stem, or the shipped file that defines a spec of that name
+ * (*pick: the name; *path malloc'd, NULL: arg itself). */
+static int resolve_spec(const char *arg, const kl_limits *lim, char **path, const char **pick,
+                        kl_err *err) {
+  struct stat st;
+  *path = NULL, *pick = NULL;
   if (stat(arg, &st) == 0 || !is_spec_name(arg)) return 0;
   char dirs[N_SPEC_DIRS][4096];
   int n = spec_dirs(dirs);
@@ -229,7 +257,9 @@ static int resolve_spec(const char *arg, char **path, kl_err *err) {
     if (stat(p, &st) == 0) return *path = p, 0;
     free(p);
   }
-  return kl_fail(err, KL_EIO, "%s: no such file, and no shipped spec of that name "
+  int rc = n ? shipped_defining(arg, lim, path, err) : 0;
+  if (rc || *path) return *pick = arg, rc;
+  return kl_fail(err, KL_EIO, "%s: no such file, and no shipped spec file or spec of that name "
                  "(klgen --list shows them)", arg);
 }
 
@@ -237,34 +267,42 @@ static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* klgen --list: each shipped spec file's stem and the names it defines. */
-static int list_specs(const opts *o, kl_err *err) {
+static int shipped_stems(char dir[4096], char ***stems, int *n, kl_err *err) {
   char dirs[N_SPEC_DIRS][4096];
+  *stems = NULL, *n = 0;
   if (spec_dirs(dirs) == 0) return kl_fail(err, KL_EIO, "no shipped specs beside this klgen");
-  DIR *d = opendir(dirs[0]);
-  if (!d) return kl_fail(err, KL_EIO, "%s: cannot open: %s", dirs[0], strerror(errno));
-  char **stems = NULL;
-  int n = 0, rc = 0;
+  memcpy(dir, dirs[0], sizeof dirs[0]);
+  DIR *d = opendir(dir);
+  if (!d) return kl_fail(err, KL_EIO, "%s: cannot open: %s", dir, strerror(errno));
+  int rc = 0;
   for (struct dirent *e; (e = readdir(d)) != NULL && !rc;) {
     size_t len = strlen(e->d_name);
     if (len < 5 || strcmp(e->d_name + len - 4, ".lua") != 0) continue;
-    char **grown = realloc(stems, (size_t)(n + 1) * sizeof *stems);
-    if (!grown || !(grown[n] = strndup(e->d_name, len - 4)))
+    char **grown = realloc(*stems, (size_t)(*n + 1) * sizeof **stems);
+    if (!grown || !(grown[*n] = strndup(e->d_name, len - 4)))
       rc = kl_fail(err, KL_ENOMEM, "out of memory");
-    if (grown) stems = grown;
-    if (!rc) n++;
+    if (grown) *stems = grown;
+    if (!rc) (*n)++;
   }
   closedir(d);
-  if (!rc) qsort(stems, (size_t)n, sizeof *stems, cmp_str);
+  if (!rc) qsort(*stems, (size_t)*n, sizeof **stems, cmp_str);
+  return rc;
+}
+
+/* klgen --list: each shipped spec file's stem and the names it defines. */
+static int list_specs(const opts *o, kl_err *err) {
+  char dir[4096];
+  char **stems;
+  int n, rc = shipped_stems(dir, &stems, &n, err);
   if (!rc) {
     printf("shipped specs in ");
-    put_escaped(stdout, dirs[0], 0);
+    put_escaped(stdout, dir, 0);
     printf(" (name: the specs it defines):\n");
   }
   for (int i = 0; i < n && !rc; i++) {
     char path[8192];
     kl_spec_list l;
-    snprintf(path, sizeof path, "%s/%s.lua", dirs[0], stems[i]); /* both fit */
+    snprintf(path, sizeof path, "%s/%s.lua", dir, stems[i]); /* both fit */
     rc = kl_spec_load_file(path, &o->lim, &l, err);
     if (rc) break;
     put_escaped(stdout, stems[i], 0);
@@ -278,48 +316,85 @@ static int list_specs(const opts *o, kl_err *err) {
   return rc;
 }
 
-/* Loads every spec of every file; names must be unique across them all. */
-static int load_all(const opts *o, job **jobs, int *n, kl_err *err) {
-  *jobs = NULL, *n = 0;
-  for (int f = 0; f < o->n_specs; f++) {
-    kl_spec_list l;
-    char *shipped;
-    int rc = resolve_spec(o->specs[f], &shipped, err);
-    if (rc) return rc;
-    rc = kl_spec_load_file(shipped ? shipped : o->specs[f], &o->lim, &l, err);
-    free(shipped);
-    if (rc) return rc;
-    if (l.n > KERNEL_SPECS_MAX) {
-      rc = kl_spec_fail(err, &l.v[KERNEL_SPECS_MAX], KL_F_NAME, "'%s' is spec %d of the file's "
-                        "%d; klgen generates kernels for at most %d specs a file (split it)",
-                        l.v[KERNEL_SPECS_MAX].name, KERNEL_SPECS_MAX + 1, l.n,
+/* A file's specs that the command line picked (keep[i]; none kept: all) into
+ * jobs; names must be unique across them all. l is freed. */
+static int add_picked(kl_spec_list *l, const unsigned char *keep, job **jobs, int *n,
+                      kl_err *err) {
+  int picked = 0, rc = 0;
+  for (int i = 0; i < l->n; i++) picked += keep[i];
+  for (int i = 0, taken = 0; i < l->n && !rc; i++) {
+    if (picked && !keep[i]) continue;
+    const kl_spec *sp = &l->v[i];
+    if (++taken > KERNEL_SPECS_MAX) {
+      rc = kl_spec_fail(err, sp, KL_F_NAME, "'%s' is spec %d of the %d picked from the file; "
+                        "klgen generates kernels for at most %d specs a file (split it, or "
+                        "name the specs after it)", sp->name, taken, picked ? picked : l->n,
                         KERNEL_SPECS_MAX);
-      kl_spec_list_free(&l);
-      return rc;
+      break;
     }
-    job *grown = realloc(*jobs, (size_t)(*n + l.n) * sizeof **jobs);
-    if (!grown) return kl_spec_list_free(&l), kl_fail(err, KL_ENOMEM, "out of memory");
+    for (int k = 0; k < *n && !rc; k++) {
+      const kl_spec *prev = &(*jobs)[k].spec;
+      if (!kl_name_equal_nocase(prev->name, sp->name)) continue;
+      if (strcmp(prev->name, sp->name) == 0)
+        rc = kl_spec_fail(err, sp, KL_F_NAME, "'%s' is also defined in %s", sp->name, prev->file);
+      else
+        rc = kl_spec_fail(err, sp, KL_F_NAME, "'%s' differs only in case from '%s' in %s (files "
+                          "and header guards would collide)", sp->name, prev->name, prev->file);
+    }
+    job *grown = rc ? NULL : realloc(*jobs, (size_t)(*n + 1) * sizeof **jobs);
+    if (!rc && !grown) rc = kl_fail(err, KL_ENOMEM, "out of memory");
+    if (rc) break;
     *jobs = grown;
-    for (int i = 0; i < l.n; i++) {
-      for (int k = 0; k < *n; k++)
-        if (kl_name_equal_nocase((*jobs)[k].spec.name, l.v[i].name)) {
-          const kl_spec *prev = &(*jobs)[k].spec;
-          if (strcmp(prev->name, l.v[i].name) == 0)
-            rc = kl_spec_fail(err, &l.v[i], KL_F_NAME, "'%s' is also defined in %s",
-                              l.v[i].name, prev->file);
-          else
-            rc = kl_spec_fail(err, &l.v[i], KL_F_NAME, "'%s' differs only in case from '%s' "
-                              "in %s (files and header guards would collide)", l.v[i].name,
-                              prev->name, prev->file);
-          kl_spec_list_free(&l);
-          return rc;
-        }
-      memset(&(*jobs)[*n], 0, sizeof **jobs);
-      (*jobs)[(*n)++].spec = l.v[i];
-    }
-    kl_spec_list_free(&l);
+    memset(&(*jobs)[*n], 0, sizeof **jobs);
+    (*jobs)[(*n)++].spec = *sp;
   }
-  return 0;
+  kl_spec_list_free(l);
+  return rc;
+}
+
+/* A spec argument that is no file, no shipped file and no shipped spec's
+ * name, after a file that does not define it either: the error names the
+ * file's specs too. */
+static int not_a_pick(const char *arg, const kl_spec_list *l, kl_err *err) {
+  char names[600];
+  kl_spec_list_names(l, names, sizeof names);
+  return kl_fail(err, KL_EIO, "%s: not a spec of %s (it defines %s), no such file, and no "
+                 "shipped spec file or spec of that name (klgen --list shows them)", arg,
+                 l->v[0].file, names);
+}
+
+/* Loads the specs the command line names: each SPEC's file, all of its
+ * specs or the NAMEs after it (or the one a shipped spec's name stands for). */
+static int load_all(const opts *o, job **jobs, int *n, kl_err *err) {
+  kl_spec_list l = {NULL, 0};
+  unsigned char *keep = NULL;
+  int rc = 0;
+  *jobs = NULL, *n = 0;
+  for (int f = 0; f < o->n_specs && !rc; f++) {
+    const char *arg = o->specs[f];
+    struct stat st;
+    int i = l.n && stat(arg, &st) != 0 ? kl_spec_list_find(&l, arg) : -1;
+    if (i >= 0) { /* a NAME of the file before it */
+      keep[i] = 1;
+      continue;
+    }
+    char *path;
+    const char *pick;
+    kl_err why;
+    rc = resolve_spec(arg, &o->lim, &path, &pick, &why);
+    if (rc && l.n && is_spec_name(arg)) rc = not_a_pick(arg, &l, err);
+    else if (rc) *err = why;
+    if (!rc && l.n) rc = add_picked(&l, keep, jobs, n, err);
+    free(keep), keep = NULL;
+    if (!rc) rc = kl_spec_load_file(path ? path : arg, &o->lim, &l, err);
+    free(path);
+    if (!rc && !(keep = calloc((size_t)l.n, 1))) rc = kl_fail(err, KL_ENOMEM, "out of memory");
+    if (!rc && pick) keep[kl_spec_list_find(&l, pick)] = 1;
+  }
+  if (!rc && l.n) rc = add_picked(&l, keep, jobs, n, err);
+  kl_spec_list_free(&l);
+  free(keep);
+  return rc;
 }
 
 static char *path_of(const char *dir, const char *name, const char *ext) {

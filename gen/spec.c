@@ -444,3 +444,27 @@ void kl_spec_list_free(kl_spec_list *l) {
   l->v = NULL;
   l->n = 0;
 }
+
+char *kl_spec_list_names(const kl_spec_list *l, char *buf, size_t n) {
+  size_t used = 0;
+  if (n == 0) return buf;
+  buf[0] = 0;
+  for (int i = 0; i < l->n; i++) {
+    /* room for this name and, should more follow, the count of the rest */
+    char more[48];
+    int m = i + 1 < l->n ? snprintf(more, sizeof more, ", and %d more", l->n - i - 1) : 0;
+    size_t need = (i ? 2 : 0) + strlen(l->v[i].name);
+    if (used + need + (size_t)m + 1 > n) {
+      snprintf(buf + used, n - used, "%s%d more", i ? ", and " : "", l->n - i);
+      return buf;
+    }
+    used += (size_t)snprintf(buf + used, n - used, "%s%s", i ? ", " : "", l->v[i].name);
+  }
+  return buf;
+}
+
+int kl_spec_list_find(const kl_spec_list *l, const char *name) {
+  for (int i = 0; i < l->n; i++)
+    if (strcmp(l->v[i].name, name) == 0) return i;
+  return -1;
+}

@@ -319,15 +319,18 @@ static kl_result create(kl_ctx **out, const kl_spec *spec, const char *source,
 }
 
 kl_result kl_pick_spec(const kl_spec_list *l, const char *name, kl_spec *out) {
+  char names[640];
   if (!name) {
     if (l->n != 1)
-      return kl_rt_fail(KLRT_EINVAL, "the spec defines %d specs; pass the name of one", l->n);
+      return kl_rt_fail(KLRT_EINVAL, "the spec defines %d specs; pass the name of one: %s", l->n,
+                        kl_spec_list_names(l, names, sizeof names));
     *out = l->v[0];
     return KLRT_OK;
   }
-  for (int i = 0; i < l->n; i++)
-    if (strcmp(l->v[i].name, name) == 0) return *out = l->v[i], KLRT_OK;
-  return kl_rt_fail(KLRT_EINVAL, "no spec named '%s' in it", name);
+  const int i = kl_spec_list_find(l, name);
+  if (i >= 0) return *out = l->v[i], KLRT_OK;
+  return kl_rt_fail(KLRT_EINVAL, "no spec named '%s' in it; it defines %s", name,
+                    kl_spec_list_names(l, names, sizeof names));
 }
 
 /* A spec's bounds: KLGEN_SPEC_TIME_MS, else the default. */

@@ -68,12 +68,27 @@ class SpecInfo(NamedTuple):
 
 
 def spec_path(name):
-    """The path of a shipped spec, by file stem ('kimi_k3_tp8')."""
+    """The path of a shipped spec file, by its stem ('kimi_k3_tp8') or by the
+    name of a spec it defines ('deepseek_v3_tp4'), as `klgen --list` shows them."""
+    return _shipped(name)[0]
+
+
+def _shipped(name):
+    """(path, spec name) of a shipped spec: by file stem (name None: the
+    file's every spec), else the file that defines a spec of that name."""
     path = os.path.join(SPECS_DIR, name + ".lua")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{name}: no such file, and no shipped spec of that name "
-                                f"(shipped: {', '.join(shipped_specs())})")
-    return path
+    if os.path.exists(path):
+        return path, None
+    defined = []
+    for stem in shipped_specs():
+        file = os.path.join(SPECS_DIR, stem + ".lua")
+        names = spec_names(file)
+        if name in names:
+            return file, name
+        defined += names
+    raise FileNotFoundError(f"{name}: no such file, and no shipped spec file or spec of that "
+                            f"name (shipped: {', '.join(shipped_specs())}; their specs: "
+                            f"{', '.join(defined)})")
 
 
 def shipped_specs() -> List[str]:
@@ -84,12 +99,16 @@ def shipped_specs() -> List[str]:
 _NAME = re.compile(r"[A-Za-z0-9_]+\Z")
 
 
-def _resolve(path):
-    """A spec argument as a file: the path itself when it exists or is no
-    name, else the shipped spec of that name (a file of that name wins)."""
+def _resolve(path, name=None):
+    """A spec argument as (file, name): the path itself when it exists or is
+    no name, else the shipped spec of that name (a file of that name wins),
+    which may stand for one spec of its file; `name` picks one too."""
     if isinstance(path, str) and _NAME.match(path) and not os.path.exists(path):
-        return spec_path(path)
-    return path
+        path, picked = _shipped(path)
+        if picked is not None and name is not None and name != picked:
+            raise ValueError(f"name {name!r} and the spec {picked!r} the path names differ")
+        name = picked if picked is not None else name
+    return path, name
 
 
 def _path_arg(path, what):
@@ -100,14 +119,16 @@ def _path_arg(path, what):
     return path
 
 
-def _source_args(path, source, what):
+def _source_args(path, source, what, name=None):
+    """(file as bytes, or None; the source as bytes, or None; the spec's name):
+    the name a shipped spec's name stands for, or `name`."""
     if (path is None) == (source is None):
         raise TypeError(f"{what}() takes a spec path or source=..., exactly one of them")
     if path is not None:
-        path = _resolve(_path_arg(path, what))
+        path, name = _resolve(_path_arg(path, what), name)
         if not os.path.exists(path):
             raise FileNotFoundError(2, "No such file or directory", path)
-        return os.fsencode(path), None
+        return os.fsencode(path), None, name
     if not isinstance(source, str):
         raise TypeError(f"source must be a str, not {type(source).__name__}")
     # C takes the text up to its first NUL: what follows would never be run.
@@ -115,7 +136,7 @@ def _source_args(path, source, what):
         raise SpecError(f"<spec string>:1: the source has a NUL byte at offset {source.index(chr(0))}",
                         file="<spec string>", line=1)
     try:
-        return None, source.encode()
+        return None, source.encode(), name
     except UnicodeEncodeError as e:
         raise SpecError(f"<spec string>:1: the source is not text that UTF-8 can carry ({e.reason} "
                         f"at offset {e.start})", file="<spec string>", line=1) from None
@@ -141,7 +162,7 @@ def spec_info(path=None, name: Optional[str] = None, *, source: Optional[str] = 
     name picks one spec of a file that defines several; without it the file
     must define exactly one. Needs no GPU.
     """
-    file, text = _source_args(path, source, "spec_info")
+    file, text, name = _source_args(path, source, "spec_info", name)
     cname = _name_arg(name)
     info = _capi.Info(size=ctypes.sizeof(_capi.Info))
     if file is not None:
@@ -154,8 +175,11 @@ def spec_info(path=None, name: Optional[str] = None, *, source: Optional[str] = 
 
 
 def spec_names(path=None, *, source: Optional[str] = None) -> List[str]:
-    """The names of the specs a file (path or shipped name) or a string defines, in order."""
-    file, text = _source_args(path, source, "spec_names")
+    """The names of the specs a file (path or shipped name) or a string defines, in
+    order; for a shipped spec's own name, that name alone."""
+    file, text, picked = _source_args(path, source, "spec_names")
+    if picked is not None:
+        return [picked]
     fn = _capi.lib.kl_spec_names_file if file is not None else _capi.lib.kl_spec_names_string
     # One evaluation for the count and the names: room for the most a file may define.
     count = ctypes.c_int(0)
@@ -170,22 +194,29 @@ def spec_names(path=None, *, source: Optional[str] = None) -> List[str]:
 _SUMMARY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*): vocab ", re.MULTILINE)
 
 
-def generate(path, out_dir) -> List[str]:
-    """Does what `klgen -o out_dir path` does; returns the files written.
+def generate(path, out_dir, name: Optional[str] = None) -> List[str]:
+    """Does what `klgen -o out_dir path [name]` does; returns the files written.
 
-    Every spec of the file (at most 16) gives <out_dir>/<name>.cu and <name>.h,
-    under the spec time limit KLGEN_SPEC_TIME_MS (as spec_info). On any error
-    nothing is replaced: a bad spec raises SpecError, a malformed
-    KLGEN_SPEC_TIME_MS ValueError (as spec_info), anything else Error.
+    Every spec of the file (at most 16), or the one `name` picks (or a shipped
+    spec's name stands for), gives <out_dir>/<name>.cu and <name>.h, under the
+    spec time limit KLGEN_SPEC_TIME_MS (as spec_info). On any error nothing is
+    replaced: a bad spec raises SpecError, a malformed KLGEN_SPEC_TIME_MS
+    ValueError (as spec_info), anything else Error.
     """
-    path, out_dir = _resolve(_path_arg(path, "generate")), _path_arg(out_dir, "generate")
+    path, name = _resolve(_path_arg(path, "generate"), name)
+    out_dir = _path_arg(out_dir, "generate")
     if not os.path.exists(path):
         raise FileNotFoundError(2, "No such file or directory", path)
+    picks = []
+    if name is not None:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"name must be a spec's name (letters, digits, '_'): {name!r}")
+        picks = [name]
     # "--": the path is a path even if it starts with '-'. The files are those
     # the command reports for the specs it wrote (a second evaluation of the
     # spec could name others).
-    done = subprocess.run([BINARY, "-o", out_dir, "--", path], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
+    done = subprocess.run([BINARY, "-o", out_dir, "--", path] + picks, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         message = done.stderr.strip()
         if message.startswith("klgen: "):

@@ -180,7 +180,7 @@ class LogitsGather:
             raise TypeError(f"spec must be a path, a Lua source string or None, not {type(spec).__name__}")
         # what C would read less of (a NUL) or not at all is refused here, before
         # anything collective starts
-        file, text = _source_args(path, source, "LogitsGather")
+        file, text, name = _source_args(path, source, "LogitsGather", name)
         cname = _name_arg(name) if name else None
         _libs.nvrtc()  # before libklrt looks for it (it takes the copy loaded)
         if nccl_comm is None:

@@ -35,10 +35,19 @@ def test_spec_info_from_source_and_by_name():
     assert (info.name, info.padded_vocab, info.shard, info.dtype) == ("m", 50304, 12576, "fp16")
     ds = klgen.spec_path("deepseek_v3")
     assert klgen.spec_info(ds, "deepseek_v3_tp4").tp == 4
-    with pytest.raises(ValueError, match="defines 3 specs"):
+    with pytest.raises(ValueError, match="defines 3 specs; pass the name of one: deepseek_v3_tp2, "
+                                         "deepseek_v3_tp4, deepseek_v3_tp8$"):
         klgen.spec_info(ds)
-    with pytest.raises(ValueError, match="no spec named 'nope'"):
+    with pytest.raises(ValueError, match="no spec named 'nope' in it; it defines deepseek_v3_tp2, "
+                                         "deepseek_v3_tp4, deepseek_v3_tp8$"):
         klgen.spec_info(ds, name="nope")
+    # a shipped spec's own name stands for that spec of its file
+    assert klgen.spec_info("deepseek_v3_tp4").tp == 4
+    assert klgen.spec_info("deepseek_v3_tp8", name="deepseek_v3_tp8").tp == 8
+    with pytest.raises(ValueError, match="differ"):
+        klgen.spec_info("deepseek_v3_tp8", name="deepseek_v3_tp2")
+    assert klgen.spec_path("deepseek_v3_tp4") == ds
+    assert klgen.spec_names("deepseek_v3_tp4") == ["deepseek_v3_tp4"]
 
 
 def test_epilogue_fields():
@@ -177,7 +186,8 @@ def test_generate_and_spec_info_share_the_time_limit(tmp_path, monkeypatch):
 def test_messages_escape_control_bytes():
     with pytest.raises(ValueError) as e:
         klgen.spec_info(klgen.spec_path("deepseek_v3"), name="zzz\x1b[31m\n")
-    assert str(e.value) == "no spec named 'zzz\\x1b[31m\\x0a' in it"
+    assert str(e.value) == ("no spec named 'zzz\\x1b[31m\\x0a' in it; it defines deepseek_v3_tp2, "
+                            "deepseek_v3_tp4, deepseek_v3_tp8")
 
 
 def test_arguments():
@@ -191,8 +201,20 @@ def test_arguments():
         klgen.spec_info(KIMI, 3)
     with pytest.raises(FileNotFoundError):
         klgen.spec_info("/nonexistent/spec.lua")
-    with pytest.raises(FileNotFoundError, match="shipped: .*kimi_k3_tp8"):
+    with pytest.raises(FileNotFoundError, match="shipped: .*kimi_k3_tp8.*their specs: .*deepseek_v3_tp4"):
         klgen.spec_path("no_such_model")
+
+
+def test_generate_picks_one_spec(tmp_path):
+    ds = klgen.spec_path("deepseek_v3")
+    assert klgen.generate("deepseek_v3_tp4", tmp_path / "a") == [
+        str(tmp_path / "a" / "deepseek_v3_tp4.cu"), str(tmp_path / "a" / "deepseek_v3_tp4.h")]
+    assert sorted(os.listdir(tmp_path / "a")) == ["deepseek_v3_tp4.cu", "deepseek_v3_tp4.h"]
+    assert klgen.generate(ds, tmp_path / "b", name="deepseek_v3_tp8") == [
+        str(tmp_path / "b" / "deepseek_v3_tp8.cu"), str(tmp_path / "b" / "deepseek_v3_tp8.h")]
+    with pytest.raises(klgen.Error, match="it defines deepseek_v3_tp2, deepseek_v3_tp4"):
+        klgen.generate(ds, tmp_path / "c", name="nope")
+    assert not (tmp_path / "c").exists()
 
 
 def test_generate_matches_the_command_line(tmp_path):
@@ -360,8 +382,8 @@ def test_shipped_specs_by_name(tmp_path, monkeypatch):
         str(tmp_path / "out" / "gpt2_tp4.cu"), str(tmp_path / "out" / "gpt2_tp4.h")]
     with pytest.raises(FileNotFoundError) as e:
         klgen.spec_info("no_such_spec")
-    assert str(e.value).startswith("no_such_spec: no such file, and no shipped spec of that name "
-                                   "(shipped: deepseek_v3, ") and "\n" not in str(e.value)
+    assert str(e.value).startswith("no_such_spec: no such file, and no shipped spec file or spec "
+                                   "of that name (shipped: deepseek_v3, ") and "\n" not in str(e.value)
     # a file of that name wins
     monkeypatch.chdir(tmp_path)
     (tmp_path / "kimi_k3_tp8").write_text(GOOD)

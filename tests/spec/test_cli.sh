@@ -28,7 +28,14 @@ has "$tmp/a/kimi_k3_tp8.h" "KL_KIMI_K3_TP8_GENERATED"
 readme=$specs/../README.md
 line=$(grep '^kimi_k3_tp8: vocab ' "$readme")
 [ -n "$line" ] && [ "$line" = "$(cat "$tmp/out")" ] && ok || no "README's quick-start line '$line' is not the CLI's '$(cat "$tmp/out")'"
-[ "$(wc -l <"$readme")" -le 220 ] && ok || no "README has $(wc -l <"$readme") lines, more than 220"
+[ "$(wc -l <"$readme")" -le 230 ] && ok || no "README has $(wc -l <"$readme") lines, more than 230"
+# its options block has every option --help lists
+"$klgen" --help | sed -n 's/^  \(-[-a-z]*\).*/\1/p' >"$tmp/options"
+block=$(sed -n '/^klgen \[options\]/,/^```$/p' "$readme")
+while read -r option; do
+  grep -q -- "^  .*$option\b" <<<"$block" && ok || no "README's klgen options lack $option"
+done <"$tmp/options"
+[ "$(wc -l <"$tmp/options")" -ge 10 ] && ok || no "klgen --help lists $(wc -l <"$tmp/options") options"
 # its test command is the one CI runs
 tests=$(grep -m1 '&& ctest --test-dir build' "$readme")
 [ -n "$tests" ] && grep -qxF "$tests" "$specs/../.ci/run" && ok || no "README's test command '$tests' is not a line of .ci/run"
@@ -40,7 +47,7 @@ expect 0 "$klgen" -q deepseek_v3 --check
 mkdir -p "$tmp/wins" && printf 'return { name = "mine", vocab_size = 8, tp = 1, dtype = "bf16", max_tokens = 1 }' >"$tmp/wins/kimi_k3_tp8"
 (cd "$tmp/wins" && "$klgen" --check kimi_k3_tp8) >"$tmp/out" 2>&1; has "$tmp/out" "^mine: vocab 8"
 expect 1 "$klgen" no_such_spec
-has "$tmp/err" "klgen: no_such_spec: no such file, and no shipped spec of that name (klgen --list shows them)"
+has "$tmp/err" "klgen: no_such_spec: no such file, and no shipped spec file or spec of that name (klgen --list shows them)"
 [ "$(wc -l <"$tmp/err")" = 1 ] && ok || no "klgen NAME: $(cat "$tmp/err")"
 expect 1 "$klgen" no_such.lua; has "$tmp/err" "no_such.lua: cannot open"
 expect 0 "$klgen" --list
@@ -48,6 +55,26 @@ has "$tmp/out" "^deepseek_v3: deepseek_v3_tp2 deepseek_v3_tp4 deepseek_v3_tp8$"
 has "$tmp/out" "^kimi_k3_tp8: kimi_k3_tp8$"
 [ "$(grep -c '^[a-z0-9_]*: ' "$tmp/out")" = "$(ls "$specs"/*.lua | wc -l)" ] && ok || no "--list: $(cat "$tmp/out")"
 expect 2 "$klgen" --list kimi_k3_tp8; has "$tmp/err" "--list takes no spec"
+# every name --list prints, file stem or spec, is a SPEC: the stem all its
+# specs, a spec's name that spec alone
+"$klgen" --list | sed -n 's/^\([a-z0-9_]*\): \(.*\)$/\1 \2/p' >"$tmp/names"
+while read -r stem defined; do
+  expect 0 "$klgen" -q "$stem" -o "$tmp/stem_$stem"
+  [ "$(ls "$tmp/stem_$stem" | wc -l)" = "$((2 * $(wc -w <<<"$defined")))" ] && ok || no "klgen $stem: $(ls "$tmp/stem_$stem")"
+  for name in $defined; do
+    expect 0 "$klgen" -q "$name" -o "$tmp/name_$name"
+    [ "$(ls "$tmp/name_$name")" = "$(printf '%s.cu\n%s.h' "$name" "$name")" ] && ok || no "klgen $name: $(ls "$tmp/name_$name")"
+  done
+done <"$tmp/names"
+# NAMEs after a SPEC pick its specs
+expect 0 "$klgen" -q deepseek_v3 deepseek_v3_tp2 deepseek_v3_tp8 -o "$tmp/picked"
+[ "$(ls "$tmp/picked" | tr '\n' ' ')" = "deepseek_v3_tp2.cu deepseek_v3_tp2.h deepseek_v3_tp8.cu deepseek_v3_tp8.h " ] && ok || no "picked: $(ls "$tmp/picked")"
+expect 0 "$klgen" -q "$specs/deepseek_v3.lua" deepseek_v3_tp4 kimi_k3_tp8 -o "$tmp/picked2"
+[ "$(ls "$tmp/picked2" | tr '\n' ' ')" = "deepseek_v3_tp4.cu deepseek_v3_tp4.h kimi_k3_tp8.cu kimi_k3_tp8.h " ] && ok || no "picked2: $(ls "$tmp/picked2")"
+# a name the file does not define: the error lists those it does; nothing written
+expect 1 "$klgen" "$specs/deepseek_v3.lua" deepseek_v3_tp5 -o "$tmp/nopick"
+has "$tmp/err" "deepseek_v3_tp5: not a spec of .*deepseek_v3.lua (it defines deepseek_v3_tp2, deepseek_v3_tp4, deepseek_v3_tp8)"
+[ ! -e "$tmp/nopick" ] && ok || no "a wrong NAME wrote $(ls "$tmp/nopick")"
 
 # GPUs the kernels cannot run on: one line, before any compilation
 expect 2 "$klgen" --arch sm_75 --check kimi_k3_tp8
@@ -221,7 +248,7 @@ specs_file() { echo "local t = {} for i = 1, $1 do t[i] = { name = 'm' .. i, voc
 specs_file 17 >"$tmp/s17.lua" && specs_file 16 >"$tmp/s16.lua"
 for opt in "" --check --cubin; do
   expect 1 timeout 20 "$klgen" $opt "$tmp/s17.lua" -o "$tmp/many"
-  has "$tmp/err" "s17.lua:1: name: 'm17' is spec 17 of the file's 17; klgen generates kernels for at most 16 specs a file"
+  has "$tmp/err" "s17.lua:1: name: 'm17' is spec 17 of the 17 picked from the file; klgen generates kernels for at most 16 specs a file"
   [ ! -e "$tmp/many" ] && ok || no "output written for 17 specs ($opt)"
 done
 expect 0 "$klgen" -q "$tmp/s16.lua" -o "$tmp/many"
