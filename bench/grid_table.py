@@ -48,6 +48,7 @@ import os
 import shlex
 import subprocess
 import sys
+import textwrap
 
 KERNELS = ("gather", "fused", "argmax", "topk8", "topk64", "greedy", "plain", "filtered", "minp")
 ROOFLINE_KERNELS = ("gather", "fused", "argmax", "topk8", "topk64", "greedy")
@@ -376,6 +377,19 @@ def commit_of(path):
         return "unknown"
 
 
+def wrapped(lines):
+    """Prose and list items at most 80 columns, as the documents are; table
+    rows and headings as they are."""
+    out = []
+    for line in lines:
+        if line.startswith(("|", "#")) or len(line) <= 80:
+            out.append(line)
+        else:
+            out += textwrap.wrap(line, 80, subsequent_indent="  " if line.startswith("- ")
+                                 else "", break_long_words=False, break_on_hyphens=False)
+    return out
+
+
 def markdown(c_meta, py_meta, runs, commit, command, summary):
     v = verdicts(runs)
     h = "###" if summary else "##"
@@ -387,7 +401,7 @@ def markdown(c_meta, py_meta, runs, commit, command, summary):
     if not summary:
         for kernel in KERNELS:
             kernel_tables(lines, runs, v, kernel, h)
-    return "\n".join(lines) + "\n"
+    return "\n".join(wrapped(lines)) + "\n"
 
 
 def same_gpu(c_meta, py_meta):

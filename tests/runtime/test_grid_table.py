@@ -135,10 +135,24 @@ def run(script, *args, **kw):
     return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, **kw)
 
 
+def unwrapped(text):
+    """text with its wrapped paragraphs and list items each on one line."""
+    lines = []
+    for line in text.split("\n"):
+        if lines and lines[-1] and line and not line.startswith(("|", "#", "- ")) and \
+                not lines[-1].startswith(("|", "#")):
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
 def test_output(script, c, py):
     out = run(script, c, py, "--commit", "abc1234")
     check(out.returncode == 0, f"grid_table.py exit {out.returncode}: {out.stderr}")
-    text = out.stdout
+    check(all(len(line) <= 80 for line in out.stdout.split("\n") if line[:1] not in "|#"),
+          "prose wrapped at 80 columns")
+    text = unwrapped(out.stdout)
     for want in (
             "Test GPU (sm_90), one GPU at tp 1, commit `abc1234`",
             f"`python3 bench/grid_table.py {c} {py} --commit abc1234`",
