@@ -393,7 +393,10 @@ def wrapped(lines):
 def markdown(c_meta, py_meta, runs, commit, command, summary):
     v = verdicts(runs)
     h = "###" if summary else "##"
-    lines = [] if summary else ["# The grid: every kernel at every size", ""]
+    lines = [] if summary else [
+        "# The grid: every kernel at every size", "",
+        "How it is measured: "
+        "[BENCHMARKS.md](BENCHMARKS.md#every-kernel-at-every-size-the-grid).", ""]
     lines += header(c_meta, py_meta, commit, command)
     if summary:
         summary_tables(lines, runs, v, h)

@@ -1,7 +1,9 @@
 """bench/grid_table.py on hand-made CSVs: each target judged in the runs it
 names and met or missed where that run's figures say, never a figure of one
 run against another's; a failed check meets nothing; its tables and summary;
---into; files that are no grid CSV, or runs on two GPUs, refused.
+--into; files that are no grid CSV, or runs on two GPUs, refused. Then the
+committed docs/GRID.md and the grid block of docs/BENCHMARKS.md are what the
+script makes from the committed CSVs.
 
     python3 test_grid_table.py PATH/TO/bench/grid_table.py"""
 
@@ -217,6 +219,27 @@ def test_refusals(gt, script, d, c):
           f"--into a file without the lines: exit {out.returncode}, {out.stderr!r}")
 
 
+# The committed tables and the arguments that make them.
+GRID_ARGS = ["bench/results/grid_h100.csv", "bench/results/grid_py_h100.csv",
+             "--commit", "d80974d"]
+
+
+def test_committed(gt, script):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(script)))
+    out = run(script, *GRID_ARGS, cwd=root)
+    with open(os.path.join(root, "docs", "GRID.md")) as f:
+        check(out.returncode == 0 and f.read() == out.stdout,
+              "docs/GRID.md is not what bench/grid_table.py makes of the committed CSVs "
+              f"(run it with {' '.join(GRID_ARGS)} -o docs/GRID.md)")
+    out = run(script, *GRID_ARGS, "--summary", cwd=root)
+    with open(os.path.join(root, "docs", "BENCHMARKS.md")) as f:
+        doc = f.read()
+    start, end = doc.find(gt.BEGIN + "\n"), doc.find(gt.END)
+    check(0 <= start < end and doc[start + len(gt.BEGIN) + 1:end] == out.stdout,
+          "docs/BENCHMARKS.md's grid is not what bench/grid_table.py makes of the committed "
+          f"CSVs (run it with {' '.join(GRID_ARGS)} --summary --into docs/BENCHMARKS.md)")
+
+
 def main():
     script = sys.argv[1]
     spec = importlib.util.spec_from_file_location("grid_table", script)
@@ -228,6 +251,7 @@ def main():
         test_verdicts(gt, judged(gt, c, py))
         test_output(script, c, py)
         test_refusals(gt, script, d, c)
+    test_committed(gt, script)
     print(f"test_grid_table: {'failed' if fails else 'passed'} ({fails} failed)")
     return 1 if fails else 0
 
