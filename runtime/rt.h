@@ -1,8 +1,8 @@
 /* libklrt internals: the context and the modules that share it, each of
  * which calls only modules listed before it (docs/design/dispatch.md, "The
  * runtime's structure").
- *   param.c     environment variables: the table, reading and validation
- *               (reports through a buffer: the bottom of the library)
+ *   (libklgen's param.c: environment variables, the table, reading and
+ *   validation; it reports through a buffer, below everything here)
  *   err.c       kl_last_error, KLGEN_LOG (read through param.c)
  *   cu.c        driver access (dlopen)
  *   nccl_api.c  NCCL access (dlopen: the host's copy)
@@ -37,7 +37,7 @@
 #define KL_WHY_MAX 256
 #define KL_MIN_SM_MAJOR 8 /* the kernels' PTX (L2 cache hints, createpolicy) needs sm_80 */
 
-/* ---- param.c: param.h (the klgen command reads the table too) ---- */
+/* ---- libklgen's param.c: param.h (the klgen command reads the table too) ---- */
 #include "param.h"
 
 /* ---- err.c ---- */

@@ -1,4 +1,4 @@
-/* Environment variables: the one table of what libklrt reads (NCCL's model),
+/* Environment variables: the one table of what libklrt and klgen read (NCCL's model),
  * and the one place that reads and validates them. README's table of
  * variables is checked against this one (test_api). A bad value is an error
  * at context creation that names the variable: a typo in a setting that

@@ -1,6 +1,7 @@
-/* The environment variables libklrt reads (param.c): one table, one parser.
- * The klgen command reads KLGEN_SPEC_TIME_MS through it too, so that a value
- * means, and is refused, the same everywhere. Needs nothing but libc. */
+/* The environment variables klgen's libraries read (param.c): one table, one
+ * parser, in libklgen so that libklrt and the klgen command share it: a
+ * value (KLGEN_SPEC_TIME_MS) means, and is refused, the same everywhere.
+ * Needs nothing but libc. */
 #ifndef KL_PARAM_H
 #define KL_PARAM_H
 
