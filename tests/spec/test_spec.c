@@ -202,7 +202,7 @@ static void hostile_specs(void) {
         "1 MiB cap: %s", e.msg);
 }
 
-/* A spec ends within 1.5 times its limit (docs/DESIGN.md §1); under a
+/* A spec ends within 1.5 times its limit (docs/design/spec.md); under a
  * short limit, within 250 ms: room for a loaded machine's scheduling. */
 static double time_bound_s(int64_t ms) {
   double s = 1.5 * (double)ms / 1000;
