@@ -214,12 +214,36 @@ static int is_spec_name(const char *s) {
   return 1;
 }
 
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 /* The shipped spec files (their stems sorted) of the first directory that
  * has them: *stems malloc'd, each entry too. 0, or an error. */
-static int shipped_stems(char dir[4096], char ***stems, int *n, kl_err *err);
+static int shipped_stems(char dir[4096], char ***stems, int *n, kl_err *err) {
+  char dirs[N_SPEC_DIRS][4096];
+  *stems = NULL, *n = 0;
+  if (spec_dirs(dirs) == 0) return kl_fail(err, KL_EIO, "no shipped specs beside this klgen");
+  memcpy(dir, dirs[0], sizeof dirs[0]);
+  DIR *d = opendir(dir);
+  if (!d) return kl_fail(err, KL_EIO, "%s: cannot open: %s", dir, strerror(errno));
+  int rc = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL && !rc;) {
+    size_t len = strlen(e->d_name);
+    if (len < 5 || strcmp(e->d_name + len - 4, ".lua") != 0) continue;
+    char **grown = realloc(*stems, (size_t)(*n + 1) * sizeof **stems);
+    if (!grown || !(grown[*n] = strndup(e->d_name, len - 4)))
+      rc = kl_fail(err, KL_ENOMEM, "out of memory");
+    if (grown) *stems = grown;
+    if (!rc) (*n)++;
+  }
+  closedir(d);
+  if (!rc) qsort(*stems, (size_t)*n, sizeof **stems, cmp_str);
+  return rc;
+}
 
 /* In the shipped files, the file defining the spec `name` (*path malloc'd;
- * NULL if none does). The files are read under o's limits. */
+ * NULL if none does). The files are read under `lim`. */
 static int shipped_defining(const char *name, const kl_limits *lim, char **path, kl_err *err) {
   char dir[4096];
   char **stems = NULL;
@@ -261,32 +285,6 @@ static int resolve_spec(const char *arg, const kl_limits *lim, char **path, cons
   if (rc || *path) return *pick = arg, rc;
   return kl_fail(err, KL_EIO, "%s: no such file, and no shipped spec file or spec of that name "
                  "(klgen --list shows them)", arg);
-}
-
-static int cmp_str(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-static int shipped_stems(char dir[4096], char ***stems, int *n, kl_err *err) {
-  char dirs[N_SPEC_DIRS][4096];
-  *stems = NULL, *n = 0;
-  if (spec_dirs(dirs) == 0) return kl_fail(err, KL_EIO, "no shipped specs beside this klgen");
-  memcpy(dir, dirs[0], sizeof dirs[0]);
-  DIR *d = opendir(dir);
-  if (!d) return kl_fail(err, KL_EIO, "%s: cannot open: %s", dir, strerror(errno));
-  int rc = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL && !rc;) {
-    size_t len = strlen(e->d_name);
-    if (len < 5 || strcmp(e->d_name + len - 4, ".lua") != 0) continue;
-    char **grown = realloc(*stems, (size_t)(*n + 1) * sizeof **stems);
-    if (!grown || !(grown[*n] = strndup(e->d_name, len - 4)))
-      rc = kl_fail(err, KL_ENOMEM, "out of memory");
-    if (grown) *stems = grown;
-    if (!rc) (*n)++;
-  }
-  closedir(d);
-  if (!rc) qsort(*stems, (size_t)*n, sizeof **stems, cmp_str);
-  return rc;
 }
 
 /* klgen --list: each shipped spec file's stem and the names it defines. */
@@ -389,7 +387,12 @@ static int load_all(const opts *o, job **jobs, int *n, kl_err *err) {
     if (!rc) rc = kl_spec_load_file(path ? path : arg, &o->lim, &l, err);
     free(path);
     if (!rc && !(keep = calloc((size_t)l.n, 1))) rc = kl_fail(err, KL_ENOMEM, "out of memory");
-    if (!rc && pick) keep[kl_spec_list_find(&l, pick)] = 1;
+    /* the file was read once already to find the name; a spec that names
+     * another one the second time is refused, never indexed blindly */
+    int at = !rc && pick ? kl_spec_list_find(&l, pick) : -1;
+    if (!rc && pick && at < 0)
+      rc = kl_fail(err, KL_ESPEC, "%s: defined '%s' when it was searched, not now", l.v[0].file, pick);
+    if (!rc && pick) keep[at] = 1;
   }
   if (!rc && l.n) rc = add_picked(&l, keep, jobs, n, err);
   kl_spec_list_free(&l);
