@@ -7,7 +7,10 @@
  *     -logf(u) within 2 ulp of the double log of u, and gumbel within 2 ulp
  *     of the double log of that float (each log against its own exact value:
  *     near g = 0 one ulp of the inner log is many of g's, so the chain as a
- *     whole is held to the float32 steps the contract names, not to g's double).
+ *     whole is held to the float32 steps the contract names, not to g's double);
+ *   the bounds the samplers skip columns by: gumbel_bound at least gumbel and
+ *     within GUMBEL_BOUND, for every u; t_above at least x / d, for edge and
+ *     random x and d where screens(d) holds.
  *  gpu_noise SPEC   (exit 77 without a GPU) */
 #include <math.h>
 #include <stdio.h>
@@ -21,6 +24,7 @@
 #define ULPS 2 /* CUDA's logf is within 1 ulp; both logs are checked within 2 */
 #define RANDOM_CASES (1 << 16)
 #define VALUES (1u << 23) /* u's distinct values: x >> 9 */
+#define GUMBEL_BOUND 16.640625f /* noise.cuh.tmpl's */
 
 typedef struct gpu {
   const kl_cu *cu;
@@ -143,43 +147,101 @@ static void column_words(const gpu *g) {
 static uint32_t value_word(uint32_t i) { return i << 9 | ((i * 0x9E3779B1u) >> 23); }
 
 /* u, the inner log and g of value i against the host; the worst ulps so far. */
-static int check_value(uint32_t i, float u, float inner, float g, uint32_t worst[2]) {
+static int check_value(uint32_t i, float u, float inner, float g, float bound,
+                       uint32_t worst[2]) {
   const float want_u = noise_uniform_ref(value_word(i));
   const uint32_t e_inner = noise_ulps(inner, (float)-log((double)want_u));
   const uint32_t e_g = noise_ulps(g, (float)-log((double)inner));
   if (e_inner > worst[0]) worst[0] = e_inner;
   if (e_g > worst[1]) worst[1] = e_g;
   const int ok = memcmp(&u, &want_u, sizeof u) == 0 && e_inner <= ULPS && e_g <= ULPS &&
-                 g >= -2.8117f && g <= 16.6357f;
+                 g >= -2.8117f && g <= 16.6357f && g <= bound && bound <= GUMBEL_BOUND;
   return ok;
 }
 
 static void values(const gpu *g) {
   const size_t bytes = 4 * (size_t)VALUES;
   uint32_t *x = malloc(bytes);
-  float *u = malloc(bytes), *inner = malloc(bytes), *gv = malloc(bytes);
-  if (!x || !u || !inner || !gv) exit(1);
+  float *u = malloc(bytes), *inner = malloc(bytes), *gv = malloc(bytes), *bd = malloc(bytes);
+  if (!x || !u || !inner || !gv || !bd) exit(1);
   for (uint32_t i = 0; i < VALUES; i++) x[i] = value_word(i);
   CUdeviceptr dx = gpu_to_device(g->cu, x, bytes), du = gpu_to_device(g->cu, NULL, bytes),
-              di = gpu_to_device(g->cu, NULL, bytes), dg = gpu_to_device(g->cu, NULL, bytes);
+              di = gpu_to_device(g->cu, NULL, bytes), dg = gpu_to_device(g->cu, NULL, bytes),
+              db = gpu_to_device(g->cu, NULL, bytes);
   int n = (int)VALUES;
-  void *args[] = {&dx, &n, &du, &di, &dg};
+  void *args[] = {&dx, &n, &du, &di, &dg, &db};
   launch(g, 2, n, args);
   gpu_from_device(g->cu, u, du, bytes);
   gpu_from_device(g->cu, inner, di, bytes);
   gpu_from_device(g->cu, gv, dg, bytes);
+  gpu_from_device(g->cu, bd, db, bytes);
   g->cu->cuMemFree(dx);
   uint32_t worst[2] = {0, 0}, bad = 0;
   for (uint32_t i = 0; i < VALUES; i++) {
-    if (check_value(i, u[i], inner[i], gv[i], worst)) continue;
+    if (check_value(i, u[i], inner[i], gv[i], bd[i], worst)) continue;
     if (bad++ < 5)
-      fprintf(stderr, "x %08x: u %a (expected %a), -logf(u) %a, g %a\n", x[i], (double)u[i],
-              (double)noise_uniform_ref(x[i]), (double)inner[i], (double)gv[i]);
+      fprintf(stderr, "x %08x: u %a (expected %a), -logf(u) %a, g %a, bound %a\n", x[i],
+              (double)u[i], (double)noise_uniform_ref(x[i]), (double)inner[i], (double)gv[i],
+              (double)bd[i]);
   }
   CHECK(bad == 0, "%u of %u values of u wrong", bad, VALUES);
   printf("values: all %u of u; worst -logf(u) %u ulp, gumbel %u ulp of their doubles\n", VALUES,
          worst[0], worst[1]);
-  free(x), free(u), free(inner), free(gv);
+  free(x), free(u), free(inner), free(gv), free(bd);
+}
+
+/* x and d of case i: every pair of the edge values, then random bit patterns
+ * (any float for x, a positive one for d). */
+static const float edge_x[] = {0.f, -0.f, 1.f, -1.f, 0x1p-149f, -0x1p-149f, 0x1p-126f, -0x1p-126f,
+                               3.4028235e38f, -3.4028235e38f, 1e30f, -1e30f, 7.5f, -7.5f,
+                               1.f / 0.f, -1.f / 0.f, 0.f / 0.f, 0x1.fffffep-1f, -16.f};
+static const float edge_d[] = {1.f, 0.7f, 0x1p-100f, 0x1p100f, 0x1.000002p-100f, 0x1.fffffep99f,
+                               1e-20f, 1e20f, 3.f, 0.1f, 0x1p-101f, 0x1p101f};
+#define N_EDGE_X (int)(sizeof edge_x / sizeof edge_x[0])
+#define N_EDGE_D (int)(sizeof edge_d / sizeof edge_d[0])
+static void make_pairs(float *x, float *d, int n) {
+  uint64_t r = 0x2545F4914F6CDD1Dull;
+  for (int i = 0; i < n; i++) {
+    uint32_t bx, bd;
+    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+    bx = (uint32_t)r, bd = (uint32_t)(r >> 32) & 0x7fffffffu;
+    if (i < N_EDGE_X * N_EDGE_D) {
+      x[i] = edge_x[i % N_EDGE_X], d[i] = edge_d[i / N_EDGE_X];
+      continue;
+    }
+    memcpy(&x[i], &bx, 4);
+    memcpy(&d[i], &bd, 4);
+  }
+}
+
+/* t_above(x, 1 / d) >= x / d wherever screens(d) holds (NaN stays NaN: it
+ * never skips), and screens(d) for the normal range it names. */
+static void quotients(const gpu *g) {
+  const int n = RANDOM_CASES;
+  const size_t bytes = 4 * (size_t)n;
+  float *x = malloc(bytes), *d = malloc(bytes), *t = malloc(bytes), *hi = malloc(bytes);
+  if (!x || !d || !t || !hi) exit(1);
+  make_pairs(x, d, n);
+  CUdeviceptr dx = gpu_to_device(g->cu, x, bytes), dd = gpu_to_device(g->cu, d, bytes),
+              dt = gpu_to_device(g->cu, NULL, bytes), dh = gpu_to_device(g->cu, NULL, bytes);
+  int nn = n;
+  void *args[] = {&dx, &dd, &nn, &dt, &dh};
+  launch(g, 3, n, args);
+  gpu_from_device(g->cu, t, dt, bytes);
+  gpu_from_device(g->cu, hi, dh, bytes);
+  g->cu->cuMemFree(dx), g->cu->cuMemFree(dd), g->cu->cuMemFree(dt), g->cu->cuMemFree(dh);
+  int bad = 0, screened = 0;
+  for (int i = 0; i < n; i++) {
+    const int in_range = d[i] >= 0x1p-100f && d[i] <= 0x1p100f;
+    if (hi[i] == hi[i]) screened++;
+    const int ok = in_range ? (t[i] != t[i] ? hi[i] != hi[i] : hi[i] >= t[i]) : hi[i] != hi[i];
+    if (ok || bad++ >= 5) continue;
+    fprintf(stderr, "x %a d %a: x / d %a, t_above %a\n", (double)x[i], (double)d[i],
+            (double)t[i], (double)hi[i]);
+  }
+  CHECK(bad == 0, "%d of %d quotients above their bound", bad, n);
+  printf("quotients: %d, %d screened\n", n, screened);
+  free(x), free(d), free(t), free(hi);
 }
 
 int main(int argc, char **argv) {
@@ -192,5 +254,6 @@ int main(int argc, char **argv) {
   known_answers(&g);
   column_words(&g);
   values(&g);
+  quotients(&g);
   return check_done();
 }

@@ -60,7 +60,7 @@ uint32_t noise_ulps(float a, float b) {
 }
 
 const char *const noise_kernel_names[NOISE_KERNELS] = {"noise_kat_kernel", "noise_word_kernel",
-                                                       "noise_value_kernel"};
+                                                       "noise_value_kernel", "noise_t_kernel"};
 
 /* Appended after the spec's source, whose names are in namespace kl_<spec>
  * (u32 and u64 are memory.cuh.tmpl's): "%s" is the spec's name. */
@@ -82,12 +82,20 @@ static const char kernels[] =
     "  group[i] = ws[column[i] & 3];\n"
     "}\n"
     "extern \"C\" __global__ void noise_value_kernel(const u32 *x, int n, float *u, float *inner,\n"
-    "                                                float *g) {\n"
+    "                                                float *g, float *bound) {\n"
     "  const int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
     "  if (i >= n) return;\n"
     "  u[i] = noise_uniform(x[i]);\n"
     "  inner[i] = -logf(noise_uniform(x[i]));\n"
     "  g[i] = gumbel(x[i]);\n"
+    "  bound[i] = gumbel_bound(x[i]);\n"
+    "}\n"
+    "extern \"C\" __global__ void noise_t_kernel(const float *x, const float *d, int n, float *t,\n"
+    "                                            float *hi) {\n"
+    "  const int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i >= n) return;\n"
+    "  t[i] = x[i] / d[i];\n"
+    "  hi[i] = screens(d[i]) ? t_above(x[i], 1.f / d[i]) : __int_as_float(0x7fc00000);\n"
     "}\n";
 
 char *noise_test_source(const char *spec_file, kl_err *err) {

@@ -33,10 +33,12 @@ uint32_t noise_ulps(float a, float b);
  *   noise_word_kernel(const u64 *seed, const u64 *offset, const u64 *column, int n,
  *                     u32 *word, u32 *group)
  *     noise_word, and the same column's word of noise_group;
- *   noise_value_kernel(const u32 *x, int n, float *u, float *inner, float *g)
- *     noise_uniform, -logf(u) and gumbel of each word.
+ *   noise_value_kernel(const u32 *x, int n, float *u, float *inner, float *g, float *bound)
+ *     noise_uniform, -logf(u), gumbel and gumbel_bound of each word;
+ *   noise_t_kernel(const float *x, const float *d, int n, float *t, float *hi)
+ *     x / d, and t_above(x, 1 / d) where screens(d) holds (else NaN).
  * Returns the whole source (free it), or NULL with err set. */
-#define NOISE_KERNELS 3
+#define NOISE_KERNELS 4
 extern const char *const noise_kernel_names[NOISE_KERNELS];
 char *noise_test_source(const char *spec_file, kl_err *err);
 
