@@ -32,6 +32,9 @@ exactly, the smallest 2^-24 and the largest 1 - 2^-24, so g is always finite,
 in [-2.8116, 16.6356]. On a CUDA device torch.log is CUDA's logf, so noise()
 there gives the bits a kernel computing logf(-logf(u)) gets; on the CPU,
 torch's float log may differ from it in the last bit.
+
+vllm_noise() is vLLM 0.33's noise instead (murmur3 of (seed, position,
+column), docs/design/sampling.md).
 """
 
 import math
@@ -44,7 +47,8 @@ except ModuleNotFoundError as e:
     raise _torch_missing("klgen.reference", e) from None
 
 __all__ = ["Sample", "SamplingArgs", "WEIGHT_SCALE", "bits", "check_sampling_args", "keep_mask",
-           "noise", "sample", "top_p_margin", "uniform"]
+           "noise", "sample", "top_p_margin", "uniform", "vllm_bits", "vllm_noise",
+           "vllm_uniform"]
 
 # Philox4x32's multipliers and Weyl key increments (Random123's philox.h).
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -114,6 +118,20 @@ def _columns(columns, device):
     return torch.arange(columns, dtype=torch.int64, device=device)
 
 
+def _noise_args(seed, offset, columns, device):
+    """seed and offset as int64 tensors broadcast together, with a trailing
+    axis for the columns, and the columns as a 1-D int64 tensor."""
+    if device is None:
+        device = next((t.device for t in (seed, offset, columns) if isinstance(t, torch.Tensor)),
+                      torch.device("cpu"))
+    seed, offset = _u64(seed, "seed", device), _u64(offset, "offset", device)
+    cols = _columns(columns, device)
+    if seed.dim() and offset.dim() and seed.shape != offset.shape:
+        raise ValueError(f"seed and offset have {seed.shape[0]} and {offset.shape[0]} rows")
+    seed, offset = torch.broadcast_tensors(seed, offset)
+    return seed.unsqueeze(-1), offset.unsqueeze(-1), cols
+
+
 def bits(seed, offset, columns, *, device=None):
     """The noise's 32-bit words x (as int64 in [0, 2^32)) of the given columns.
 
@@ -123,15 +141,7 @@ def bits(seed, offset, columns, *, device=None):
     shape of seed and offset, then one entry per column. device: where to
     compute (default: the device of the tensor arguments, else the CPU).
     """
-    if device is None:
-        device = next((t.device for t in (seed, offset, columns) if isinstance(t, torch.Tensor)),
-                      torch.device("cpu"))
-    seed, offset = _u64(seed, "seed", device), _u64(offset, "offset", device)
-    cols = _columns(columns, device)
-    if seed.dim() and offset.dim() and seed.shape != offset.shape:
-        raise ValueError(f"seed and offset have {seed.shape[0]} and {offset.shape[0]} rows")
-    seed, offset = torch.broadcast_tensors(seed, offset)
-    seed, offset = seed.unsqueeze(-1), offset.unsqueeze(-1)
+    seed, offset, cols = _noise_args(seed, offset, columns, device)
     # One Philox call gives the words of four columns: run it once per block.
     blocks, where = torch.unique(cols >> 2, return_inverse=True)
     k0, k1 = seed & _MASK32, (seed >> 32) & _MASK32
@@ -152,6 +162,75 @@ def uniform(seed, offset, columns, *, device=None):
 def noise(seed, offset, columns, *, device=None):
     """The Gumbel noise g = -log(-log(u)), float32 throughout; arguments as bits()."""
     return -torch.log(-torch.log(uniform(seed, offset, columns, device=device)))
+
+
+# ---- vLLM 0.33's noise (vllm/v1/worker/gpu/sample/gumbel.py, fp32 path) ----
+
+# murmur3's multipliers and round constant (Appleby's MurmurHash3_x86_32).
+MURMUR3_C1, MURMUR3_C2, MURMUR3_N = 0xCC9E2D51, 0x1B873593, 0xE6546B64
+MURMUR3_F1, MURMUR3_F2 = 0x85EBCA6B, 0xC2B2AE35
+
+
+def _mul32(m, a):
+    """m * a mod 2^32: m a 32-bit constant, a an int64 tensor of 32-bit values."""
+    return _mulhilo(m, a)[1]
+
+
+def _rotl32(v, s):
+    return ((v << s) & _MASK32) | (v >> (32 - s))
+
+
+def _murmur3_mix(h, key):
+    key = _mul32(MURMUR3_C2, _rotl32(_mul32(MURMUR3_C1, key), 15))
+    return (_rotl32(h ^ key, 13) * 5 + MURMUR3_N) & _MASK32
+
+
+def _murmur3_fmix(h):
+    h = _mul32(MURMUR3_F1, h ^ (h >> 16))
+    h = _mul32(MURMUR3_F2, h ^ (h >> 13))
+    return h ^ (h >> 16)
+
+
+def vllm_bits(seed, offset, columns, *, device=None):
+    """vLLM's 32-bit hash of (seed, position, column) as int64 in [0, 2^32):
+    murmur3 (x86_32, seed 0) of the four words seed mod 2^32, seed >> 32 mod
+    2^32, offset mod 2^32 and column, length 16. offset is the row's position
+    (only its low 32 bits count, as in vLLM). Arguments as bits()."""
+    seed, offset, cols = _noise_args(seed, offset, columns, device)
+    h = torch.zeros((), dtype=torch.int64, device=cols.device)
+    for word in (seed & _MASK32, (seed >> 32) & _MASK32, offset & _MASK32, cols & _MASK32):
+        h = _murmur3_mix(h, word)
+    return _murmur3_fmix(h ^ 16)
+
+
+def vllm_uniform(seed, offset, columns, *, device=None):
+    """vLLM's uniform variates: u = float32((x + 1/2) * 2^-32) of x =
+    vllm_bits(), computed as vLLM does, (x >> 16) * 2^-16 + ((x & 0xFFFF) +
+    1/2) * 2^-32 in float32 (both terms exact, the sum rounded once). u is in
+    (0, 1]: the largest x rounds to 1. Arguments as bits()."""
+    x = vllm_bits(seed, offset, columns, device=device)
+    hi = (x >> 16).to(torch.float32) * 2.0 ** -16
+    return hi + ((x & 0xFFFF).to(torch.float32) + 0.5) * 2.0 ** -32
+
+
+def _vllm_log1p_neg(u):
+    """log(1 - u) as vLLM's _log1p_neg_stable computes it in float32: a
+    degree-8 series -u * (1 + u * (1/2 + u * (... + u / 8))) below 0.25, each
+    coefficient rounded to float32 and each product and sum rounded (no fused
+    multiply-add); else log(max(1 - u, 2^-24))."""
+    f32 = torch.float32
+    poly = torch.full_like(u, 1.0 / 8.0)
+    for d in (7, 6, 5, 4, 3, 2, 1):
+        poly = torch.tensor(1.0 / d, dtype=f32) + u * poly
+    series = -u * poly
+    direct = torch.log(torch.clamp(1.0 - u, min=torch.tensor(2.0 ** -24, dtype=f32)))
+    return torch.where(u < 0.25, series, direct)
+
+
+def vllm_noise(seed, offset, columns, *, device=None):
+    """vLLM's Gumbel noise g = -log(-log1p(-u)) of u = vllm_uniform(), in
+    float32 as _vllm_log1p_neg; arguments as bits()."""
+    return -torch.log(-_vllm_log1p_neg(vllm_uniform(seed, offset, columns, device=device)))
 
 
 class SamplingArgs(NamedTuple):

@@ -611,6 +611,75 @@ def test_draws_follow_the_filtered_softmax(case):
     assert chi2_sf(stat, len(kept) - 1) > 1e-3, (case, counts, expected)
 
 
+# ---- vLLM's noise: murmur3, as Appleby's MurmurHash3_x86_32 ----
+
+def murmur3_scalar(data, seed=0):
+    """MurmurHash3_x86_32 of bytes, in plain Python."""
+    h = seed
+    rotl = lambda v, s: ((v << s) | (v >> (32 - s))) & M32  # noqa: E731
+
+    def mix(h, k):
+        k = rotl(k * 0xCC9E2D51 & M32, 15) * 0x1B873593 & M32
+        return (rotl(h ^ k, 13) * 5 + 0xE6546B64) & M32
+
+    n = len(data) // 4 * 4
+    for i in range(0, n, 4):
+        h = mix(h, int.from_bytes(data[i:i + 4], "little"))
+    tail = int.from_bytes(data[n:], "little")
+    if tail or len(data) > n:
+        h ^= rotl(tail * 0xCC9E2D51 & M32, 15) * 0x1B873593 & M32
+    h ^= len(data)
+    h = (h ^ (h >> 16)) * 0x85EBCA6B & M32
+    h = (h ^ (h >> 13)) * 0xC2B2AE35 & M32
+    return h ^ (h >> 16)
+
+
+def test_scalar_murmur3_known_answers():
+    assert murmur3_scalar(b"", 0) == 0
+    assert murmur3_scalar(b"", 1) == 0x514E28B7
+    assert murmur3_scalar(b"", 0xFFFFFFFF) == 0x81F16F39
+    assert murmur3_scalar(b"\0\0\0\0", 0) == 0x2362F9DE
+    assert murmur3_scalar(b"Hello, world!", 0x9747B28C) == 0x24884CBA
+    assert murmur3_scalar(b"The quick brown fox jumps over the lazy dog", 0x9747B28C) == 0x2FA826CD
+
+
+@needs_torch
+def test_vllm_bits_are_murmur3_of_seed_position_column():
+    rng = random.Random(8)
+    seeds = [0, -1, 2**63 - 1, -(2**63)] + [rng.randrange(-(2**63), 2**63) for _ in range(8)]
+    offsets = [0, 2**32 - 1, 2**32 + 5, 2**62] + [rng.randrange(2**40) for _ in range(8)]
+    cols = torch.tensor([0, 1, 2, 3, 4, 1023, 1024, 65535, 65536, 2**31, 2**32 - 1])
+    got = reference.vllm_bits(torch.tensor(seeds), torch.tensor(offsets), cols)
+    for i, (s, o) in enumerate(zip(seeds, offsets)):
+        for j, c in enumerate(cols.tolist()):
+            key = struct.pack("<4I", s % 2**64 & M32, s % 2**64 >> 32, o & M32, c)
+            assert int(got[i, j]) == murmur3_scalar(key), (s, o, c)
+    # the uniform: float32((x + 1/2) * 2^-32), the largest x rounding to 1
+    x = got.flatten().tolist()
+    u = reference.vllm_uniform(torch.tensor(seeds), torch.tensor(offsets), cols).flatten()
+    assert u.tolist() == [f32((v + 0.5) * 2.0**-32) for v in x]
+
+
+@needs_torch
+def test_vllm_noise_is_gumbel_of_its_uniform_and_finite():
+    u = torch.tensor([2.0**-33, 1e-6, 0.1, 0.2499999, 0.25, 0.5, 0.9, 1 - 2**-24, 1.0])
+    l1p = reference._vllm_log1p_neg(u)
+    want = [math.log1p(-v) for v in u.tolist()[:-1]] + [math.log(2**-24)]
+    # the series' error stays below 6e-7 (vLLM's bound), log's below 1e-6
+    assert l1p.tolist() == pytest.approx(want, rel=1e-6, abs=6e-7)
+    g = -torch.log(-l1p)
+    assert torch.isfinite(g).all() and float(g[0]) == pytest.approx(-math.log(2.0**-33))
+    seed, offset = torch.tensor([5, -7]), torch.tensor([3, 2**33 + 9])
+    full = reference.vllm_noise(seed, offset, 3000)
+    assert torch.equal(full, -torch.log(-reference._vllm_log1p_neg(
+        reference.vllm_uniform(seed, offset, 3000))))
+    # keyed by the column, and by the low 32 bits of the position alone (vLLM's)
+    cols = torch.tensor([2999, 7, 1024])
+    assert torch.equal(reference.vllm_noise(seed, offset, cols), full[:, cols])
+    assert torch.equal(reference.vllm_noise(seed, offset + 2**32, 3000), full)
+    assert not torch.equal(reference.vllm_noise(seed, offset + 1, 3000), full)
+
+
 # ---- arguments ----
 
 @needs_torch
