@@ -2,7 +2,8 @@
 # The real-engine tests: klgen's drop-ins inside vLLM and SGLang,
 # each engine pinned and installed from PyPI into a venv of its own (CPU: no
 # GPU here), with klgen's wheel, and tests/python/test_<engine>.py run there
-# (and, in vLLM's, test_reference.py: torch and vLLM's own filters).
+# (and, in vLLM's, test_reference.py: torch and vLLM's own filters; then
+# test_reference_vllm.py: vLLM's sampler kernels under Triton's interpreter).
 # The venvs live under $KLGEN_CI_CACHE (default ~/.cache/klgen-ci), are made
 # once and reused by later runs on the same machine (remade when their pin
 # changes); only the wheel is new each run.
@@ -61,4 +62,12 @@ for pin in "${pins[@]}"; do
   echo "engines: $pin, ${tests[*]#"$src/"}"
   # from elsewhere than the tree: the installed klgen is what is imported
   (cd "$work" && "$dir/bin/python" -m pytest -q -p no:cacheprovider -rs "${tests[@]}")
+  if [ "$engine" = vllm ]; then
+    # the reference against vLLM's own Triton kernels, run by Triton's
+    # interpreter: on before vLLM is imported, with no visible GPU for vLLM
+    # to take Triton on the CPU, so in a process of its own
+    echo "engines: $pin, tests/python/test_reference_vllm.py (TRITON_INTERPRET=1)"
+    (cd "$work" && TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES="" "$dir/bin/python" -m pytest -q \
+      -p no:cacheprovider -rs "$src/tests/python/test_reference_vllm.py")
+  fi
 done

@@ -6,9 +6,11 @@
     out.tokens, out.logprob, out.rank, out.top_logprobs, out.top_indices
 
 sample() takes the gathered [tokens, vocab] logits and follows vLLM 0.33's
-default sampler (vllm/v1/worker/gpu/sample/sampler.py): temperature, then
-min-p, then top-k, then top-p, then a Gumbel-max draw; logprobs of the raw
-logits. Where vLLM leaves a result to summation order, unstable sorts or
+default sampler (vllm/v1/worker/gpu/sample/sampler.py): the grammar bitmask
+and the logits processors (allowed ids, logit bias, min_tokens, penalties,
+banned tokens) where asked for, temperature, then min-p, then top-k, then
+top-p, then a Gumbel-max draw; logprobs of the raw or processed logits.
+Where vLLM leaves a result to summation order, unstable sorts or
 approximate device math, this module fixes one definition (docs/design/
 sampling.md), so that a kernel working on the vocabulary's shards can be held
 to it token for token. Needs torch, no GPU and none of klgen's libraries.
@@ -32,6 +34,10 @@ exactly, the smallest 2^-24 and the largest 1 - 2^-24, so g is always finite,
 in [-2.8116, 16.6356]. On a CUDA device torch.log is CUDA's logf, so noise()
 there gives the bits a kernel computing logf(-logf(u)) gets; on the CPU,
 torch's float log may differ from it in the last bit.
+
+noise="vllm" draws vLLM 0.33's noise instead (vllm_noise(): murmur3 of (seed,
+position, column), docs/design/sampling.md), so that a seeded request draws
+vLLM's token.
 """
 
 import math
@@ -43,8 +49,10 @@ except ModuleNotFoundError as e:
     from klgen import _torch_missing
     raise _torch_missing("klgen.reference", e) from None
 
-__all__ = ["Sample", "SamplingArgs", "WEIGHT_SCALE", "bits", "check_sampling_args", "keep_mask",
-           "noise", "sample", "top_p_margin", "uniform"]
+__all__ = ["LOGPROBS_MODES", "MAX_LOGPROBS", "NOISES", "Processing", "Sample", "SamplingArgs",
+           "WEIGHT_SCALE", "bits", "check_processing", "check_sampling_args", "keep_mask", "noise",
+           "process_logits", "sample", "top_p_margin", "uniform", "vllm_bits", "vllm_noise",
+           "vllm_uniform"]
 
 # Philox4x32's multipliers and Weyl key increments (Random123's philox.h).
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -52,6 +60,8 @@ PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 PHILOX_ROUNDS = 10
 
 _MASK32 = 0xFFFFFFFF
+# The most top logprobs a row returns: vLLM's default max_logprobs.
+MAX_LOGPROBS = 20
 _LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
@@ -114,6 +124,20 @@ def _columns(columns, device):
     return torch.arange(columns, dtype=torch.int64, device=device)
 
 
+def _noise_args(seed, offset, columns, device):
+    """seed and offset as int64 tensors broadcast together, with a trailing
+    axis for the columns, and the columns as a 1-D int64 tensor."""
+    if device is None:
+        device = next((t.device for t in (seed, offset, columns) if isinstance(t, torch.Tensor)),
+                      torch.device("cpu"))
+    seed, offset = _u64(seed, "seed", device), _u64(offset, "offset", device)
+    cols = _columns(columns, device)
+    if seed.dim() and offset.dim() and seed.shape != offset.shape:
+        raise ValueError(f"seed and offset have {seed.shape[0]} and {offset.shape[0]} rows")
+    seed, offset = torch.broadcast_tensors(seed, offset)
+    return seed.unsqueeze(-1), offset.unsqueeze(-1), cols
+
+
 def bits(seed, offset, columns, *, device=None):
     """The noise's 32-bit words x (as int64 in [0, 2^32)) of the given columns.
 
@@ -123,15 +147,7 @@ def bits(seed, offset, columns, *, device=None):
     shape of seed and offset, then one entry per column. device: where to
     compute (default: the device of the tensor arguments, else the CPU).
     """
-    if device is None:
-        device = next((t.device for t in (seed, offset, columns) if isinstance(t, torch.Tensor)),
-                      torch.device("cpu"))
-    seed, offset = _u64(seed, "seed", device), _u64(offset, "offset", device)
-    cols = _columns(columns, device)
-    if seed.dim() and offset.dim() and seed.shape != offset.shape:
-        raise ValueError(f"seed and offset have {seed.shape[0]} and {offset.shape[0]} rows")
-    seed, offset = torch.broadcast_tensors(seed, offset)
-    seed, offset = seed.unsqueeze(-1), offset.unsqueeze(-1)
+    seed, offset, cols = _noise_args(seed, offset, columns, device)
     # One Philox call gives the words of four columns: run it once per block.
     blocks, where = torch.unique(cols >> 2, return_inverse=True)
     k0, k1 = seed & _MASK32, (seed >> 32) & _MASK32
@@ -152,6 +168,75 @@ def uniform(seed, offset, columns, *, device=None):
 def noise(seed, offset, columns, *, device=None):
     """The Gumbel noise g = -log(-log(u)), float32 throughout; arguments as bits()."""
     return -torch.log(-torch.log(uniform(seed, offset, columns, device=device)))
+
+
+# ---- vLLM 0.33's noise (vllm/v1/worker/gpu/sample/gumbel.py, fp32 path) ----
+
+# murmur3's multipliers and round constant (Appleby's MurmurHash3_x86_32).
+MURMUR3_C1, MURMUR3_C2, MURMUR3_N = 0xCC9E2D51, 0x1B873593, 0xE6546B64
+MURMUR3_F1, MURMUR3_F2 = 0x85EBCA6B, 0xC2B2AE35
+
+
+def _mul32(m, a):
+    """m * a mod 2^32: m a 32-bit constant, a an int64 tensor of 32-bit values."""
+    return _mulhilo(m, a)[1]
+
+
+def _rotl32(v, s):
+    return ((v << s) & _MASK32) | (v >> (32 - s))
+
+
+def _murmur3_mix(h, key):
+    key = _mul32(MURMUR3_C2, _rotl32(_mul32(MURMUR3_C1, key), 15))
+    return (_rotl32(h ^ key, 13) * 5 + MURMUR3_N) & _MASK32
+
+
+def _murmur3_fmix(h):
+    h = _mul32(MURMUR3_F1, h ^ (h >> 16))
+    h = _mul32(MURMUR3_F2, h ^ (h >> 13))
+    return h ^ (h >> 16)
+
+
+def vllm_bits(seed, offset, columns, *, device=None):
+    """vLLM's 32-bit hash of (seed, position, column) as int64 in [0, 2^32):
+    murmur3 (x86_32, seed 0) of the four words seed mod 2^32, seed >> 32 mod
+    2^32, offset mod 2^32 and column, length 16. offset is the row's position
+    (only its low 32 bits count, as in vLLM). Arguments as bits()."""
+    seed, offset, cols = _noise_args(seed, offset, columns, device)
+    h = torch.zeros((), dtype=torch.int64, device=cols.device)
+    for word in (seed & _MASK32, (seed >> 32) & _MASK32, offset & _MASK32, cols & _MASK32):
+        h = _murmur3_mix(h, word)
+    return _murmur3_fmix(h ^ 16)
+
+
+def vllm_uniform(seed, offset, columns, *, device=None):
+    """vLLM's uniform variates: u = float32((x + 1/2) * 2^-32) of x =
+    vllm_bits(), computed as vLLM does, (x >> 16) * 2^-16 + ((x & 0xFFFF) +
+    1/2) * 2^-32 in float32 (both terms exact, the sum rounded once). u is in
+    (0, 1]: the largest x rounds to 1. Arguments as bits()."""
+    x = vllm_bits(seed, offset, columns, device=device)
+    hi = (x >> 16).to(torch.float32) * 2.0 ** -16
+    return hi + ((x & 0xFFFF).to(torch.float32) + 0.5) * 2.0 ** -32
+
+
+def _vllm_log1p_neg(u):
+    """log(1 - u) as vLLM's _log1p_neg_stable computes it in float32: a
+    degree-8 series -u * (1 + u * (1/2 + u * (... + u / 8))) below 0.25, each
+    coefficient rounded to float32 and each product and sum rounded (no fused
+    multiply-add); else log(max(1 - u, 2^-24))."""
+    f32 = torch.float32
+    poly = torch.full_like(u, 1.0 / 8.0)
+    for d in (7, 6, 5, 4, 3, 2, 1):
+        poly = torch.tensor(1.0 / d, dtype=f32) + u * poly
+    series = -u * poly
+    direct = torch.log(torch.clamp(1.0 - u, min=torch.tensor(2.0 ** -24, dtype=f32)))
+    return torch.where(u < 0.25, series, direct)
+
+
+def vllm_noise(seed, offset, columns, *, device=None):
+    """vLLM's Gumbel noise g = -log(-log1p(-u)) of u = vllm_uniform(), in
+    float32 as _vllm_log1p_neg; arguments as bits()."""
+    return -torch.log(-_vllm_log1p_neg(vllm_uniform(seed, offset, columns, device=device)))
 
 
 class SamplingArgs(NamedTuple):
@@ -200,10 +285,12 @@ def _per_row(value, name, rows, device, dtype, default):
 
 
 def _refuse(bad, name, values, rule):
-    """Raises ValueError naming the first row where bad holds."""
+    """Raises ValueError naming the first row (and entry, for a 2-D bad) where
+    bad holds, and the value of values there."""
     if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        raise ValueError(f"{name} must be {rule}; row {row} has {values[row].item()!r}")
+        first = bad.nonzero()[0].tolist()
+        at = f"row {first[0]}" + "".join(f", entry {i}" for i in first[1:])
+        raise ValueError(f"{name} must be {rule}; {at} has {values[tuple(first)].item()!r}")
 
 
 def check_sampling_args(rows, vocab_size, device, temperature, top_k=None, top_p=None,
@@ -217,8 +304,9 @@ def check_sampling_args(rows, vocab_size, device, temperature, top_k=None, top_p
     top_p in (0, 1] (1: off), min_p in [0, 1] (0: off). top_k: an int >= 0 (0
     or >= vocab_size: off), at most max_top_k where given. seed, offset: ints
     in [-2^63, 2^64), taken modulo 2^64, or int64 tensors. logprobs: an int in
-    [0, vocab_size]. None, but for temperature, is the off value. A wrong
-    type raises TypeError; a wrong value, shape or device ValueError.
+    [0, min(MAX_LOGPROBS, vocab_size)]. None, but for temperature, is the off
+    value. A wrong type raises TypeError; a wrong value, shape or device
+    ValueError.
     """
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
         raise ValueError(f"rows must be an int >= 0, not {rows!r}")
@@ -247,8 +335,10 @@ def check_sampling_args(rows, vocab_size, device, temperature, top_k=None, top_p
         seeds.append(v.expand(rows).contiguous())
     if isinstance(logprobs, bool) or not isinstance(logprobs, int):
         raise TypeError(f"logprobs must be an int, not {type(logprobs).__name__}")
-    if not 0 <= logprobs <= vocab_size:
-        raise ValueError(f"logprobs must be in [0, {vocab_size}] (the vocabulary), not {logprobs}")
+    most = min(MAX_LOGPROBS, vocab_size)
+    if not 0 <= logprobs <= most:
+        raise ValueError(f"logprobs must be in [0, {most}] (at most {MAX_LOGPROBS}, and the "
+                         f"vocabulary), not {logprobs}")
     return SamplingArgs(t, k, p, mp, seeds[0], seeds[1], logprobs)
 
 
@@ -378,15 +468,282 @@ def _key_order(x):
     return order.gather(1, first)
 
 
+# ---- logits processing (vLLM 0.33's grammar bitmask and logits processors) ----
+
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+NOISES = ("philox", "vllm")
+
+
+class Processing(NamedTuple):
+    """check_processing's result: each processor as dense per-row tensors of
+    [rows, vocab] (None: off), what the reference applies column by column.
+
+    bitmask, allowed: bool, the columns left as they are (the rest -inf).
+    bias: float32, added where bias_set; stop: bool, -inf where set, and
+    restore: bool [rows], rows that take the stop columns back when nothing
+    else is left. penalties: float32 [rows] each; prompt: bool, output:
+    int32. banned: bool, -inf where set.
+    """
+
+    bitmask: Optional[torch.Tensor]
+    allowed: Optional[torch.Tensor]
+    bias: Optional[torch.Tensor]
+    bias_set: Optional[torch.Tensor]
+    stop: Optional[torch.Tensor]
+    restore: Optional[torch.Tensor]
+    repetition_penalty: Optional[torch.Tensor]
+    frequency_penalty: Optional[torch.Tensor]
+    presence_penalty: Optional[torch.Tensor]
+    prompt: Optional[torch.Tensor]
+    output: Optional[torch.Tensor]
+    banned: Optional[torch.Tensor]
+
+
+def _tensor(value, name, dtype, shape, device):
+    """value, a tensor of exactly dtype and shape (None in shape: any size
+    there) on device; returns it."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a {dtype} tensor, not {type(value).__name__}")
+    if value.dtype != dtype:
+        raise TypeError(f"{name} must be a {dtype} tensor, not {value.dtype}")
+    if value.dim() != len(shape) or any(w is not None and w != v
+                                        for w, v in zip(shape, value.shape)):
+        want = ", ".join("any" if w is None else str(w) for w in shape)
+        raise ValueError(f"{name} has shape {tuple(value.shape)}, expected [{want}]")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device}, expected {device} (the logits')")
+    return value
+
+
+class _Tables:
+    """Gathers per-request tables into per-row ones: row r reads row
+    state_rows[r] of each table (row r where state_rows is None)."""
+
+    def __init__(self, state_rows, rows, device):
+        self.rows, self.device = rows, device
+        self.index = None
+        if state_rows is not None:
+            self.index = _tensor(state_rows, "state_rows", torch.int64, (rows,), device)
+            _refuse(self.index < 0, "state_rows", self.index, ">= 0")
+
+    def gather(self, value, name, dtype, width=()):
+        table = _tensor(value, name, dtype, (None,) + width, self.device)
+        if self.index is None:
+            if table.shape[0] != self.rows:
+                raise ValueError(f"{name} has {table.shape[0]} rows, expected {self.rows} (one "
+                                 f"per row; pass state_rows to index a table of requests)")
+            return table
+        if self.rows and int(self.index.max()) >= table.shape[0]:
+            raise ValueError(f"state_rows reaches row {int(self.index.max())} of {name}, which "
+                             f"has {table.shape[0]}")
+        return table[self.index]
+
+    def penalty(self, value, name):
+        """A penalty: a number (every row) or a floating tensor [states]; float32 [rows]."""
+        if isinstance(value, torch.Tensor):
+            if not value.dtype.is_floating_point:
+                raise TypeError(f"{name} must be a floating-point tensor, not {value.dtype}")
+            return self.gather(value, name, value.dtype).to(torch.float32)
+        return _per_row(value, name, self.rows, self.device, torch.float32, None)
+
+
+def _unpack(words, vocab):
+    """Packed int32 words [rows, ceil(vocab / 32)] as bool [rows, vocab]: column
+    c is bit c % 32 (least significant first) of word c // 32."""
+    c = torch.arange(vocab, device=words.device)
+    return ((words.to(torch.int64)[:, c // 32] >> (c % 32)) & 1).bool()
+
+
+def _packed(value, name, tables, vocab, per_request):
+    width = (vocab + 31) // 32
+    if per_request:
+        words = tables.gather(value, name, torch.int32, (None,))
+    else:
+        words = _tensor(value, name, torch.int32, (tables.rows, None), tables.device)
+    if words.shape[1] != width:
+        raise ValueError(f"{name} has {words.shape[1]} words a row, expected ceil({vocab} / 32) "
+                         f"= {width}")
+    return _unpack(words, vocab)
+
+
+def _id_list(value, name, tables, vocab, with_values=False):
+    """A sparse list per request, (count int32 [states], ids int32 [states,
+    width][, values float32 [states, width]]): row r takes entries 0 ..
+    count - 1. Returns (listed bool [rows, vocab], values float32 [rows,
+    vocab] or None), the value of an id its last entry's."""
+    parts = 3 if with_values else 2
+    if not isinstance(value, (tuple, list)) or len(value) != parts:
+        kind = "(count, ids, values)" if with_values else "(count, ids)"
+        raise TypeError(f"{name} must be a tuple {kind} of tensors")
+    count = tables.gather(value[0], f"{name} count", torch.int32)
+    ids = tables.gather(value[1], f"{name} ids", torch.int32, (None,))
+    width = ids.shape[1]
+    _refuse((count < 0) | (count > width), f"{name} count", count, f"in [0, {width}] (the "
+            f"ids' width)")
+    used = torch.arange(width, device=ids.device) < count[:, None]
+    _refuse(((ids < 0) | (ids >= vocab)) & used, f"{name} ids", ids,
+            f"in [0, {vocab}) (the vocabulary) before count")
+    listed = torch.zeros(count.shape[0], vocab, dtype=torch.bool, device=ids.device)
+    values = None
+    if with_values:
+        v = tables.gather(value[2], f"{name} values", torch.float32, (width,))
+        _refuse(~torch.isfinite(v) & used, f"{name} values", v, "finite before count")
+        values = torch.zeros(listed.shape, dtype=torch.float32, device=ids.device)
+    rows = torch.arange(count.shape[0], device=ids.device)
+    # entry by entry, so that a repeated id keeps its last entry's value
+    for j in range(width):
+        r = rows[used[:, j]]
+        listed[r, ids[r, j].long()] = True
+        if with_values:
+            values[r, ids[r, j].long()] = v[r, j]
+    return listed, values
+
+
+def _banned(value, tables, vocab):
+    ids = _tensor(value, "banned", torch.int32, (tables.rows, None), tables.device)
+    _refuse(ids >= vocab, "banned", ids, f"< {vocab} (the vocabulary; a negative entry is "
+            f"padding)")
+    out = torch.zeros(tables.rows, vocab + 1, dtype=torch.bool, device=ids.device)
+    out.scatter_(1, torch.where(ids < 0, vocab, ids).long(), True)
+    return out[:, :vocab]
+
+
+def _min_tokens(value, position, tables, vocab):
+    """min_tokens = (min_len, count, stop_ids, restore): the stop columns of
+    rows with position + 1 < min_len, and the rows that restore them."""
+    if not isinstance(value, (tuple, list)) or len(value) != 4:
+        raise TypeError("min_tokens must be a tuple (min_len, count, stop_ids, restore) of "
+                        "tensors (restore may be None)")
+    min_len = tables.gather(value[0], "min_tokens min_len", torch.int32)
+    if position is None:
+        raise ValueError("min_tokens needs position (each row's position)")
+    pos = _tensor(position, "position", torch.int64, (tables.rows,), tables.device)
+    stop = _id_list(value[1:3], "min_tokens stop", tables, vocab)[0]
+    stop &= (pos + 1 < min_len)[:, None]
+    restore = None
+    if value[3] is not None:
+        restore = tables.gather(value[3], "min_tokens restore", torch.int32) != 0
+    return stop, restore
+
+
+def check_processing(rows, vocab_size, device, *, state_rows=None, repetition_penalty=None,
+                     frequency_penalty=None, presence_penalty=None, prompt_mask=None,
+                     output_counts=None, logit_bias=None, allowed_token_ids=None,
+                     min_tokens=None, position=None, banned=None, bitmask=None):
+    """Checks the logits processing arguments of sample() (layouts in its
+    docstring) for rows of vocab_size logits on device; returns a Processing.
+
+    A wrong type raises TypeError; a wrong dtype TypeError; a wrong shape,
+    device or value (an id outside the vocabulary, a count beyond its list,
+    a bitmask of the wrong width, a penalty outside its domain) ValueError.
+    """
+    device = torch.device(device)
+    tables = _Tables(state_rows, rows, device)
+    mask = None if bitmask is None else _packed(bitmask, "bitmask", tables, vocab_size, False)
+    allowed = None
+    if allowed_token_ids is not None:
+        listed = _id_list(allowed_token_ids, "allowed_token_ids", tables, vocab_size)[0]
+        allowed = listed | ~listed.any(1, keepdim=True)
+    bias = bias_set = None
+    if logit_bias is not None:
+        bias_set, bias = _id_list(logit_bias, "logit_bias", tables, vocab_size, with_values=True)
+    stop = restore = None
+    if min_tokens is not None:
+        stop, restore = _min_tokens(min_tokens, position, tables, vocab_size)
+    elif position is not None:
+        raise ValueError("position is used by min_tokens only: pass min_tokens with it")
+    penalties = [None if v is None else tables.penalty(v, n) for v, n in (
+        (repetition_penalty, "repetition_penalty"), (frequency_penalty, "frequency_penalty"),
+        (presence_penalty, "presence_penalty"))]
+    rep, freq, pres = penalties
+    if rep is not None:
+        _refuse(~torch.isfinite(rep) | (rep <= 0), "repetition_penalty", rep,
+                "finite and > 0 (as a float32; 1: off)")
+    for v, n in ((freq, "frequency_penalty"), (pres, "presence_penalty")):
+        if v is not None:
+            _refuse(~torch.isfinite(v), n, v, "finite (as a float32; 0: off)")
+    prompt = output = None
+    if all(v is None for v in penalties):
+        if prompt_mask is not None or output_counts is not None:
+            raise ValueError("prompt_mask and output_counts are the penalties' tables: pass "
+                             "repetition_penalty, frequency_penalty or presence_penalty with them")
+    else:
+        if output_counts is None:
+            raise ValueError("the penalties need output_counts (each request's output token "
+                             "counts)")
+        output = tables.gather(output_counts, "output_counts", torch.int32, (vocab_size,))
+        _refuse(output < 0, "output_counts", output, ">= 0")
+        if rep is not None and prompt_mask is None:
+            raise ValueError("repetition_penalty needs prompt_mask (each request's prompt "
+                             "tokens)")
+        if prompt_mask is not None:
+            prompt = _packed(prompt_mask, "prompt_mask", tables, vocab_size, True)
+    return Processing(mask, allowed, bias, bias_set, stop, restore, rep, freq, pres, prompt,
+                      output, None if banned is None else _banned(banned, tables, vocab_size))
+
+
+def _masked(x, bitmask):
+    """The logits in float32 with the grammar bitmask applied: what vLLM's
+    runner hands its sampler (and takes raw logprobs of)."""
+    x = x.to(torch.float32)
+    return x if bitmask is None else torch.where(bitmask, x, -math.inf)
+
+
+def _process(x, p):
+    """vLLM's logits processors on x (float32, the bitmask applied), in its
+    order: allowed ids, bias, min_tokens, penalties, banned columns."""
+    inf = math.inf
+    if p.allowed is not None:
+        x = torch.where(p.allowed, x, -inf)
+    if p.bias is not None:
+        x = torch.where(p.bias_set, x + p.bias, x)
+    if p.stop is not None:
+        stopped = torch.where(p.stop, -inf, x)
+        if p.restore is not None:
+            # nothing but -inf left: the stop columns get their finite values back
+            dead = p.restore & (stopped == -inf).all(1)
+            stopped = torch.where(dead[:, None] & p.stop & torch.isfinite(x), x, stopped)
+        x = stopped
+    if p.output is not None:
+        ones = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)
+        rep = ones if p.repetition_penalty is None else p.repetition_penalty
+        freq = ones * 0 if p.frequency_penalty is None else p.frequency_penalty
+        pres = ones * 0 if p.presence_penalty is None else p.presence_penalty
+        on = ((rep != 1) | (freq != 0) | (pres != 0))[:, None]
+        counts = p.output.to(torch.float32)
+        seen = p.output > 0
+        if p.prompt is not None:
+            # x * (1 / scale) where x > 0, else x * scale: the reciprocal rounded
+            scale = torch.where(p.prompt | seen, rep[:, None], 1.0)
+            scaled = x * torch.where(x > 0, 1.0 / scale, scale)
+            x = torch.where(on & (rep != 1)[:, None], scaled, x)
+        y = x - freq[:, None] * counts
+        y = y - pres[:, None] * seen.to(torch.float32)
+        x = torch.where(on, y, x)
+    if p.banned is not None:
+        x = torch.where(p.banned, -inf, x)
+    return x
+
+
+def process_logits(logits, **processing):
+    """The logits after the grammar bitmask and the processors, before
+    temperature: float32 [tokens, vocab], as sample() draws from them.
+    processing: sample()'s logits processing keywords."""
+    _check_logits(logits)
+    p = check_processing(*logits.shape, logits.device, **processing)
+    return _process(_masked(logits, p.bitmask), p)
+
+
 class Sample(NamedTuple):
     """sample()'s result, one row per token.
 
     tokens: int64 [tokens]. logprob: float32 [tokens], the token's log
-    probability under the raw logits. rank: int64 [tokens], how many columns
-    have a raw logit >= the token's (vLLM's rank). top_logprobs, top_indices:
-    float32 and int64 [tokens, n], the n largest raw logits' log
-    probabilities and columns (largest first, NaN above all, ties to the
-    lowest column).
+    probability (its logit in the logits modes) under the logits
+    logprobs_mode names. rank: int64 [tokens], how many columns of those
+    logits are >= the token's (vLLM's rank). top_logprobs, top_indices:
+    float32 and int64 [tokens, n], the n largest of those logits' log
+    probabilities (or logits) and columns (largest first, NaN above all,
+    ties to the lowest column).
     """
 
     tokens: torch.Tensor
@@ -397,11 +754,12 @@ class Sample(NamedTuple):
 
 
 def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, offset=0,
-           logprobs=0):
+           logprobs=0, logprobs_mode="raw_logprobs", noise="philox", **processing):
     """Samples a token from each row of the gathered logits [tokens, vocab]
     (float32, float16 or bfloat16) as kl_sample does; returns a Sample.
 
-    Per row, with x the logits cast to float32 and T the temperature:
+    Per row, with x the logits cast to float32, the grammar bitmask and the
+    logits processors applied (below), and T the temperature:
       T == 0: the token is argmax(x) (ties to the lowest column, NaN largest).
       T > 0:  t = x / T (float32). A row whose largest t is not finite gives
               argmax(t): its first NaN, else its first +Inf, else (all -Inf)
@@ -415,28 +773,92 @@ def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, o
                   integer weights floor(exp(t - max(t)) * 2^38), exp in
                   float32 (WEIGHT_SCALE: exact sums in any order);
               and the token is the first column of the largest
-              t + noise(seed, offset, column) among those kept (float32).
-    logprob, rank and the n = logprobs top entries come from log_softmax(x)
-    (computed in float64, rounded to float32): vLLM's default, the raw
-    logits' logprobs, untouched by temperature or filters.
+              t + g(seed, offset, column) among those kept (float32), g
+              noise() (noise="philox") or vllm_noise() (noise="vllm", with
+              offset the row's position, as vLLM draws).
 
-    Parameters are numbers or per-row tensors, checked by
-    check_sampling_args().
+    logprobs: n top entries, 0 .. min(MAX_LOGPROBS, vocab). logprob, rank and
+    the top entries come from the logits logprobs_mode names (vLLM's):
+      raw_logprobs (the default), raw_logits: the logits as the model gave
+        them with only the bitmask applied, before the processors,
+        temperature and filters;
+      processed_logprobs, processed_logits: the logits the token is drawn
+        from: t where the filters keep a column, -inf elsewhere (x itself
+        for T == 0).
+    The logprobs modes take log_softmax of those (in float64, rounded to
+    float32), the logits modes the logits themselves.
+
+    Logits processing, every keyword None (off) unless given. Per-request
+    tables have one row per request; row r of the logits reads row
+    state_rows[r] of each (row r where state_rows is None: then each table
+    has exactly tokens rows). Integer tensors are int32 but for state_rows
+    and position (int64); floats float32. In vLLM's order, before temperature:
+      bitmask: int32 [tokens, ceil(vocab / 32)], per row: column c is allowed
+        when bit c % 32 (least significant first) of word c // 32 is set;
+        the rest become -inf, before the raw logprobs are taken (vLLM's
+        runner applies the grammar's bitmask to the logits it samples from).
+        A row without a grammar is all ones (-1).
+      allowed_token_ids = (count [R], ids [R, A]), per request: where count
+        > 0, every column but ids[:count] becomes -inf.
+      logit_bias = (count [R], ids [R, B], values [R, B]), per request: x[id]
+        += value for each of the first count entries; an id listed more than
+        once takes its last entry's value (once).
+      min_tokens = (min_len [R], count [R], stop_ids [R, M], restore [R] or
+        None), per request, with position: int64 [tokens], each row's
+        position (that of the last token the model read; vLLM's pos): where
+        count > 0 and position + 1 < min_len, stop_ids[:count] become -inf;
+        where restore is non-zero and that leaves every column -inf, those
+        stop columns that were finite get their values back.
+      repetition_penalty, frequency_penalty, presence_penalty: numbers (every
+        request) or float32 [R], with output_counts: int32 [R, vocab], each
+        request's count of every column among its output tokens, and
+        prompt_mask: int32 [R, ceil(vocab / 32)], bit c as in bitmask set
+        when column c is in the request's prompt (needed with
+        repetition_penalty). A request with repetition_penalty rp != 1,
+        frequency_penalty f != 0 or presence_penalty p != 0: where rp != 1,
+        a column in the prompt or the output is scaled, x * (1 / rp) for x >
+        0, else x * rp (the reciprocal rounded to float32); then x -= f *
+        count, x -= p * (count > 0), each product and difference in float32.
+      banned: int32 [tokens, K], per row: the columns to ban this step (the
+        engine's bad words), each becoming -inf; a negative entry is
+        padding.
+    An id (before its list's count, or in banned) outside [0, vocab), a
+    count outside [0, its list's width], a non-finite bias, penalty, or
+    repetition_penalty <= 0, a bitmask or prompt_mask whose width is not
+    ceil(vocab / 32), or a penalty without its tables raises ValueError;
+    process_logits() gives x. Parameters are numbers or per-row tensors,
+    checked by check_sampling_args() and check_processing().
     """
     _check_logits(logits)
     rows, vocab = logits.shape
     args = check_sampling_args(rows, vocab, logits.device, temperature, top_k, top_p, min_p,
                                seed, offset, logprobs)
-    x = logits.to(torch.float32)
-    t = _tempered(logits, args)
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, not "
+                         f"{logprobs_mode!r}")
+    if noise not in NOISES:
+        raise ValueError(f"noise must be one of {', '.join(NOISES)}, not {noise!r}")
+    p = check_processing(rows, vocab, logits.device, **processing)
+    raw = _masked(logits, p.bitmask)
+    x = _process(raw, p)
+    t = _tempered(x, args)
     keep = _keep(t, args)[0]
-    g = noise(args.seed, args.offset, vocab, device=logits.device)
+    g = _NOISE[noise](args.seed, args.offset, vocab, device=logits.device)
     scores = torch.where(keep, t + g, -math.inf)
     drawn = torch.argmax(scores, dim=-1)
-    tokens = torch.where((args.temperature == 0) | _special(t), torch.argmax(t, dim=-1), drawn)
+    greedy = args.temperature == 0
+    tokens = torch.where(greedy | _special(t), torch.argmax(t, dim=-1), drawn)
 
-    lp = torch.log_softmax(x.to(torch.float64), dim=-1).to(torch.float32)
-    chosen = x.gather(1, tokens[:, None])
-    rank = (x >= chosen).sum(dim=-1)
-    top = _key_order(x)[:, :args.logprobs]
-    return Sample(tokens, lp.gather(1, tokens[:, None])[:, 0], rank, lp.gather(1, top), top)
+    if logprobs_mode.startswith("raw"):
+        y = raw
+    else:
+        y = torch.where(greedy[:, None], x, torch.where(keep, t, -math.inf))
+    values = y
+    if logprobs_mode.endswith("logprobs"):
+        values = torch.log_softmax(y.to(torch.float64), dim=-1).to(torch.float32)
+    rank = (y >= y.gather(1, tokens[:, None])).sum(dim=-1)
+    top = _key_order(y)[:, :args.logprobs]
+    return Sample(tokens, values.gather(1, tokens[:, None])[:, 0], rank, values.gather(1, top), top)
+
+
+_NOISE = {"philox": noise, "vllm": vllm_noise}

@@ -611,6 +611,345 @@ def test_draws_follow_the_filtered_softmax(case):
     assert chi2_sf(stat, len(kept) - 1) > 1e-3, (case, counts, expected)
 
 
+# ---- vLLM's noise: murmur3, as Appleby's MurmurHash3_x86_32 ----
+
+def murmur3_scalar(data, seed=0):
+    """MurmurHash3_x86_32 of bytes, in plain Python."""
+    h = seed
+    rotl = lambda v, s: ((v << s) | (v >> (32 - s))) & M32  # noqa: E731
+
+    def mix(h, k):
+        k = rotl(k * 0xCC9E2D51 & M32, 15) * 0x1B873593 & M32
+        return (rotl(h ^ k, 13) * 5 + 0xE6546B64) & M32
+
+    n = len(data) // 4 * 4
+    for i in range(0, n, 4):
+        h = mix(h, int.from_bytes(data[i:i + 4], "little"))
+    tail = int.from_bytes(data[n:], "little")
+    if tail or len(data) > n:
+        h ^= rotl(tail * 0xCC9E2D51 & M32, 15) * 0x1B873593 & M32
+    h ^= len(data)
+    h = (h ^ (h >> 16)) * 0x85EBCA6B & M32
+    h = (h ^ (h >> 13)) * 0xC2B2AE35 & M32
+    return h ^ (h >> 16)
+
+
+def test_scalar_murmur3_known_answers():
+    assert murmur3_scalar(b"", 0) == 0
+    assert murmur3_scalar(b"", 1) == 0x514E28B7
+    assert murmur3_scalar(b"", 0xFFFFFFFF) == 0x81F16F39
+    assert murmur3_scalar(b"\0\0\0\0", 0) == 0x2362F9DE
+    assert murmur3_scalar(b"Hello, world!", 0x9747B28C) == 0x24884CBA
+    assert murmur3_scalar(b"The quick brown fox jumps over the lazy dog", 0x9747B28C) == 0x2FA826CD
+
+
+@needs_torch
+def test_vllm_bits_are_murmur3_of_seed_position_column():
+    rng = random.Random(8)
+    seeds = [0, -1, 2**63 - 1, -(2**63)] + [rng.randrange(-(2**63), 2**63) for _ in range(8)]
+    offsets = [0, 2**32 - 1, 2**32 + 5, 2**62] + [rng.randrange(2**40) for _ in range(8)]
+    cols = torch.tensor([0, 1, 2, 3, 4, 1023, 1024, 65535, 65536, 2**31, 2**32 - 1])
+    got = reference.vllm_bits(torch.tensor(seeds), torch.tensor(offsets), cols)
+    for i, (s, o) in enumerate(zip(seeds, offsets)):
+        for j, c in enumerate(cols.tolist()):
+            key = struct.pack("<4I", s % 2**64 & M32, s % 2**64 >> 32, o & M32, c)
+            assert int(got[i, j]) == murmur3_scalar(key), (s, o, c)
+    # the uniform: float32((x + 1/2) * 2^-32), the largest x rounding to 1
+    x = got.flatten().tolist()
+    u = reference.vllm_uniform(torch.tensor(seeds), torch.tensor(offsets), cols).flatten()
+    assert u.tolist() == [f32((v + 0.5) * 2.0**-32) for v in x]
+
+
+@needs_torch
+def test_vllm_noise_is_gumbel_of_its_uniform_and_finite():
+    u = torch.tensor([2.0**-33, 1e-6, 0.1, 0.2499999, 0.25, 0.5, 0.9, 1 - 2**-24, 1.0])
+    l1p = reference._vllm_log1p_neg(u)
+    want = [math.log1p(-v) for v in u.tolist()[:-1]] + [math.log(2**-24)]
+    # the series' error stays below 6e-7 (vLLM's bound), log's below 1e-6
+    assert l1p.tolist() == pytest.approx(want, rel=1e-6, abs=6e-7)
+    g = -torch.log(-l1p)
+    assert torch.isfinite(g).all() and float(g[0]) == pytest.approx(-math.log(2.0**-33))
+    seed, offset = torch.tensor([5, -7]), torch.tensor([3, 2**33 + 9])
+    full = reference.vllm_noise(seed, offset, 3000)
+    assert torch.equal(full, -torch.log(-reference._vllm_log1p_neg(
+        reference.vllm_uniform(seed, offset, 3000))))
+    # keyed by the column, and by the low 32 bits of the position alone (vLLM's)
+    cols = torch.tensor([2999, 7, 1024])
+    assert torch.equal(reference.vllm_noise(seed, offset, cols), full[:, cols])
+    assert torch.equal(reference.vllm_noise(seed, offset + 2**32, 3000), full)
+    assert not torch.equal(reference.vllm_noise(seed, offset + 1, 3000), full)
+
+
+@needs_torch
+def test_sample_with_vllm_noise_matches_the_slow_sampler():
+    rng = random.Random(9)
+    for vocab in (1, 5, 300):
+        rows = 60
+        b = random_batch(rng, vocab, rows, "float32")
+        out = reference.sample(b["logits"], b["temperature"], b["top_k"], b["top_p"],
+                               b["min_p"], seed=b["seed"], offset=b["offset"], noise="vllm")
+        g = reference.vllm_noise(b["seed"], b["offset"], vocab)
+        x = b["logits"].tolist()
+        for i in range(rows):
+            t_, k_, p_, mp_ = b["params"][i]
+            want = slow_token(x[i], t_, k_, f32(p_), f32(mp_), g[i].tolist())
+            assert int(out.tokens[i]) == want, (vocab, i, b["params"][i])
+
+
+# ---- logits processing ----
+
+def packed(columns, vocab):
+    """A packed int32 bit row with the given columns set."""
+    w = [0] * ((vocab + 31) // 32)
+    for c in columns:
+        w[c // 32] |= 1 << (c % 32)
+    return [v - 2**32 if v >= 2**31 else v for v in w]
+
+
+def slow_process(x, vocab, r):
+    """The processors of one row, from sample()'s definition, in Python
+    floats rounded to float32: r holds the row's lists and values."""
+    x = [v if c in r["grammar"] else -INF for c, v in enumerate(x)]
+    if r["allowed"]:
+        x = [v if c in r["allowed"] else -INF for c, v in enumerate(x)]
+    last = dict(r["bias"])  # the last entry of an id
+    x = [f32(v + last[c]) if c in last else v for c, v in enumerate(x)]
+    if r["stop"] and r["position"] + 1 < r["min_len"]:
+        kept = [-INF if c in r["stop"] else v for c, v in enumerate(x)]
+        if r["restore"] and all(v == -INF for v in kept):
+            kept = [v if c in r["stop"] and math.isfinite(v) else kept[c]
+                    for c, v in enumerate(x)]
+        x = kept
+    rp, fp, pp = r["penalties"]
+    if rp != 1 or fp != 0 or pp != 0:
+        out = []
+        for c, v in enumerate(x):
+            n = r["counts"][c]
+            if rp != 1 and (c in r["prompt"] or n > 0):
+                v = f32(v * f32(1 / rp)) if v > 0 else f32(v * rp)
+            v = f32(v - f32(fp * n))
+            out.append(f32(v - (pp if n > 0 else 0.0)))
+        x = out
+    return [-INF if c in r["banned"] else v for c, v in enumerate(x)]
+
+
+def random_requests(rng, vocab, states):
+    """Random per-request processing state, as Python lists."""
+    reqs = []
+    for _ in range(states):
+        ids = lambda n: [rng.randrange(vocab) if rng.random() < 0.7 else  # noqa: E731
+                         rng.randrange(min(vocab, 4)) for _ in range(n)]
+        counts = [0] * vocab
+        for c in ids(rng.randrange(20)):
+            counts[c] += 1
+        reqs.append(dict(
+            allowed=ids(rng.choice([0, 0, 1, 5])),
+            bias=[(c, f32(rng.uniform(-100, 100))) for c in ids(rng.choice([0, 1, 7, 40]))],
+            stop=ids(rng.choice([0, 1, 3])), min_len=rng.randrange(40), restore=rng.random() < .5,
+            penalties=(f32(rng.choice([1.0, 0.5, 1.3])), f32(rng.choice([0.0, -1.5, 0.7])),
+                       f32(rng.choice([0.0, 2.0, -0.3]))),
+            prompt=set(ids(rng.randrange(10))), counts=counts))
+    return reqs
+
+
+def as_tables(reqs, vocab, width=64):
+    """The requests' lists as sample()'s tables (entries past a count stale)."""
+    def table(lists, dtype=torch.int32, stale=-3):
+        t = torch.full((len(lists), width), stale, dtype=dtype)
+        for i, v in enumerate(lists):
+            t[i, :len(v)] = torch.tensor(v, dtype=dtype)
+        return t
+
+    count = lambda key: torch.tensor([len(r[key]) for r in reqs], dtype=torch.int32)  # noqa
+    return dict(
+        allowed_token_ids=(count("allowed"), table([r["allowed"] for r in reqs])),
+        logit_bias=(count("bias"), table([[c for c, _ in r["bias"]] for r in reqs]),
+                    table([[v for _, v in r["bias"]] for r in reqs], torch.float32, NAN)),
+        min_tokens=(torch.tensor([r["min_len"] for r in reqs], dtype=torch.int32), count("stop"),
+                    table([r["stop"] for r in reqs]),
+                    torch.tensor([int(r["restore"]) for r in reqs], dtype=torch.int32)),
+        repetition_penalty=torch.tensor([r["penalties"][0] for r in reqs]),
+        frequency_penalty=torch.tensor([r["penalties"][1] for r in reqs]),
+        presence_penalty=torch.tensor([r["penalties"][2] for r in reqs]),
+        prompt_mask=torch.tensor([packed(r["prompt"], vocab) for r in reqs], dtype=torch.int32),
+        output_counts=torch.tensor([r["counts"] for r in reqs], dtype=torch.int32))
+
+
+@needs_torch
+def test_processing_matches_the_slow_definition():
+    rng = random.Random(10)
+    for vocab in (1, 7, 40, 100):
+        states, rows = 12, 30
+        reqs = random_requests(rng, vocab, states)
+        state_rows = [rng.randrange(states) for _ in range(rows)]
+        x = [hostile_row(rng, vocab) if rng.random() < 0.3 else
+             [rng.gauss(0, 3) for _ in range(vocab)] for _ in range(rows)]
+        position = [rng.randrange(40) for _ in range(rows)]
+        grammar = [set(range(vocab)) if rng.random() < 0.5 else
+                   {c for c in range(vocab) if rng.random() < 0.3} for _ in range(rows)]
+        banned = [[rng.randrange(vocab) for _ in range(rng.randrange(3))] for _ in range(rows)]
+        got = reference.process_logits(
+            torch.tensor(x), state_rows=torch.tensor(state_rows), position=torch.tensor(position),
+            bitmask=torch.tensor([packed(g, vocab) for g in grammar], dtype=torch.int32),
+            banned=torch.tensor([b + [-1] * (3 - len(b)) for b in banned], dtype=torch.int32),
+            **as_tables(reqs, vocab))
+        for i in range(rows):
+            r = dict(reqs[state_rows[i]], grammar=grammar[i], banned=set(banned[i]),
+                     position=position[i])
+            want = slow_process([f32(v) for v in x[i]], vocab, r)
+            row = got[i].tolist()
+            assert all(a == b or (a != a and b != b) for a, b in zip(row, want)), (vocab, i, r)
+
+
+@needs_torch
+def test_state_rows_read_the_tables_as_gathered_ones():
+    rng = random.Random(11)
+    vocab, states = 50, 9
+    tables = as_tables(random_requests(rng, vocab, states), vocab)
+    rows = torch.tensor([3, 3, 0, 8, 5])
+    gathered = {k: tuple(t[rows] for t in v) if isinstance(v, tuple) else v[rows]
+                for k, v in tables.items()}
+    x = torch.randn(5, vocab)
+    pos = torch.tensor([0, 30, 5, 2, 1])
+    a = reference.process_logits(x, state_rows=rows, position=pos, **tables)
+    b = reference.process_logits(x, position=pos, **gathered)
+    assert torch.equal(a, b)
+    # and scalars are every request's
+    c = reference.process_logits(x, state_rows=rows, frequency_penalty=0.5,
+                                 output_counts=tables["output_counts"])
+    counts = tables["output_counts"][rows].float()
+    assert torch.equal(c, x - 0.5 * counts - 0.0 * counts) and not torch.equal(c, x)
+
+
+@needs_torch
+def test_processing_edges():
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0]] * 2)
+    one = torch.tensor([1, 1], dtype=torch.int32)
+    # a repeated bias id: the last entry, added once
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    bias = (i32([3, 3]), i32([[1, 1, 2]] * 2), torch.tensor([[10.0, -5.0, 1.0]] * 2))
+    assert reference.process_logits(x, logit_bias=bias)[0].tolist() == [1.0, -3.0, 4.0, 4.0]
+    # min_tokens: masked while position + 1 < min_len; restored only where
+    # nothing else is left and restore is set
+    stop = (i32([5, 5]), one, i32([[3], [3]]), i32([0, 1]))
+    pos = torch.tensor([3, 4])
+    assert reference.process_logits(x, min_tokens=stop, position=pos).tolist() == [
+        [1.0, 2.0, 3.0, -INF], [1.0, 2.0, 3.0, 4.0]]
+    allowed = (one, i32([[3], [3]]))
+    pos = torch.tensor([3, 3])
+    assert reference.process_logits(x, allowed_token_ids=allowed, min_tokens=stop,
+                                    position=pos).tolist() == [[-INF] * 4, [-INF] * 3 + [4.0]]
+    # repetition: positive logits divided (by a rounded reciprocal), others multiplied
+    y = torch.tensor([[3.0, -3.0, 3.0, 0.0]])
+    mask = torch.tensor([[0b0011]], dtype=torch.int32)
+    got = reference.process_logits(y, repetition_penalty=3.0, prompt_mask=mask,
+                                   output_counts=torch.zeros(1, 4, dtype=torch.int32))
+    assert got.tolist() == [[f32(3.0 * f32(1 / 3)), -9.0, 3.0, 0.0]]
+    # a bitmask's bits past the vocabulary are not read; all zero masks all
+    for v in (1, 33):
+        full = reference.process_logits(torch.zeros(2, v), bitmask=torch.tensor(
+            [[-1] * ((v + 31) // 32), [0] * ((v + 31) // 32)], dtype=torch.int32))
+        assert full[0].tolist() == [0.0] * v and full[1].tolist() == [-INF] * v
+        assert int(reference.sample(torch.zeros(2, v), 1.0, bitmask=torch.tensor(
+            [[0] * ((v + 31) // 32)] * 2, dtype=torch.int32)).tokens[0]) == 0
+
+
+@needs_torch
+@pytest.mark.parametrize("mode", ["raw_logprobs", "raw_logits", "processed_logprobs",
+                                  "processed_logits"])
+def test_logprobs_modes(mode):
+    torch.manual_seed(12)
+    rows, vocab = 8, 30
+    x = torch.randn(rows, vocab) * 2
+    mask = torch.full((rows, 1), -1, dtype=torch.int32)
+    mask[0] = 0b1011
+    kw = dict(bitmask=mask, frequency_penalty=1.0,
+              output_counts=torch.randint(0, 3, (rows, vocab), dtype=torch.int32))
+    t = torch.tensor([0.0, 0.7, 1.0, 1.5, 0.7, 0.7, 2.0, 1.0])
+    k = torch.tensor([0, 5, 0, 0, 3, 0, 0, 0])
+    out = reference.sample(x, t, top_k=k, seed=4, logprobs=20, logprobs_mode=mode, **kw)
+    raw = torch.where(reference._unpack(mask, vocab), x, -INF)
+    processed = reference.process_logits(x, **kw)
+    keep = reference.keep_mask(processed, torch.where(t == 0, 1.0, t), top_k=k)
+    processed = torch.where((t == 0)[:, None], processed,
+                            torch.where(keep, processed / torch.where(t == 0, 1, t)[:, None], -INF))
+    y = raw if mode.startswith("raw") else processed
+    values = torch.log_softmax(y.double(), 1).float() if mode.endswith("logprobs") else y
+    order = torch.sort(y, dim=1, descending=True, stable=True).indices
+    assert torch.equal(out.top_indices, order[:, :20])
+    assert torch.equal(out.top_logprobs, values.gather(1, out.top_indices))
+    assert torch.equal(out.logprob, values.gather(1, out.tokens[:, None])[:, 0])
+    assert torch.equal(out.rank, (y >= y.gather(1, out.tokens[:, None])).sum(1))
+    assert keep.any(1).all() and (processed == -INF).any()
+
+
+@needs_torch
+def test_processing_arguments_are_checked():
+    V = 40
+    x = torch.zeros(3, V)
+    i32 = lambda *v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    rows = torch.tensor([0, 1, 1])
+    counts = torch.zeros(2, V, dtype=torch.int32)
+    ids = torch.zeros(2, 4, dtype=torch.int32)
+    ok = dict(state_rows=rows, frequency_penalty=torch.zeros(2), output_counts=counts,
+              logit_bias=(i32(1, 0), ids, torch.ones(2, 4)), bitmask=torch.full((3, 2), -1,
+                                                                               dtype=torch.int32))
+    reference.sample(x, 1.0, **ok)
+    bad = [
+        (ValueError, "bitmask has 1 words", dict(bitmask=torch.zeros(3, 1, dtype=torch.int32))),
+        (ValueError, "bitmask has 3 words", dict(bitmask=torch.zeros(3, 3, dtype=torch.int32))),
+        (ValueError, "bitmask has shape", dict(bitmask=torch.zeros(2, 2, dtype=torch.int32))),
+        (TypeError, "bitmask must be a torch.int32", dict(bitmask=torch.zeros(3, 2))),
+        (ValueError, "logprobs must be in", dict(logprobs=21)),
+        (ValueError, "logprobs_mode", dict(logprobs_mode="raw")),
+        (ValueError, "noise must be", dict(noise="murmur")),
+        (ValueError, r"logit_bias ids must be in \[0, 40\).*row 1, entry 0 has 40",
+         dict(logit_bias=(i32(0, 1), i32([0, 0], [40, 0]), torch.ones(2, 2)))),
+        (ValueError, "logit_bias ids must be in", dict(logit_bias=(i32(1, 0), i32([-1], [0]),
+                                                                   torch.ones(2, 1)))),
+        (ValueError, r"logit_bias count must be in \[0, 4\]", dict(logit_bias=(
+            i32(5, 0), ids, torch.ones(2, 4)))),
+        (ValueError, "logit_bias count must be", dict(logit_bias=(i32(-1, 0), ids,
+                                                                  torch.ones(2, 4)))),
+        (ValueError, "logit_bias values must be finite", dict(logit_bias=(
+            i32(1, 0), ids, torch.full((2, 4), INF)))),
+        (ValueError, "logit_bias values has shape", dict(logit_bias=(i32(1, 0), ids,
+                                                                     torch.ones(2, 3)))),
+        (TypeError, "logit_bias must be a tuple", dict(logit_bias=(i32(1, 0), ids))),
+        (TypeError, "allowed_token_ids count must be a torch.int32",
+         dict(allowed_token_ids=(torch.tensor([1, 0]), ids))),
+        (ValueError, "repetition_penalty must be finite and > 0",
+         dict(repetition_penalty=0.0, prompt_mask=torch.zeros(2, 2, dtype=torch.int32))),
+        (ValueError, "repetition_penalty must be finite", dict(
+            repetition_penalty=torch.tensor([1.0, NAN]),
+            prompt_mask=torch.zeros(2, 2, dtype=torch.int32))),
+        (ValueError, "frequency_penalty must be finite", dict(frequency_penalty=INF)),
+        (ValueError, "repetition_penalty needs prompt_mask", dict(repetition_penalty=1.2)),
+        (ValueError, "prompt_mask has 1 words", dict(
+            repetition_penalty=1.2, prompt_mask=torch.zeros(2, 1, dtype=torch.int32))),
+        (ValueError, "the penalties need output_counts", dict(output_counts=None)),
+        (ValueError, "penalties' tables", dict(frequency_penalty=None)),
+        (ValueError, "output_counts must be >= 0", dict(output_counts=counts - 1)),
+        (ValueError, "output_counts has shape", dict(output_counts=counts[:, :-1])),
+        (ValueError, "state_rows reaches row 2", dict(state_rows=torch.tensor([0, 1, 2]))),
+        (ValueError, "state_rows must be >= 0", dict(state_rows=torch.tensor([0, -1, 1]))),
+        (TypeError, "state_rows must be a torch.int64", dict(state_rows=rows.int())),
+        (ValueError, "has 2 rows, expected 3", dict(state_rows=None)),
+        (ValueError, "min_tokens needs position", dict(min_tokens=(i32(1, 1), i32(0, 0), ids,
+                                                                   None))),
+        (ValueError, "position is used by min_tokens only", dict(position=torch.zeros(3).long())),
+        (ValueError, "banned must be < 40", dict(banned=i32([0], [40], [-1]))),
+        (ValueError, "banned has shape", dict(banned=i32([0], [1]))),
+        (TypeError, "unexpected keyword", dict(logit_bias_ids=ids)),
+    ]
+    for error, match, change in bad:
+        kw = dict(ok)
+        kw.update(change)
+        kw = {k: v for k, v in kw.items() if v is not None}
+        with pytest.raises(error, match=match):
+            reference.sample(x, 1.0, **kw)
+
+
 # ---- arguments ----
 
 @needs_torch

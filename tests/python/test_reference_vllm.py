@@ -1,0 +1,503 @@
+"""klgen.reference's logits processing, logprobs and vLLM noise against vLLM
+0.33.0's own code (docs/design/sampling.md): the v2 sampler's Triton kernels
+(vllm/v1/worker/gpu/sample/ and the runner's grammar bitmask) run on the CPU
+under Triton's interpreter, called in the order vLLM's Sampler calls them, on
+vLLM's own state tensors (built by its bincount kernel from random
+histories), which the reference takes as they are.
+
+Needs the vLLM venv of .ci/engines.sh, and Triton's interpreter on before
+vLLM is imported: TRITON_INTERPRET=1, and CUDA_VISIBLE_DEVICES set empty so
+that vLLM takes Triton on a machine without a GPU (engines.sh runs this file
+in a pytest process of its own, so set). Skipped without TRITON_INTERPRET=1;
+with it, an error where vLLM still finds no Triton.
+"""
+
+import math
+import os
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("needs TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES= before vLLM is imported "
+                "(.ci/engines.sh runs it so)", allow_module_level=True)
+
+from vllm.triton_utils import HAS_TRITON  # noqa: E402
+
+if not HAS_TRITON:  # asked for the interpreter, so a failure, not a skip
+    raise RuntimeError("vLLM found no Triton: set CUDA_VISIBLE_DEVICES= (empty) on a machine "
+                       "without a GPU")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from vllm.exceptions import VLLMValidationError  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch  # noqa: E402
+from vllm.v1.worker.gpu import structured_outputs  # noqa: E402
+from vllm.v1.worker.gpu.sample import gumbel  # noqa: E402
+from vllm.v1.worker.gpu.sample.bad_words import apply_bad_words  # noqa: E402
+from vllm.v1.worker.gpu.sample.logit_bias import apply_logit_bias  # noqa: E402
+from vllm.v1.worker.gpu.sample.logprob import compute_topk_scores  # noqa: E402
+from vllm.v1.worker.gpu.sample.min_p import apply_min_p  # noqa: E402
+from vllm.v1.worker.gpu.sample.penalties import apply_penalties, bincount  # noqa: E402
+
+from klgen import reference  # noqa: E402
+
+I32, I64, F32 = torch.int32, torch.int64, torch.float32
+INF = math.inf
+# vLLM's capacities (logit_bias.py, envs.py)
+ALLOWED_W, BIAS_W, STOP_W, BAD_W, BAD_N = 1024, 1024, 128, 1024, 128
+
+
+def words(vocab):
+    return (vocab + 31) // 32
+
+
+def randint(gen, lo, hi, shape, dtype=I32):
+    return torch.randint(lo, hi, shape, generator=gen, dtype=I64).to(dtype)
+
+
+def make_state(gen, states, vocab, *, all_on=False):
+    """vLLM's per-request sampler state for random requests: its tensors,
+    named as vLLM names them, and the histories they were built from."""
+    s = {}
+    prompt_len = randint(gen, 1, 40, (states,))
+    out_len = randint(gen, 0, 30, (states,))
+    # tokens from a small range, so that they repeat
+    hist = randint(gen, 0, vocab, (states, 80))
+    small = randint(gen, 0, min(vocab, 12), (states, 80))
+    hist = torch.where(torch.rand(states, 80, generator=gen) < 0.5, small, hist)
+    s.update(prompt_len=prompt_len, out_len=out_len, total_len=prompt_len + out_len,
+             all_token_ids=hist.contiguous())
+    s["prompt_bin_mask"] = torch.zeros(states, words(vocab), dtype=I32)
+    s["output_bin_counts"] = torch.zeros(states, vocab, dtype=I32)
+    bincount(torch.arange(states, dtype=I64), s["all_token_ids"], prompt_len, s["total_len"],
+             s["prompt_bin_mask"], s["output_bin_counts"], int(s["total_len"].max()))
+
+    def some(share):
+        return torch.ones(states, dtype=torch.bool) if all_on else \
+            torch.rand(states, generator=gen) < share
+
+    on = some(0.6)
+    s["repetition_penalty"] = torch.where(on & some(0.5), torch.rand(states, generator=gen) * 1.9
+                                          + 0.05, 1.0).to(F32)
+    s["frequency_penalty"] = torch.where(on & some(0.5), torch.rand(states, generator=gen) * 4
+                                         - 2, 0.0).to(F32)
+    s["presence_penalty"] = torch.where(on & some(0.5), torch.rand(states, generator=gen) * 4
+                                        - 2, 0.0).to(F32)
+
+    def id_table(count, width):
+        ids = randint(gen, 0, vocab, (states, width))
+        dup = randint(gen, 0, min(vocab, 8), (states, width))  # repeated ids
+        ids = torch.where(torch.rand(states, width, generator=gen) < 0.2, dup, ids)
+        # past count: stale entries, some outside the vocabulary, never read
+        stale = torch.arange(width) >= count[:, None].long()
+        return torch.where(stale, randint(gen, -5, vocab + 5, (states, width)), ids).contiguous()
+
+    s["num_allowed_token_ids"] = torch.where(some(0.3), randint(gen, 1, 60, (states,)), 0)
+    s["allowed_token_ids"] = id_table(s["num_allowed_token_ids"], ALLOWED_W)
+    s["num_logit_bias"] = torch.where(some(0.6), randint(gen, 0, 301, (states,)), 0)
+    s["logit_bias_token_ids"] = id_table(s["num_logit_bias"], BIAS_W)
+    bias = (torch.rand(states, BIAS_W, generator=gen) * 200 - 100).to(F32)
+    s["logit_bias"] = torch.where(torch.rand(states, BIAS_W, generator=gen) < 0.05,
+                                  torch.tensor(100.0), bias).contiguous()
+    s["min_lens"] = prompt_len + randint(gen, 0, 50, (states,))
+    s["num_stop_token_ids"] = torch.where(some(0.6), randint(gen, 1, 6, (states,)), 0)
+    s["stop_token_ids"] = id_table(s["num_stop_token_ids"], STOP_W)
+    s["restore_when_all_masked"] = some(0.5).to(I32)
+    # bad words: 0-4 per request of 1-3 tokens, half of them ending the output
+    s["num_bad_words"] = torch.zeros(states, dtype=I32)
+    s["bad_word_token_ids"] = torch.zeros(states, BAD_W, dtype=I32)
+    s["bad_word_offsets"] = torch.zeros(states, BAD_N + 1, dtype=I32)
+    for r in range(states):
+        flat, offsets = [], [0]
+        for _ in range(int(randint(gen, 0, 5, ()))):
+            n = int(randint(gen, 1, 4, ()))
+            out = hist[r, int(prompt_len[r]):int(s["total_len"][r])].tolist()
+            prefix = out[len(out) - n + 1:] if n > 1 else []
+            if len(prefix) != n - 1 or bool(torch.rand((), generator=gen) < 0.5):
+                prefix = randint(gen, 0, vocab, (n - 1,)).tolist()
+            flat += prefix + [int(randint(gen, 0, vocab, ()))]
+            offsets.append(len(flat))
+        s["num_bad_words"][r] = len(offsets) - 1
+        s["bad_word_token_ids"][r, :len(flat)] = torch.tensor(flat, dtype=I32)
+        s["bad_word_offsets"][r, :len(offsets)] = torch.tensor(offsets, dtype=I32)
+    return s
+
+
+def make_batch(gen, rows, states, vocab, *, greedy=0.15, filters=True, all_on=False):
+    """A step: rows of requests (idx, vLLM's expanded_idx_mapping), their
+    positions, sampling parameters and grammar bitmask rows."""
+    s = make_state(gen, states, vocab, all_on=all_on)
+    idx = torch.randperm(states, generator=gen)[:rows].to(I64)
+    b = dict(state=s, idx=idx, vocab=vocab)
+    b["pos"] = (s["total_len"][idx] - 1).to(I64)
+    temp = (torch.rand(states, generator=gen) * 1.9 + 0.1).to(F32)
+    temp = torch.where(torch.rand(states, generator=gen) < 0.2, 1.0, temp)
+    b["temperature"] = torch.where(torch.rand(states, generator=gen) < greedy, 0.0, temp)
+    sampled = b["temperature"] != 0
+    use = (torch.rand(states, 3, generator=gen) < 0.3) & sampled[:, None] & filters
+    b["top_k"] = torch.where(use[:, 0], randint(gen, 1, vocab + 1, (states,)), vocab)
+    b["top_p"] = torch.where(use[:, 1], torch.rand(states, generator=gen) * 0.9 + 0.05,
+                             1.0).to(F32)
+    b["min_p"] = torch.where(use[:, 2], torch.rand(states, generator=gen) * 0.3, 0.0).to(F32)
+    b["seeds"] = torch.randint(-2**63, 2**63 - 1, (states,), generator=gen, dtype=I64)
+    kind = torch.rand(rows, generator=gen)
+    mask = torch.randint(-2**31, 2**31, (rows, words(vocab)), generator=gen, dtype=I64).to(I32)
+    sparse = mask & randint(gen, -2**31, 2**31, (rows, words(vocab))) & \
+        randint(gen, -2**31, 2**31, (rows, words(vocab)))
+    mask = torch.where((kind < 0.4)[:, None], -1, mask)
+    mask = torch.where(((kind >= 0.4) & (kind < 0.5))[:, None], 0, mask)
+    b["bitmask"] = torch.where((kind >= 0.8)[:, None], sparse, mask).contiguous()
+    b["banned"] = vllm_banned(b)
+    return b
+
+
+def vllm_bad_words(logits, b):
+    s = b["state"]
+    zeros = torch.zeros(logits.shape[0], dtype=I32)  # input ids, local positions: no drafts
+    apply_bad_words(logits, b["idx"], s["bad_word_token_ids"], s["bad_word_offsets"],
+                    s["num_bad_words"], s["all_token_ids"], s["prompt_len"], s["total_len"],
+                    zeros, zeros, max(int(s["num_bad_words"].max()), 1))
+
+
+def vllm_banned(b):
+    """What vLLM's bad-words kernel bans in each row, as reference's banned:
+    the columns it sets to -inf, -1 padding."""
+    probe = torch.zeros(b["idx"].shape[0], b["vocab"])
+    vllm_bad_words(probe, b)
+    hit = probe == -INF
+    width = max(int(hit.sum(1).max()), 1)
+    out = torch.full((probe.shape[0], width + 1), -1, dtype=I32)
+    for r in range(probe.shape[0]):
+        cols = hit[r].nonzero()[:, 0]
+        out[r, :cols.numel()] = cols.to(I32)
+    return out
+
+
+def vllm_bitmask(logits, bitmask):
+    """The runner's grammar bitmask kernel, one mask row per logits row, in place."""
+    rows, vocab = logits.shape
+    block = structured_outputs.GRAMMAR_BITMASK_BLOCK_SIZE
+    structured_outputs._apply_grammar_bitmask_kernel[(rows, triton.cdiv(vocab, block))](
+        logits, logits.stride(0), torch.arange(rows, dtype=I32),
+        torch.arange(rows + 1, dtype=I32), bitmask, bitmask.stride(0), vocab, MASK_STRIDE=1,
+        BLOCK_SIZE=block)
+
+
+def vllm_processors(logits, b, which=("bias", "penalties", "bad_words")):
+    """vLLM's Sampler.apply_sampling_params up to temperature: the float32
+    copy and the logits processors, in the Sampler's list order."""
+    s, idx, pos = b["state"], b["idx"], b["pos"]
+    x = torch.empty_like(logits, dtype=F32).copy_(logits)
+    if "bias" in which:
+        apply_logit_bias(x, idx, pos, s["num_allowed_token_ids"], s["allowed_token_ids"],
+                         s["num_logit_bias"], s["logit_bias_token_ids"], s["logit_bias"],
+                         s["min_lens"], s["num_stop_token_ids"], s["restore_when_all_masked"],
+                         s["stop_token_ids"],
+                         bool(s["restore_when_all_masked"][idx].any()))
+    if "penalties" in which:
+        zeros = torch.zeros(x.shape[0], dtype=I32)
+        apply_penalties(x, idx, zeros, zeros, s["repetition_penalty"], s["frequency_penalty"],
+                        s["presence_penalty"], s["prompt_bin_mask"], s["output_bin_counts"])
+    if "bad_words" in which:
+        vllm_bad_words(x, b)
+    return x
+
+
+def vllm_sample(logits, b, *, logprobs=0, mode="raw_logprobs"):
+    """vLLM's Sampler.__call__ for one logit a request, from its parts:
+    (tokens, LogprobsTensors or None)."""
+    raw = logits.clone()
+    vllm_bitmask(raw, b["bitmask"])
+    x = vllm_processors(raw, b)
+    idx = b["idx"]
+    gumbel.apply_temperature(x, idx, b["temperature"])
+    apply_min_p(x, idx, b["min_p"])
+    k, p = b["top_k"][idx], b["top_p"][idx]
+    k = k if bool((k != b["vocab"]).any()) else None
+    p = p if bool((p != 1).any()) else None
+    if k is not None or p is not None:
+        # vLLM's PyTorch top-k/top-p, what it runs on a CPU: its Triton one
+        # does not run under the interpreter
+        x = apply_top_k_top_p_pytorch(x, k, p, allow_cpu_sync=True)
+    tokens = gumbel.gumbel_sample(x, idx, b["temperature"], b["seeds"], b["pos"],
+                                  apply_temperature=False, is_drafting=False)
+    out = None
+    if logprobs is not None:
+        source = raw if mode.startswith("raw") else x
+        out = compute_topk_scores(source, logprobs, tokens, logits_mode=mode.endswith("logits"))
+    return tokens, out
+
+
+def processing(b, which=("bitmask", "bias", "penalties", "bad_words")):
+    """reference's keywords for the processors in which, from vLLM's state."""
+    s, kw = b["state"], dict(state_rows=b["idx"])
+    if "bitmask" in which:
+        kw["bitmask"] = b["bitmask"]
+    if "bias" in which:
+        kw.update(allowed_token_ids=(s["num_allowed_token_ids"], s["allowed_token_ids"]),
+                  logit_bias=(s["num_logit_bias"], s["logit_bias_token_ids"], s["logit_bias"]),
+                  min_tokens=(s["min_lens"], s["num_stop_token_ids"], s["stop_token_ids"],
+                              s["restore_when_all_masked"]),
+                  position=b["pos"])
+    if "penalties" in which:
+        kw.update(repetition_penalty=s["repetition_penalty"],
+                  frequency_penalty=s["frequency_penalty"],
+                  presence_penalty=s["presence_penalty"], prompt_mask=s["prompt_bin_mask"],
+                  output_counts=s["output_bin_counts"])
+    if "bad_words" in which:
+        kw["banned"] = b["banned"]
+    return kw
+
+
+def sampling(b):
+    idx = b["idx"]
+    return dict(temperature=b["temperature"][idx], top_k=b["top_k"][idx].long(),
+                top_p=b["top_p"][idx], min_p=b["min_p"][idx], seed=b["seeds"][idx],
+                offset=b["pos"])
+
+
+def same_bits(a, b):
+    """Equal as float32 values, NaN to NaN (0 == -0)."""
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+# ---- the state layouts: vLLM's own, taken as they are ----
+
+def test_penalty_state_is_vllms_bincount():
+    gen = torch.Generator().manual_seed(1)
+    vocab = 77
+    s = make_state(gen, 30, vocab)
+    for r in range(30):
+        prompt = s["all_token_ids"][r, :int(s["prompt_len"][r])].tolist()
+        out = s["all_token_ids"][r, int(s["prompt_len"][r]):int(s["total_len"][r])].tolist()
+        in_prompt = reference._unpack(s["prompt_bin_mask"][r:r + 1], vocab)[0]
+        assert in_prompt.nonzero()[:, 0].tolist() == sorted(set(prompt))
+        assert s["output_bin_counts"][r].tolist() == [out.count(c) for c in range(vocab)]
+
+
+# ---- each processor, and all of them, against vLLM's kernels ----
+
+@pytest.mark.parametrize("which", [("bias",), ("penalties",), ("bad_words",),
+                                   ("bias", "penalties", "bad_words")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_processors_match_vllm(which, dtype):
+    gen = torch.Generator().manual_seed(hash((which, str(dtype))) % 2**31)
+    for vocab, rows, states, all_on in ((50, 40, 48, False), (1000, 24, 30, False),
+                                        (333, 16, 16, True)):
+        b = make_batch(gen, rows, states, vocab, all_on=all_on)
+        logits = (torch.randn(rows, vocab, generator=gen) * 4).to(dtype)
+        logits[:, :3] = torch.tensor([0.0, -0.0, 1e-3]).to(dtype)
+        want = vllm_processors(logits, b, which)
+        got = reference.process_logits(logits, **processing(b, which))
+        bad = ~((got == want) | (torch.isnan(got) & torch.isnan(want)))
+        assert not bad.any(), (which, vocab, bad.nonzero()[:5].tolist())
+
+
+def test_min_tokens_restore_matches_vllm():
+    """Rows whose only allowed columns are stop tokens: masked, they leave
+    nothing, and a request with a grammar (restore) takes them back."""
+    gen = torch.Generator().manual_seed(2)
+    vocab, rows = 64, 24
+    b = make_batch(gen, rows, rows, vocab)
+    s, idx = b["state"], b["idx"]
+    s["num_stop_token_ids"][idx] = 3
+    s["stop_token_ids"][idx, :3] = randint(gen, 0, vocab, (rows, 3))
+    s["num_allowed_token_ids"][idx] = 3
+    s["allowed_token_ids"][idx, :3] = s["stop_token_ids"][idx, :3]
+    s["min_lens"][idx] = (b["pos"] + 1 + (torch.arange(rows) % 3 != 0)).to(I32)
+    s["num_logit_bias"][idx[::4]] = 0
+    logits = torch.randn(rows, vocab, generator=gen)
+    want = vllm_processors(logits, b, ("bias",))
+    got = reference.process_logits(logits, **processing(b, ("bias",)))
+    assert same_bits(got, want)
+    restored = torch.isfinite(got).any(1) & (s["min_lens"][idx] > b["pos"] + 1)
+    assert 0 < int(restored.sum()) < rows  # the case ran, and not everywhere
+
+
+def test_bitmask_matches_vllm():
+    gen = torch.Generator().manual_seed(3)
+    for vocab in (1, 31, 32, 33, 100, 8300):
+        rows = 12
+        b = make_batch(gen, rows, rows, vocab)
+        # bits past the vocabulary set: vLLM never reads them
+        b["bitmask"][1] = -1
+        b["bitmask"][2] = 0
+        for dtype in (torch.float32, torch.bfloat16):
+            logits = torch.randn(rows, vocab, generator=gen).to(dtype)
+            want = logits.clone()
+            vllm_bitmask(want, b["bitmask"])
+            got = reference.process_logits(logits, bitmask=b["bitmask"])
+            assert torch.equal(got, want.float()), vocab
+        assert torch.isfinite(got[1]).all() and (got[2] == -INF).all()
+
+
+# ---- logprobs and ranks ----
+
+@pytest.mark.parametrize("mode", reference.LOGPROBS_MODES)
+def test_logprobs_match_vllm(mode):
+    """vLLM's compute_topk_scores on the logits the mode names (the raw ones
+    with the bitmask, or the processed ones) at the reference's tokens: the
+    same values (logits exactly, logprobs to float32 rounding of vLLM's
+    float32 sums), ranks and top-n values."""
+    gen = torch.Generator().manual_seed(4 + reference.LOGPROBS_MODES.index(mode))
+    for vocab, rows, dtype in ((40, 40, torch.float32), (3000, 16, torch.bfloat16),
+                               (21, 20, torch.float32)):
+        n = min(vocab, int(randint(gen, 0, 21, ())))
+        # top-k and top-p: vLLM's own kernels keep ties and cut by float sums
+        b = make_batch(gen, rows, rows, vocab, filters=False)
+        # min-p, but where greedy (vLLM's SamplingParams turn it off there)
+        b["min_p"] = torch.where((torch.rand(rows, generator=gen) < 0.3) & (b["temperature"] != 0),
+                                 0.1, 0.0).to(F32)
+        logits = (torch.randn(rows, vocab, generator=gen) * 3).to(dtype)
+        ours = reference.sample(logits, **sampling(b), logprobs=n, logprobs_mode=mode,
+                                noise="vllm", **processing(b))
+        raw = logits.clone()
+        vllm_bitmask(raw, b["bitmask"])
+        source = raw
+        if mode.startswith("processed"):
+            source = vllm_processors(raw, b)
+            gumbel.apply_temperature(source, b["idx"], b["temperature"])
+            apply_min_p(source, b["idx"], b["min_p"])
+        # in float32: the interpreter compares bfloat16 values by their bits
+        source = source.float()
+        theirs = compute_topk_scores(source, n, ours.tokens, logits_mode=mode.endswith("logits"))
+        # a token of logit -inf (a row the bitmask masks whole): vLLM's rank
+        # kernel counts its 8192-column block's padding too, the reference
+        # the columns only
+        dead = source.float().gather(1, ours.tokens[:, None])[:, 0] == -INF
+        padded = triton.cdiv(vocab, 8192) * 8192
+        assert (theirs.selected_token_ranks[dead] == padded).all()
+        assert (ours.rank[dead] == vocab).all()
+        assert torch.equal(theirs.selected_token_ranks[~dead], ours.rank[~dead]), (mode, vocab)
+        assert torch.equal(theirs.logprob_token_ids[:, 0], ours.tokens)
+        got = torch.cat([ours.logprob[:, None], ours.top_logprobs], 1)
+        want = theirs.logprobs
+        if mode.endswith("logits"):
+            assert same_bits(got, want), (mode, vocab)
+        else:
+            finite = torch.isfinite(want)
+            assert torch.equal(finite, torch.isfinite(got)) and same_bits(got[~finite],
+                                                                          want[~finite])
+            assert torch.allclose(got[finite], want[finite], rtol=1e-5, atol=2e-6), (mode, vocab)
+        # top-n: the same logits, in the same order (torch.topk orders equals its own way)
+        y = source.float()
+        assert torch.equal(y.gather(1, ours.top_indices),
+                           y.gather(1, theirs.logprob_token_ids[:, 1:]))
+
+
+# ---- vLLM's noise ----
+
+@triton.jit
+def _noise_kernel(u_ptr, log1p_ptr, g_ptr, seed_ptr, pos_ptr, vocab, BLOCK: tl.constexpr):
+    """vLLM's uniform, log1p(-u) and noise (gumbel_noised_argmax over a
+    [1, BLOCK] block: one column a reduction) for a row and block."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < vocab
+    seed = tl.load(seed_ptr + row)
+    pos = tl.load(pos_ptr + row)
+    u = gumbel.murmur3_uniform32(seed, pos, cols)
+    tl.store(u_ptr + row * vocab + cols, u, mask=inside)
+    tl.store(log1p_ptr + row * vocab + cols, gumbel._log1p_neg_stable(u), mask=inside)
+    g, _ = gumbel.gumbel_noised_argmax(tl.zeros((1, BLOCK), tl.float32), cols[None, :],
+                                       inside[None, :], seed, pos, 1.0, IS_DRAFTING=False,
+                                       USE_FP64=False, APPLY_TEMPERATURE=False)
+    tl.store(g_ptr + row * vocab + cols, g, mask=inside)
+
+
+def vllm_noise_parts(seed, pos, vocab):
+    rows = seed.shape[0]
+    u, log1p, g = (torch.empty(rows, vocab) for _ in range(3))
+    _noise_kernel[(rows, triton.cdiv(vocab, 1024))](u, log1p, g, seed, pos, vocab, BLOCK=1024)
+    return u, log1p, g
+
+
+def test_vllm_uniforms_are_vllms_bit_for_bit():
+    gen = torch.Generator().manual_seed(6)
+    rows, vocab = 96, 5000
+    seed = torch.randint(-2**63, 2**63 - 1, (rows,), generator=gen, dtype=I64)
+    pos = torch.randint(0, 2**40, (rows,), generator=gen, dtype=I64)
+    seed[:4] = torch.tensor([0, -1, 2**63 - 1, -2**63])
+    pos[:4] = torch.tensor([0, 2**32 - 1, 2**32, 2**62])
+    u, log1p, g = vllm_noise_parts(seed, pos, vocab)
+    ours = reference.vllm_uniform(seed, pos, vocab)
+    assert torch.equal(ours.view(I32), u.view(I32))
+    # log1p(-u): the series (no log) bit for bit; else a float32 log, torch's
+    # against numpy's under the interpreter (its SIMD log is within 4 ulp)
+    series = u < 0.25
+    l_ours = reference._vllm_log1p_neg(ours)
+    assert torch.equal(l_ours[series].view(I32), log1p[series].view(I32))
+    assert int(series.sum()) > 0 and int((~series).sum()) > 0
+    assert ((l_ours.view(I32) - log1p.view(I32)).abs() <= 4).all()
+    # g: two logs (torch's, and numpy's under the interpreter) apart
+    g_ours = reference.vllm_noise(seed, pos, vocab)
+    assert ((g_ours - g).abs() <= 2**-20 * g.abs().clamp(min=1)).all()
+    assert torch.isfinite(g).all()
+
+
+def test_vllm_noise_draws_vllms_tokens():
+    """The whole step, vLLM's sampler against reference.sample(noise="vllm"):
+    the same token on every row but float near-ties, counted."""
+    gen = torch.Generator().manual_seed(7)
+    total = near = 0
+    for vocab, rows, filters in ((100, 400, True), (4000, 96, True), (50000, 16, False),
+                                 (1000, 128, True)):
+        b = make_batch(gen, rows, rows * 2, vocab, filters=filters)
+        logits = torch.randn(rows, vocab, generator=gen) * 3
+        want, _ = vllm_sample(logits, b, logprobs=None)
+        args, kw = sampling(b), processing(b)
+        got = reference.sample(logits, **args, noise="vllm", **kw).tokens
+        tie = near_ties(logits, args, kw)
+        total += rows
+        near += int(tie.sum())
+        assert torch.equal(got[~tie], want[~tie]), (vocab, (got != want).nonzero()[:5].tolist())
+    print(f"vLLM noise: {total} rows, {near} near-ties")
+    assert near <= total // 50
+
+
+def near_ties(logits, args, kw):
+    """Rows whose token may go either way under float rounding: the two best
+    kept scores within 2^-18 of each other (the logs of the noise differ by
+    a few ulp), a top-p cut within 1e-5 of p, a min-p threshold within 4 ulp
+    of a value, or top-k's k-th value tied with the next."""
+    x = reference.process_logits(logits, **kw)
+    t_, k, p, mp = (args[n] for n in ("temperature", "top_k", "top_p", "min_p"))
+    t = x / torch.where(t_ == 0, 1.0, t_)[:, None]
+    keep = reference.keep_mask(x, torch.where(t_ == 0, 1.0, t_), k, p, mp)
+    g = reference.vllm_noise(args["seed"], args["offset"], x.shape[1])
+    s = torch.where(keep, t + g, -INF)
+    top2 = s.topk(min(2, s.shape[1]), dim=1).values
+    best = top2[:, 0]
+    gap = top2[:, 1] - best if top2.shape[1] > 1 else torch.full_like(best, -INF)
+    tie = (-gap <= 2**-18 * best.abs().clamp(min=1)) & (t_ != 0)
+    tie |= reference.top_p_margin(x, torch.where(t_ == 0, 1.0, t_), k, p, mp) < 1e-5
+    m = t.amax(1, keepdim=True)
+    threshold = m + torch.log(mp.to(torch.float64)).to(F32)[:, None]
+    tie |= ((t - threshold).abs() <= 4 * 2**-23 * threshold.abs()).any(1) & (mp > 0)
+    sorted_t = t.sort(1, descending=True).values
+    kk = k.clamp(max=x.shape[1] - 1)
+    kth = sorted_t.gather(1, (kk - 1).clamp(min=0)[:, None])[:, 0]
+    after = sorted_t.gather(1, kk[:, None])[:, 0]
+    tie |= (k > 0) & (k < x.shape[1]) & (kth == after) & torch.isfinite(kth)
+    return tie
+
+
+# ---- misuse: what vLLM would refuse, refused ----
+
+def test_ids_vllm_refuses_are_refused():
+    vocab = 10
+    config = types.SimpleNamespace(get_vocab_size=lambda: vocab, max_logprobs=20)
+    with pytest.raises(VLLMValidationError):
+        SamplingParams(logit_bias={vocab: 1.0})._validate_logit_bias(config)
+    with pytest.raises(VLLMValidationError):
+        SamplingParams(logprobs=21)._validate_logprobs(config)
+    x = torch.zeros(1, vocab)
+    one, ids = torch.tensor([1], dtype=I32), torch.tensor([[vocab]], dtype=I32)
+    with pytest.raises(ValueError, match="logit_bias ids must be in"):
+        reference.sample(x, 1.0, logit_bias=(one, ids, torch.ones(1, 1)))
+    with pytest.raises(ValueError, match="logprobs must be in"):
+        reference.sample(torch.zeros(1, 30), 1.0, logprobs=21)
