@@ -49,7 +49,7 @@ except ModuleNotFoundError as e:
     from klgen import _torch_missing
     raise _torch_missing("klgen.reference", e) from None
 
-__all__ = ["LOGPROBS_MODES", "MAX_LOGPROBS", "NOISES", "Processing", "Sample", "SamplingArgs",
+__all__ = ["LOGPROBS_MODES", "NOISES", "Processing", "Sample", "SamplingArgs",
            "WEIGHT_SCALE", "bits", "check_processing", "check_sampling_args", "keep_mask", "noise",
            "process_logits", "sample", "top_p_margin", "uniform", "vllm_bits", "vllm_noise",
            "vllm_uniform"]
@@ -60,8 +60,6 @@ PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 PHILOX_ROUNDS = 10
 
 _MASK32 = 0xFFFFFFFF
-# The most top logprobs a row returns: vLLM's default max_logprobs.
-MAX_LOGPROBS = 20
 _LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
@@ -304,7 +302,7 @@ def check_sampling_args(rows, vocab_size, device, temperature, top_k=None, top_p
     top_p in (0, 1] (1: off), min_p in [0, 1] (0: off). top_k: an int >= 0 (0
     or >= vocab_size: off), at most max_top_k where given. seed, offset: ints
     in [-2^63, 2^64), taken modulo 2^64, or int64 tensors. logprobs: an int in
-    [0, min(MAX_LOGPROBS, vocab_size)]. None, but for temperature, is the off
+    [0, vocab_size]. None, but for temperature, is the off
     value. A wrong type raises TypeError; a wrong value, shape or device
     ValueError.
     """
@@ -335,10 +333,8 @@ def check_sampling_args(rows, vocab_size, device, temperature, top_k=None, top_p
         seeds.append(v.expand(rows).contiguous())
     if isinstance(logprobs, bool) or not isinstance(logprobs, int):
         raise TypeError(f"logprobs must be an int, not {type(logprobs).__name__}")
-    most = min(MAX_LOGPROBS, vocab_size)
-    if not 0 <= logprobs <= most:
-        raise ValueError(f"logprobs must be in [0, {most}] (at most {MAX_LOGPROBS}, and the "
-                         f"vocabulary), not {logprobs}")
+    if not 0 <= logprobs <= vocab_size:
+        raise ValueError(f"logprobs must be in [0, {vocab_size}] (the vocabulary), not {logprobs}")
     return SamplingArgs(t, k, p, mp, seeds[0], seeds[1], logprobs)
 
 
@@ -777,7 +773,8 @@ def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, o
               noise() (noise="philox") or vllm_noise() (noise="vllm", with
               offset the row's position, as vLLM draws).
 
-    logprobs: n top entries, 0 .. min(MAX_LOGPROBS, vocab). logprob, rank and
+    logprobs: n top entries, 0 .. vocab (an engine caps n: vLLM's
+              max_logprobs, 20 by default). logprob, rank and
     the top entries come from the logits logprobs_mode names (vLLM's):
       raw_logprobs (the default), raw_logits: the logits as the model gave
         them with only the bitmask applied, before the processors,

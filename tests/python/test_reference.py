@@ -900,7 +900,7 @@ def test_processing_arguments_are_checked():
         (ValueError, "bitmask has 3 words", dict(bitmask=torch.zeros(3, 3, dtype=torch.int32))),
         (ValueError, "bitmask has shape", dict(bitmask=torch.zeros(2, 2, dtype=torch.int32))),
         (TypeError, "bitmask must be a torch.int32", dict(bitmask=torch.zeros(3, 2))),
-        (ValueError, "logprobs must be in", dict(logprobs=21)),
+        (ValueError, r"logprobs must be in \[0, 40\]", dict(logprobs=41)),
         (ValueError, "logprobs_mode", dict(logprobs_mode="raw")),
         (ValueError, "noise must be", dict(noise="murmur")),
         (ValueError, r"logit_bias ids must be in \[0, 40\).*row 1, entry 0 has 40",

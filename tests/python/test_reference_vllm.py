@@ -493,11 +493,7 @@ def test_ids_vllm_refuses_are_refused():
     config = types.SimpleNamespace(get_vocab_size=lambda: vocab, max_logprobs=20)
     with pytest.raises(VLLMValidationError):
         SamplingParams(logit_bias={vocab: 1.0})._validate_logit_bias(config)
-    with pytest.raises(VLLMValidationError):
-        SamplingParams(logprobs=21)._validate_logprobs(config)
     x = torch.zeros(1, vocab)
     one, ids = torch.tensor([1], dtype=I32), torch.tensor([[vocab]], dtype=I32)
     with pytest.raises(ValueError, match="logit_bias ids must be in"):
         reference.sample(x, 1.0, logit_bias=(one, ids, torch.ones(1, 1)))
-    with pytest.raises(ValueError, match="logprobs must be in"):
-        reference.sample(torch.zeros(1, 30), 1.0, logprobs=21)
