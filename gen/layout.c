@@ -40,7 +40,7 @@
 #define SAMPLE_SLICES_MAX 32
 /* kl_sample's shard sampler without filters: CTAs a part at most (each a
  * share of every chunk's columns), and the records a token's merge takes
- * in two passes of its warp (shards.cu.tmpl). */
+ * in two passes of its warp (shards_merge.cuh.tmpl). */
 #define SHARD_SUBPARTS_MAX 4
 #define SHARD_MERGE_RECORDS 64
 
@@ -160,11 +160,12 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
   l->sel_buffer_bytes = l->sel_slot_bytes * s->tp;
   /* kl_sample's staged rows (a spec with topk): a filtered call's shard
    * sampler leaves its rank rows here, where a peer reads those its
-   * candidates cannot decide (shards.cu.tmpl); two buffers, by step parity */
+   * candidates cannot decide (shards_filter.cuh.tmpl); two buffers, by step
+   * parity */
   l->stage_offset = l->total_bytes + 3 * l->sel_buffer_bytes;
   l->stage_buffer_bytes = s->topk > 0 ? s->max_tokens * l->row_chunks * CHUNK : 0;
   /* and their marks: a word a part, the step whose staged chunks the peers
-   * may read (shards.cu.tmpl: the fence is off the records' path) */
+   * may read (shards_filter.cuh.tmpl: the fence is off the records' path) */
   l->mark_offset = l->stage_offset + 2 * l->stage_buffer_bytes;
   l->mark_buffer_bytes = s->topk > 0 ? round_up(s->max_tokens * l->topk_split * 4, CHUNK) : 0;
   /* the group's fault word (kl_abi.h) after the buffers, where peers can write it */
