@@ -183,9 +183,9 @@ def _v2_sampler(vocab, params):
     buffers.UvaBuffer = buffers.NonUvaBuffer
     torch_utils.PIN_MEMORY = False
     np.random.seed(11)
-    cpu = torch.device("cpu")
-    sampler = Sampler(get_current_vllm_config(), 16, vocab, cpu,
-                      RequestState(16, 64, 64, 0, vocab, cpu))
+    cpu, slots = torch.device("cpu"), max(16, len(params))
+    sampler = Sampler(get_current_vllm_config(), slots, vocab, cpu,
+                      RequestState(slots, 64, 64, 0, vocab, cpu))
     for slot, p in enumerate(params):
         sampler.add_request(slot, p)
     sampler.sampling_states.apply_staged_writes()  # (the processors' need Triton)
