@@ -343,6 +343,31 @@ def test_sample_from_vllm_sampling_states():
     data.spawn(_setup, _sample)
 
 
+def _plans_per_composition(rank):
+    """sampling_args works a composition out once and again after the
+    sampler adds a request (which rewrites its slot's state)."""
+    from vllm.sampling_params import SamplingParams
+
+    from klgen.integrations import vllm as kv
+
+    made, plan = [], kv._plan
+    kv._plan = lambda *args: made.append(args[1].idx_mapping_np.tolist()) or plan(*args)
+    sampler = _v2_sampler(1000, [SamplingParams(temperature=0.7, seed=3)] * 3)
+    for slots in ([0, 1], [0, 1], [1, 0], [0, 1]):
+        args = kv.sampling_args(sampler, _batch(slots), 64)
+        assert args["seed"].tolist() == [3, 3]
+    assert made == [[0, 1], [1, 0]]
+    sampler.add_request(1, SamplingParams(temperature=1.0, presence_penalty=0.5))
+    sampler.sampling_states.apply_staged_writes()  # (the processors' need Triton)
+    assert "PenaltiesState" in kv.sampling_args(sampler, _batch([0, 1]), 64)
+    assert kv.sampling_args(sampler, _batch([0]), 64)["seed"].tolist() == [3]
+    assert made == [[0, 1], [1, 0], [0, 1], [0]]
+
+
+def test_sampling_args_once_per_composition():
+    data.spawn(_setup, _plans_per_composition)
+
+
 def _lora(rank):
     """LogitsProcessorWithLoRA over each: it re-indexes the unsliced gather
     (get_sharded_to_full_mapping), adds the adapter's logits, then slices."""

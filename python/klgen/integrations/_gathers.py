@@ -47,6 +47,7 @@ class Gathers:
         self.group, self.log, self.what, self.about = group, log, what, about
         self.tp = dist.get_world_size(group)
         self.specs = {}
+        self._by_call = {}  # get()'s arguments -> the gather of their spec
         self.calls = collections.Counter()
         self.declined = collections.Counter()
         self._told = set()
@@ -65,13 +66,22 @@ class Gathers:
     def get(self, use, logits, **fields):
         """The gather of the spec `fields` for shards like `logits` ([rows,
         shard]), counted as a call of `use`."""
+        call = (logits.shape[-1], logits.dtype, logits.device, *fields.items())
+        g = self._by_call.get(call)
+        if g is None:
+            g = self._by_call[call] = self._spec_gather(logits, fields)
+        self.calls[use] += 1
+        return g
+
+    def _spec_gather(self, logits, fields):
+        """The gather of a call get() has not seen: one per spec, whatever
+        order or None fields a call gives it in."""
         shard = logits.shape[-1]
         fields = {k: v for k, v in fields.items() if v is not None}
         key = (shard, logits.dtype, logits.device, tuple(sorted(fields.items())))
         g = self.specs.get(key)
         if g is None:
             g = self.specs[key] = self._make(shard, logits, fields)
-        self.calls[use] += 1
         return g
 
     def _make(self, shard, logits, fields):
@@ -102,6 +112,7 @@ class Gathers:
         for g in self.specs.values():
             g.close()
         self.specs.clear()
+        self._by_call.clear()
 
 
 def new_gather(backend, **fields):
