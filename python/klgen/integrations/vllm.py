@@ -26,16 +26,19 @@ the GPU, and for the selections a vocabulary with added (LoRA) tokens,
 k > 64, a scale <= 0 (vLLM's error). stats() and vLLM's debug log
 (VLLM_LOGGING_LEVEL=DEBUG, logger "vllm.klgen") say which calls klgen served.
 
-Sampling without the gather is for the engine's model runner to call (vLLM
-0.33's runners always gather first): sample(model, hidden_states, sampler,
-input_batch, grammar_output) draws each logits row's token with kl_sample,
-from the parameters vLLM's v2 Sampler keeps per request (sampling_args), or
-returns None where the step needs vLLM's own compute_logits and sampler
-(among others: a model whose compute_logits does more than its
-LogitsProcessor, a processor LoRA wraps):
-
-    tokens = sample(model, hidden, sampler, input_batch, grammar_output)
-    if tokens is None:  # vLLM's path: compute_logits, then sampler(...)
+Sampling without the gather: the same switch wraps the v2 model runner's
+GPUModelRunner.sample (its step that computes the logits and samples them),
+when vLLM has imported the runner and before the model is built. A decode
+step whose requests kl_sample serves draws each logits row's token from the
+shards, with the parameters vLLM's v2 Sampler keeps per request
+(sampling_args), and returns the SamplerOutput vLLM's sampler would; any
+other step is vLLM's own (batch-sharded sampling, draft tokens, structured
+output, logprobs, penalties and the rest: KlgenLogitsProcessor.sample and
+sampling_args say which), counted as a declined "sample". The wrapper
+checks first that GPUModelRunner.sample and Sampler.__call__ are vLLM
+0.33.0's code; where they are not, every step keeps vLLM's path, counted
+and logged once. A runner of your own calls sample(model, hidden_states,
+sampler, input_batch, grammar_output): the tokens, or None for vLLM's path.
 
 KLGEN_VLLM=torch (or enable("torch")) runs the same glue on TorchGather, the
 torch implementation of klgen's contract: for CPUs and tests.
@@ -43,7 +46,10 @@ torch implementation of klgen's contract: for CPUs and tests.
 
 import dis
 import functools
+import hashlib
+import inspect
 import logging
+import sys
 
 import torch
 from vllm.distributed import get_tp_group
@@ -61,6 +67,7 @@ def enable(backend="klgen"):
     """Makes every LogitsProcessor this process builds from now on a
     KlgenLogitsProcessor on `backend` ("klgen", or "torch" for CPUs)."""
     KlgenLogitsProcessor.backend = check_backend(backend, "enable")
+    _hook_runner()
     registered = op_registry_oot.get("LogitsProcessor")
     if registered is KlgenLogitsProcessor:
         return
@@ -132,6 +139,75 @@ def _decline(model, reason):
     elif reason not in _told:
         _told.add(reason)
         log.debug("klgen: sample stays with vLLM: %s", reason)
+
+
+# The v2 model runner's module; vLLM imports it in a worker before it builds
+# the model.
+_RUNNER = "vllm.v1.worker.gpu.model_runner"
+# What the runner hook stands in for, as vLLM 0.33.0 writes it: the sha256 of
+# the source of GPUModelRunner.sample (whose non-sharded, single-sampler
+# branch the hook takes) and of Sampler.__call__ (whose SamplerOutput the
+# hook builds). Any other text is another vLLM, whose steps keep its path.
+_KNOWN = {
+    "GPUModelRunner.sample": "78982d0f9f603fccb2deeb49466213c5c045fa30c72db0582ec528a023ba2db0",
+    "Sampler.__call__": "8b2c419eca0ec79cbfd937b3de0c2c66a24cae99743d016a60980036322bd9b1"}
+
+
+def _hook_runner():
+    """Wraps GPUModelRunner.sample (the v2 runner's step that computes the
+    logits and samples them) once vLLM has imported it, checking first that
+    it and Sampler.__call__ are the code klgen knows: where they are not,
+    the wrapper keeps vLLM's path for every step, counted as a declined
+    "sample" and logged once. Runs from enable() and from each
+    KlgenLogitsProcessor built (in a worker, while the runner loads its
+    model); wraps once."""
+    runner = getattr(sys.modules.get(_RUNNER), "GPUModelRunner", None)
+    if runner is None or hasattr(runner.sample, "klgen_wraps"):
+        return
+    from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
+    from vllm.v1.worker.gpu.sample.output import SamplerOutput
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+
+    vllms = runner.sample
+    unknown = _unknown(("GPUModelRunner.sample", vllms), ("Sampler.__call__", Sampler.__call__))
+
+    def sample(self, hidden_states, input_batch, grammar_output):
+        reason = unknown
+        if reason is None and self.batch_sharder is not None:
+            reason = "batch-sharded sampling"
+        tokens = _sample_model(self.model, hidden_states, input_batch.logits_indices,
+                               self.sampler, input_batch, grammar_output, reason)
+        if tokens is None:
+            return vllms(self, hidden_states, input_batch, grammar_output)
+        # as Sampler.__call__ counts a step of one logits row per request
+        num_sampled, num_rejected = get_num_sampled_and_rejected(
+            input_batch.seq_lens.new_ones(input_batch.num_reqs), input_batch.seq_lens,
+            input_batch.cu_num_logits, input_batch.idx_mapping,
+            self.sampler.req_states.prefill_len.gpu)
+        out = SamplerOutput(sampled_token_ids=tokens.view(-1, 1), logprobs_tensors=None,
+                            num_nans=None, num_sampled=num_sampled, num_rejected=num_rejected,
+                            sampling_mask_tensors=None)
+        return out, num_sampled, num_rejected
+
+    sample.klgen_wraps = vllms
+    runner.sample = sample
+    log.debug("klgen: GPUModelRunner.sample wrapped%s",
+              f"; every step stays with vLLM: {unknown}" if unknown else "")
+
+
+def _unknown(*functions):
+    """Why one of (name, function) is not the code _KNOWN names, or None."""
+    for name, fn in functions:
+        code = getattr(fn, "__code__", None)
+        try:
+            text = inspect.getsource(code) if code is not None else None
+        except OSError:
+            text = None
+        if text is None:
+            return f"vLLM's {name} has no source to check"
+        if hashlib.sha256(text.encode()).hexdigest() != _KNOWN[name]:
+            return f"vLLM's {name} is not vLLM 0.33.0's"
+    return None
 
 
 # What a plain compute_logits does -- `return self.logits_processor(self.lm_head,
@@ -373,7 +449,8 @@ class KlgenLogitsProcessor(LogitsProcessor):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.klgen = None  # Gathers, made on first use: the shard is known then
-    
+        _hook_runner()
+
     def _gathers(self):
         if self.klgen is None:
             self.klgen = Gathers(self.backend, get_tp_group().device_group, log, "vllm",
