@@ -131,10 +131,11 @@ class TorchGather:
     topk=0): what LogitsGather of the same fields returns, computed from a
     torch.distributed all-gather of the shards (any backend, gloo included):
 
-    - g(shard): the rank-order concat, sliced to vocab_size, through the
+    - g(shard, out=None): the rank-order concat, sliced to vocab_size, through the
       epilogue: the engine's own torch ops (x / softcap, tanh, * softcap,
       * scale, each in dtype, then out_dtype) -- what numerics "engine" is
       defined to equal; -0.0 comes out as +0.0, as from the one-shot path;
+      written into out ([tokens, vocab_size] of out_dtype) where given;
     - g.argmax(shard): over those values, NaN largest, ties to the lowest
       column; values in fp32;
     - g.topk(shard): the k largest, ties to the lowest column, NaN largest and
@@ -159,7 +160,7 @@ class TorchGather:
         self.softcap, self.scale, self.k = softcap, scale, topk
         self.calls = 0
 
-    def __call__(self, shard):
+    def __call__(self, shard, out=None):
         x = self._gathered(shard)
         if self.softcap is not None:
             x = x / self.softcap
@@ -167,7 +168,12 @@ class TorchGather:
             x = x * self.softcap
         if self.scale != 1.0:
             x = x * self.scale
-        return x.to(self.out_dtype)
+        if out is None:
+            return x.to(self.out_dtype)
+        if out.shape != x.shape or out.dtype != self.out_dtype:
+            raise ValueError(f"out has shape {tuple(out.shape)} and dtype {out.dtype}, expected "
+                             f"{list(x.shape)} of {self.out_dtype}")
+        return out.copy_(x)
 
     def argmax(self, shard, *, values=False):
         x = self(shard).float()
