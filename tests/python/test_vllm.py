@@ -427,14 +427,9 @@ def _decode_batch(slots, seed):
     return batch
 
 
-_KINDS = ("temperature=0.0", "temperature=0.7, top_k=5, top_p=0.9, seed=3",
-          "temperature=1.0, min_p=0.1", "temperature=1.3, top_p=0.5", "temperature=1.0")
-
-
-def _params(kind):
-    from vllm.sampling_params import SamplingParams
-
-    return eval(f"SamplingParams({kind})", {"SamplingParams": SamplingParams})
+_KINDS = (dict(temperature=0.0), dict(temperature=0.7, top_k=5, top_p=0.9, seed=3),
+          dict(temperature=1.0, min_p=0.1), dict(temperature=1.3, top_p=0.5),
+          dict(temperature=1.0))
 
 
 def _runner_step(rank, replace=None):
@@ -459,7 +454,9 @@ def _runner_step(rank, replace=None):
     vocab, rows, dtype = 50257, 8, torch.bfloat16
     logits = data.hostile_rows(rows, data.padded(vocab, TP), vocab, dtype, seed=5)
     model = _tiny_llama(vocab, rows, dtype, logits)
-    runner = _runner(model, _v2_sampler(vocab, [_params(k) for k in _KINDS * 2]))
+    from vllm.sampling_params import SamplingParams
+
+    runner = _runner(model, _v2_sampler(vocab, [SamplingParams(**k) for k in _KINDS * 2]))
     # klgen's steps take every kind; vLLM's top-k / top-p are a Triton kernel
     # that asks the platform for its compute units, which a CPU has not: its
     # steps here take the kinds without (greedy, min-p, temperature)
