@@ -160,6 +160,37 @@ def test_deferred_argmax():
     data.spawn(_setup, _deferred_argmax)
 
 
+def _softcap_gather_and_all_to_all(rank):
+    """SGLang's fp32 soft-cap fused gather is klgen's, into the logits buffer
+    where it fits; its LM-head all-to-all stays SGLang's, counted. SGLang
+    takes both on the GPU only, through collectives registered for CUDA
+    alone (and the fused kernel's tanh is not in Triton's interpreter): here
+    _gather_softcap_fused is called as _get_logits calls it and compared
+    with SGLang's unfused path on the CPU, the gather then cap * tanh(x /
+    cap) in fp32, which the fused kernel computes in one pass."""
+    stock, ours = _processors()
+    off, on, vocab = stock[3], ours[3], HEADS[3][0]  # the soft-capped fp32 head
+    head, hidden = _heads()[3]
+    shard = on._compute_lm_head(hidden, head)
+    assert shard.dtype == torch.float32
+    want = off._get_logits(hidden, head, _metadata())
+    for buffered in (False, True):
+        buffer = torch.full((shard.shape[0], vocab), 7.0)
+        got = on._gather_softcap_fused(shard, _metadata(buffer), buffered)
+        data.assert_same(got, want, f"the soft-cap gather, buffered {buffered}")
+        assert (got.data_ptr() == buffer.data_ptr()) == buffered
+    assert _served(on, "softcap gather") == 2
+    # SGLang's own all-to-all: its CUDA-only collective is what fails here
+    for layer in (stock[3], on):
+        with pytest.raises(NotImplementedError, match="reg_all_to_all_single"):
+            layer._tp_lm_head_all_to_all(torch.zeros(2 * TP, shard.shape[1]))
+    assert on.klgen.stats()["declined"] == {"gather": 1}
+
+
+def test_softcap_gather_and_all_to_all():
+    data.spawn(_setup, _softcap_gather_and_all_to_all)
+
+
 def _device_error(rank):
     """A DeviceError from the gather reaches the caller."""
     import klgen

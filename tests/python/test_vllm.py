@@ -6,6 +6,7 @@ contract in torch ops: there is no GPU). Equal outputs, and the drop-in's
 stats show that klgen served each call. Skipped without vLLM."""
 
 import contextlib
+import functools
 import os
 
 import pytest
@@ -183,9 +184,9 @@ def _v2_sampler(vocab, params):
     buffers.UvaBuffer = buffers.NonUvaBuffer
     torch_utils.PIN_MEMORY = False
     np.random.seed(11)
-    cpu = torch.device("cpu")
-    sampler = Sampler(get_current_vllm_config(), 16, vocab, cpu,
-                      RequestState(16, 64, 64, 0, vocab, cpu))
+    cpu, slots = torch.device("cpu"), max(16, len(params))
+    sampler = Sampler(get_current_vllm_config(), slots, vocab, cpu,
+                      RequestState(slots, 64, 64, 0, vocab, cpu))
     for slot, p in enumerate(params):
         sampler.add_request(slot, p)
     sampler.sampling_states.apply_staged_writes()  # (the processors' need Triton)
@@ -341,6 +342,162 @@ def _sample_models(on, head, hidden, vocab, kinds):
 
 def test_sample_from_vllm_sampling_states():
     data.spawn(_setup, _sample)
+
+
+def _plans_per_composition(rank):
+    """sampling_args works a composition out once and again after the
+    sampler adds a request (which rewrites its slot's state)."""
+    from vllm.sampling_params import SamplingParams
+
+    from klgen.integrations import vllm as kv
+
+    made, plan = [], kv._plan
+    kv._plan = lambda *args: made.append(args[1].idx_mapping_np.tolist()) or plan(*args)
+    sampler = _v2_sampler(1000, [SamplingParams(temperature=0.7, seed=3)] * 3)
+    for slots in ([0, 1], [0, 1], [1, 0], [0, 1]):
+        args = kv.sampling_args(sampler, _batch(slots), 64)
+        assert args["seed"].tolist() == [3, 3]
+    assert made == [[0, 1], [1, 0]]
+    sampler.add_request(1, SamplingParams(temperature=1.0, presence_penalty=0.5))
+    sampler.sampling_states.apply_staged_writes()  # (the processors' need Triton)
+    assert "PenaltiesState" in kv.sampling_args(sampler, _batch([0, 1]), 64)
+    assert kv.sampling_args(sampler, _batch([0]), 64)["seed"].tolist() == [3]
+    assert made == [[0, 1], [1, 0], [0, 1], [0]]
+
+
+def test_sampling_args_once_per_composition():
+    data.spawn(_setup, _plans_per_composition)
+
+
+def _tiny_llama(vocab, rows, dtype, logits):
+    """vLLM's LlamaForCausalLM built from a config (no layers, no download)
+    whose LM head computes exactly `logits` from data.hidden(rows)."""
+    import json
+    import tempfile
+
+    from vllm.config import ModelConfig, get_current_vllm_config
+    from vllm.model_executor.models.llama import LlamaForCausalLM
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=rows,
+                  intermediate_size=2 * rows, num_attention_heads=TP, num_key_value_heads=TP,
+                  num_hidden_layers=0, vocab_size=vocab, max_position_embeddings=4096,
+                  torch_dtype=str(dtype).removeprefix("torch."))
+    vllm_config = get_current_vllm_config()
+    with tempfile.TemporaryDirectory() as where:
+        with open(os.path.join(where, "config.json"), "w") as f:
+            json.dump(config, f)
+        vllm_config.model_config = ModelConfig(model=where, skip_tokenizer_init=True,
+                                               dtype=dtype)
+    with set_default_torch_dtype(dtype):  # as vLLM's model loader builds it
+        model = LlamaForCausalLM(vllm_config=vllm_config)
+    shard = model.lm_head.num_embeddings_per_partition
+    rank = model.lm_head.tp_rank
+    model.lm_head.weight.copy_(data.head_weight(logits)[rank * shard:][:shard])
+    return model
+
+
+def _runner(model, sampler):
+    """vLLM's v2 GPUModelRunner as its load_model leaves it on the last
+    pipeline rank for a model without drafts or batch-sharded sampling: the
+    attributes its sample() reads. Its __init__ needs CUDA streams, so the
+    instance is made without it; sample() is the class's own."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    runner = GPUModelRunner.__new__(GPUModelRunner)
+    runner.model, runner.sampler = model, sampler
+    runner.batch_sharder = runner.rejection_sampler = runner.speculator = None
+    runner.structured_outputs_worker = None
+    return runner
+
+
+def _decode_batch(slots, seed):
+    """vLLM's own InputBatch of a decode step (one token per request) of the
+    request slots `slots`, at random positions."""
+    import numpy as np
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    n = len(slots)
+    batch = InputBatch.make_dummy(n, n, InputBuffers(64, 64, torch.device("cpu")),
+                                  is_padding=False)
+    batch.idx_mapping_np = np.array(slots, dtype=np.intp)
+    batch.idx_mapping = batch.expanded_idx_mapping = torch.tensor(slots)
+    gen = torch.Generator().manual_seed(seed)
+    batch.positions.copy_(torch.randint(0, 2**20, (n,), generator=gen))
+    return batch
+
+
+_KINDS = (dict(temperature=0.0), dict(temperature=0.7, top_k=5, top_p=0.9, seed=3),
+          dict(temperature=1.0, min_p=0.1), dict(temperature=1.3, top_p=0.5),
+          dict(temperature=1.0))
+
+
+def _runner_step(rank, replace=None):
+    """GPUModelRunner.sample with the plugin on: a decode step is klgen's
+    (kl_sample's draws of the shards, SamplerOutput as vLLM's), a step that
+    needs vLLM's sampler is vLLM's, token for token. replace ("sample" or
+    "__call__"): that method of vLLM's (the runner's sample, the Sampler's
+    __call__) is replaced by another before klgen loads, and every step is
+    vLLM's, counted, logged once."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+
+    from klgen import reference
+    from klgen.integrations.vllm import sampling_args
+
+    lines = data.debug_lines("vllm.klgen")
+    vllms = {"sample": GPUModelRunner.sample, "__call__": Sampler.__call__}
+    if replace is not None:
+        owner = GPUModelRunner if replace == "sample" else Sampler
+        setattr(owner, replace, lambda self, *args: vllms[replace](self, *args))
+    _turn_on()
+    vocab, rows, dtype = 50257, 8, torch.bfloat16
+    logits = data.hostile_rows(rows, data.padded(vocab, TP), vocab, dtype, seed=5)
+    model = _tiny_llama(vocab, rows, dtype, logits)
+    from vllm.sampling_params import SamplingParams
+
+    runner = _runner(model, _v2_sampler(vocab, [SamplingParams(**k) for k in _KINDS * 2]))
+    # klgen's steps take every kind; vLLM's top-k / top-p are a Triton kernel
+    # that asks the platform for its compute units, which a CPU has not: its
+    # steps here take the kinds without (greedy, min-p, temperature)
+    slots = [9, 2, 4, 0, 7, 1, 3] if replace is None else [9, 2, 4, 0, 7, 5]
+    batch, hidden = _decode_batch(slots, seed=1), data.hidden(rows, dtype)[:len(slots)]
+    stock = GPUModelRunner.sample.klgen_wraps  # vLLM's own, as the plugin found it
+    for step in range(2):
+        out, num_sampled, num_rejected = runner.sample(hidden, batch, None)
+        assert num_sampled.tolist() == [1] * len(slots)
+        assert num_rejected.tolist() == [0] * len(slots)
+        tokens = out.sampled_token_ids
+        assert tokens.shape == (len(slots), 1) and tokens.dtype == torch.int64
+        if replace is None:
+            args = sampling_args(runner.sampler, batch, 64)
+            want = reference.sample(logits[:len(slots), :vocab], **args).tokens
+        else:
+            want = stock(runner, hidden, batch, None)[0].sampled_token_ids[:, 0]
+        assert torch.equal(tokens[:, 0], want), (replace, step, tokens, want)
+    stats = model.logits_processor.klgen.stats()
+    if replace is None:
+        assert stats["calls"].get("sample") == 2 and not stats["declined"], stats
+        # what needs vLLM's sampler: vLLM's path, the same tokens as its own
+        runner.sampler.use_fp64_gumbel = True
+        batch = _decode_batch([9, 2, 4, 0, 7, 5], seed=2)
+        hidden = hidden[:6]
+        got = runner.sample(hidden, batch, None)[0].sampled_token_ids
+        assert torch.equal(got, stock(runner, hidden, batch, None)[0].sampled_token_ids)
+        assert model.logits_processor.klgen.stats()["declined"] == {"sample": 1}
+    else:
+        assert "sample" not in stats["calls"] and stats["declined"] == {"sample": 2}, stats
+        said = [line for line in lines if "stays with the engine" in line]
+        assert len(said) == 1 and f".{replace} is not vLLM 0.33.0's" in said[0], lines
+
+
+@pytest.mark.parametrize("replace", [None, "sample", "__call__"])
+def test_model_runner_sample(replace, monkeypatch):
+    # vLLM's sampler and step counts are Triton kernels: on the CPU, Triton's
+    # interpreter (vLLM keeps Triton with no GPU visible)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    data.spawn(_setup, functools.partial(_runner_step, replace=replace))
 
 
 def _lora(rank):

@@ -47,6 +47,7 @@ class Gathers:
         self.group, self.log, self.what, self.about = group, log, what, about
         self.tp = dist.get_world_size(group)
         self.specs = {}
+        self._by_call = {}  # get()'s arguments -> the gather of their spec
         self.calls = collections.Counter()
         self.declined = collections.Counter()
         self._told = set()
@@ -65,13 +66,22 @@ class Gathers:
     def get(self, use, logits, **fields):
         """The gather of the spec `fields` for shards like `logits` ([rows,
         shard]), counted as a call of `use`."""
+        call = (logits.shape[-1], logits.dtype, logits.device, *fields.items())
+        g = self._by_call.get(call)
+        if g is None:
+            g = self._by_call[call] = self._spec_gather(logits, fields)
+        self.calls[use] += 1
+        return g
+
+    def _spec_gather(self, logits, fields):
+        """The gather of a call get() has not seen: one per spec, whatever
+        order or None fields a call gives it in."""
         shard = logits.shape[-1]
         fields = {k: v for k, v in fields.items() if v is not None}
         key = (shard, logits.dtype, logits.device, tuple(sorted(fields.items())))
         g = self.specs.get(key)
         if g is None:
             g = self.specs[key] = self._make(shard, logits, fields)
-        self.calls[use] += 1
         return g
 
     def _make(self, shard, logits, fields):
@@ -102,6 +112,7 @@ class Gathers:
         for g in self.specs.values():
             g.close()
         self.specs.clear()
+        self._by_call.clear()
 
 
 def new_gather(backend, **fields):
@@ -120,10 +131,11 @@ class TorchGather:
     topk=0): what LogitsGather of the same fields returns, computed from a
     torch.distributed all-gather of the shards (any backend, gloo included):
 
-    - g(shard): the rank-order concat, sliced to vocab_size, through the
+    - g(shard, out=None): the rank-order concat, sliced to vocab_size, through the
       epilogue: the engine's own torch ops (x / softcap, tanh, * softcap,
       * scale, each in dtype, then out_dtype) -- what numerics "engine" is
       defined to equal; -0.0 comes out as +0.0, as from the one-shot path;
+      written into out ([tokens, vocab_size] of out_dtype) where given;
     - g.argmax(shard): over those values, NaN largest, ties to the lowest
       column; values in fp32;
     - g.topk(shard): the k largest, ties to the lowest column, NaN largest and
@@ -148,7 +160,7 @@ class TorchGather:
         self.softcap, self.scale, self.k = softcap, scale, topk
         self.calls = 0
 
-    def __call__(self, shard):
+    def __call__(self, shard, out=None):
         x = self._gathered(shard)
         if self.softcap is not None:
             x = x / self.softcap
@@ -156,7 +168,12 @@ class TorchGather:
             x = x * self.softcap
         if self.scale != 1.0:
             x = x * self.scale
-        return x.to(self.out_dtype)
+        if out is None:
+            return x.to(self.out_dtype)
+        if out.shape != x.shape or out.dtype != self.out_dtype:
+            raise ValueError(f"out has shape {tuple(out.shape)} and dtype {out.dtype}, expected "
+                             f"{list(x.shape)} of {self.out_dtype}")
+        return out.copy_(x)
 
     def argmax(self, shard, *, values=False):
         x = self(shard).float()

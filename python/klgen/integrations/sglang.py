@@ -10,6 +10,13 @@ so that the slice and the cast find nothing left to do. logit_scale stays
 before the gather and the soft-cap after it, where SGLang applies them, in
 the same precision. deferred_argmax (speculative verification's greedy
 token from the fp32 shards) runs on kl_argmax over the soft-capped row.
+_gather_softcap_fused (SGLang's own one-pass gather and soft-cap of fp32
+shards, taken on the GPU instead of the gatherer for a soft-capped fp32 LM
+head, and by speculative verification's finish_deferred_gather) runs on
+klgen's gather with the cap fused, into SGLang's logits buffer where it
+fits. The LM-head all-to-all (enable_tp_lm_head_all_to_all: each rank gets
+its own rows, a collective klgen does not have) stays SGLang's, each call
+counted as a declined "gather".
 
 Turn it on with KLGEN_SGLANG=1 in the environment SGLang starts with.
 klgen's package declares a `sglang.srt.plugins` entry point
@@ -72,6 +79,11 @@ def install(processor, backend="klgen"):
                                                 processor._logits_gatherer)
     processor.deferred_argmax = types.MethodType(_deferred_argmax(processor.deferred_argmax),
                                                  processor)
+    processor._gather_softcap_fused = types.MethodType(
+        _gather_softcap_fused(processor._gather_softcap_fused), processor)
+    processor._tp_lm_head_all_to_all = _counted(
+        gathers, "the LM-head all-to-all: each rank's own rows, not a gather",
+        processor._tp_lm_head_all_to_all)
     return processor
 
 
@@ -121,3 +133,37 @@ def _deferred_argmax(sglangs):
         return g.argmax(logits)
 
     return deferred_argmax
+
+
+def _gather_softcap_fused(sglangs):
+    """_gather_softcap_fused (SGLang's gather of fp32 shards with the
+    soft-cap in one Triton pass, into the logits buffer where its shape
+    fits) on klgen: the gather, the slice and the cap (x / cap, tanh, * cap
+    in fp32) in one step; `sglangs` (the bound method it replaces) for what
+    does not fit."""
+
+    def gather_softcap_fused(self, logits, logits_metadata, use_buffer):
+        reason = _unfit(self.klgen, logits)
+        if reason is not None:
+            self.klgen.decline("softcap gather", reason)
+            return sglangs(logits, logits_metadata, use_buffer)
+        vocab = min(self.vocab_size, self.klgen.tp * logits.shape[-1])
+        g = self.klgen.get("softcap gather", logits, vocab_size=vocab,
+                           softcap=self.final_logit_softcapping, out_dtype=torch.float32)
+        out = logits_metadata.next_token_logits_buffer if use_buffer else None
+        if out is None or tuple(out.shape) != (logits.shape[0], vocab):
+            return g(logits)
+        return g(logits, out=out)
+
+    return gather_softcap_fused
+
+
+def _counted(gathers, reason, sglangs):
+    """`sglangs` (a bound method of SGLang's that klgen does not serve), each
+    call counted as a declined "gather" with `reason`."""
+
+    def call(*args, **kwargs):
+        gathers.decline("gather", reason)
+        return sglangs(*args, **kwargs)
+
+    return call

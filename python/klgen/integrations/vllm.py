@@ -26,16 +26,19 @@ the GPU, and for the selections a vocabulary with added (LoRA) tokens,
 k > 64, a scale <= 0 (vLLM's error). stats() and vLLM's debug log
 (VLLM_LOGGING_LEVEL=DEBUG, logger "vllm.klgen") say which calls klgen served.
 
-Sampling without the gather is for the engine's model runner to call (vLLM
-0.33's runners always gather first): sample(model, hidden_states, sampler,
-input_batch, grammar_output) draws each logits row's token with kl_sample,
-from the parameters vLLM's v2 Sampler keeps per request (sampling_args), or
-returns None where the step needs vLLM's own compute_logits and sampler
-(among others: a model whose compute_logits does more than its
-LogitsProcessor, a processor LoRA wraps):
-
-    tokens = sample(model, hidden, sampler, input_batch, grammar_output)
-    if tokens is None:  # vLLM's path: compute_logits, then sampler(...)
+Sampling without the gather: the same switch wraps the v2 model runner's
+GPUModelRunner.sample (its step that computes the logits and samples them),
+when vLLM has imported the runner and before the model is built. A decode
+step whose requests kl_sample serves draws each logits row's token from the
+shards, with the parameters vLLM's v2 Sampler keeps per request
+(sampling_args), and returns the SamplerOutput vLLM's sampler would; any
+other step is vLLM's own (batch-sharded sampling, draft tokens, structured
+output, logprobs, penalties and the rest: KlgenLogitsProcessor.sample and
+sampling_args say which), counted as a declined "sample". The wrapper
+checks first that GPUModelRunner.sample and Sampler.__call__ are vLLM
+0.33.0's code; where they are not, every step keeps vLLM's path, counted
+and logged once. A runner of your own calls sample(model, hidden_states,
+sampler, input_batch, grammar_output): the tokens, or None for vLLM's path.
 
 KLGEN_VLLM=torch (or enable("torch")) runs the same glue on TorchGather, the
 torch implementation of klgen's contract: for CPUs and tests.
@@ -43,7 +46,10 @@ torch implementation of klgen's contract: for CPUs and tests.
 
 import dis
 import functools
+import hashlib
+import inspect
 import logging
+import sys
 
 import torch
 from vllm.distributed import get_tp_group
@@ -61,6 +67,7 @@ def enable(backend="klgen"):
     """Makes every LogitsProcessor this process builds from now on a
     KlgenLogitsProcessor on `backend` ("klgen", or "torch" for CPUs)."""
     KlgenLogitsProcessor.backend = check_backend(backend, "enable")
+    _hook_runner()
     registered = op_registry_oot.get("LogitsProcessor")
     if registered is KlgenLogitsProcessor:
         return
@@ -87,17 +94,120 @@ def sample(model, hidden_states, sampler, input_batch, grammar_output):
     scale, masked columns), as far as _logits_source can tell. A model whose
     compute_logits only calls its language model's is followed there. The
     rest is KlgenLogitsProcessor.sample's."""
-    source, where = _logits_source(model)
+    return _sample_model(model, hidden_states, None, sampler, input_batch, grammar_output)
+
+
+def _sample_model(model, hidden_states, rows, sampler, input_batch, grammar_output,
+                  reason=None):
+    """sample() of hidden_states[rows] (rows None: all of them), decided
+    before the rows are indexed; `reason` declines the step."""
+    source, where = _source(model)
     if isinstance(source, str):
-        processor = getattr(where, "logits_processor", None)
-        base = getattr(processor, "base_layer", processor)  # LoRA's wrapper: its base layer
-        if isinstance(base, KlgenLogitsProcessor):
-            base._gathers().decline("sample", source)
-        else:
-            log.debug("klgen: sample stays with vLLM: %s", source)
+        _decline(where, source)
         return None
     processor, lm_head = source
-    return processor.sample(lm_head, hidden_states, sampler, input_batch, grammar_output)
+    if reason is not None:
+        processor._gathers().decline("sample", reason)
+        return None
+    count = _rows(hidden_states) if rows is None else rows.shape[0]
+    args = processor._sample_args(count, hidden_states.device, lm_head, sampler, input_batch,
+                                  grammar_output)
+    if args is None:
+        return None
+    return processor._draw(lm_head, hidden_states if rows is None else hidden_states[rows], args)
+
+
+def _source(model):
+    """_logits_source(model), worked out on the model's first step and kept
+    on it: what a loaded model's compute_logits calls does not change."""
+    found = model.__dict__.get("_klgen_logits_source")
+    if found is None:
+        found = model.__dict__["_klgen_logits_source"] = _logits_source(model)
+    return found
+
+
+_told = set()
+
+
+def _decline(model, reason):
+    """Counts a step left to vLLM on `model`'s processor where it is klgen's
+    (LoRA's wrapper: its base layer), else logs the reason once."""
+    processor = getattr(model, "logits_processor", None)
+    base = getattr(processor, "base_layer", processor)
+    if isinstance(base, KlgenLogitsProcessor):
+        base._gathers().decline("sample", reason)
+    elif reason not in _told:
+        _told.add(reason)
+        log.debug("klgen: sample stays with vLLM: %s", reason)
+
+
+# The v2 model runner's module; vLLM imports it in a worker before it builds
+# the model.
+_RUNNER = "vllm.v1.worker.gpu.model_runner"
+# What the runner hook stands in for, as vLLM 0.33.0 writes it: the sha256 of
+# the source of GPUModelRunner.sample (whose non-sharded, single-sampler
+# branch the hook takes) and of Sampler.__call__ (whose SamplerOutput the
+# hook builds). Any other text is another vLLM, whose steps keep its path.
+_KNOWN = {
+    "GPUModelRunner.sample": "78982d0f9f603fccb2deeb49466213c5c045fa30c72db0582ec528a023ba2db0",
+    "Sampler.__call__": "8b2c419eca0ec79cbfd937b3de0c2c66a24cae99743d016a60980036322bd9b1"}
+
+
+def _hook_runner():
+    """Wraps GPUModelRunner.sample (the v2 runner's step that computes the
+    logits and samples them) once vLLM has imported it, checking first that
+    it and Sampler.__call__ are the code klgen knows: where they are not,
+    the wrapper keeps vLLM's path for every step, counted as a declined
+    "sample" and logged once. Runs from enable() and from each
+    KlgenLogitsProcessor built (in a worker, while the runner loads its
+    model); wraps once."""
+    runner = getattr(sys.modules.get(_RUNNER), "GPUModelRunner", None)
+    if runner is None or hasattr(runner.sample, "klgen_wraps"):
+        return
+    from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
+    from vllm.v1.worker.gpu.sample.output import SamplerOutput
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+
+    vllms = runner.sample
+    unknown = _unknown(("GPUModelRunner.sample", vllms), ("Sampler.__call__", Sampler.__call__))
+
+    def sample(self, hidden_states, input_batch, grammar_output):
+        reason = unknown
+        if reason is None and self.batch_sharder is not None:
+            reason = "batch-sharded sampling"
+        tokens = _sample_model(self.model, hidden_states, input_batch.logits_indices,
+                               self.sampler, input_batch, grammar_output, reason)
+        if tokens is None:
+            return vllms(self, hidden_states, input_batch, grammar_output)
+        # as Sampler.__call__ counts a step of one logits row per request
+        num_sampled, num_rejected = get_num_sampled_and_rejected(
+            input_batch.seq_lens.new_ones(input_batch.num_reqs), input_batch.seq_lens,
+            input_batch.cu_num_logits, input_batch.idx_mapping,
+            self.sampler.req_states.prefill_len.gpu)
+        out = SamplerOutput(sampled_token_ids=tokens.view(-1, 1), logprobs_tensors=None,
+                            num_nans=None, num_sampled=num_sampled, num_rejected=num_rejected,
+                            sampling_mask_tensors=None)
+        return out, num_sampled, num_rejected
+
+    sample.klgen_wraps = vllms
+    runner.sample = sample
+    log.debug("klgen: GPUModelRunner.sample wrapped%s",
+              f"; every step stays with vLLM: {unknown}" if unknown else "")
+
+
+def _unknown(*functions):
+    """Why one of (name, function) is not the code _KNOWN names, or None."""
+    for name, fn in functions:
+        code = getattr(fn, "__code__", None)
+        try:
+            text = inspect.getsource(code) if code is not None else None
+        except OSError:
+            text = None
+        if text is None:
+            return f"vLLM's {name} has no source to check"
+        if hashlib.sha256(text.encode()).hexdigest() != _KNOWN[name]:
+            return f"vLLM's {name} is not vLLM 0.33.0's"
+    return None
 
 
 # What a plain compute_logits does -- `return self.logits_processor(self.lm_head,
@@ -178,8 +288,56 @@ def sampling_args(sampler, input_batch, max_top_k):
     and repeat with its seed. A filter no request of the step uses is None,
     as vLLM's sampler skips it (read from its host copies): a step without
     filters is sampled from the shards, never gathered. A str instead says
-    why the step needs vLLM's own sampler; max_top_k is the spec's topk."""
-    reason = _sampler_declines(sampler, input_batch, max_top_k)
+    why the step needs vLLM's own sampler; max_top_k is the spec's topk.
+
+    What a step's requests ask for changes only when a request is added, so
+    it is worked out once per batch composition (the request slots of the
+    rows, in order) and kept until the sampler adds a request: a step of a
+    known composition reads no request state and launches one index kernel
+    (the rows' positions)."""
+    reason = _step_declines(sampler, input_batch)
+    if reason is not None:
+        return reason
+    plans = _plans(sampler)
+    key = (max_top_k, input_batch.idx_mapping_np.tobytes())
+    plan = plans.get(key)
+    if plan is None:
+        if len(plans) >= _MAX_PLANS:
+            plans.clear()
+        plan = plans[key] = _plan(sampler, input_batch, max_top_k)
+    if isinstance(plan, str):
+        return plan
+    return dict(plan, offset=input_batch.positions[input_batch.logits_indices])
+
+
+# Compositions a sampler keeps plans for between two added requests (requests
+# that finish make new ones without an add).
+_MAX_PLANS = 256
+
+
+def _plans(sampler):
+    """`sampler`'s plans by composition, emptied whenever it adds a request
+    (which rewrites that slot's state): its add_request is wrapped on first
+    sight, on the instance."""
+    plans = sampler.__dict__.get("_klgen_plans")
+    if plans is None:
+        plans = sampler.__dict__["_klgen_plans"] = {}
+        add = sampler.add_request
+
+        def add_request(req_idx, sampling_params):
+            try:
+                return add(req_idx, sampling_params)
+            finally:
+                plans.clear()
+
+        sampler.add_request = add_request
+    return plans
+
+
+def _plan(sampler, input_batch, max_top_k):
+    """The per-row parameters but the offset, on the device, of the rows of
+    `input_batch`, or why its requests need vLLM's sampler."""
+    reason = _requests_decline(sampler, input_batch.idx_mapping_np, max_top_k)
     if reason is not None:
         return reason
     rows, states = input_batch.expanded_idx_mapping, sampler.sampling_states
@@ -193,8 +351,7 @@ def sampling_args(sampler, input_batch, max_top_k):
     if _used(states.min_p, requests, 0.0):
         min_p = states.min_p.gpu[rows]
     return dict(temperature=states.temperature.gpu[rows], top_k=top_k, top_p=top_p,
-                min_p=min_p, seed=states.seeds.gpu[rows],
-                offset=input_batch.positions[input_batch.logits_indices].long())
+                min_p=min_p, seed=states.seeds.gpu[rows])
 
 
 def _used(buffer, requests, off):
@@ -208,19 +365,23 @@ def _used(buffer, requests, off):
 # as a feature turned off).
 _SAMPLER_PARTS = ("sampling_states", "logits_processors", "thinking_budget_state",
                   "trace_replay_state", "return_sampling_mask", "get_logprobs_dims",
-                  "compute_nans", "use_fp64_gumbel")
+                  "compute_nans", "use_fp64_gumbel", "add_request")
+_sampler_class = []  # vLLM's v2 Sampler, imported on first use
 
 
-def _sampler_declines(sampler, input_batch, max_top_k):
-    """Why vLLM must sample this step itself, or None."""
-    from vllm.v1.worker.gpu.sample.sampler import Sampler
+def _step_declines(sampler, input_batch):
+    """Why vLLM must sample this step itself, from what can change between
+    two steps of one composition (the sampler's own settings), or None."""
+    if not _sampler_class:
+        from vllm.v1.worker.gpu.sample.sampler import Sampler
 
-    if type(sampler) is not Sampler:  # a subclass samples its own way (watermarks)
+        _sampler_class.append(Sampler)
+    if type(sampler) is not _sampler_class[0]:  # a subclass samples its own way (watermarks)
         return f"sampler {type(sampler).__name__}, not vLLM's v2 Sampler"
-    missing = [part for part in _SAMPLER_PARTS if not hasattr(sampler, part)]
-    if missing:
-        return f"vLLM's Sampler has no {missing[0]} (another vLLM)"
-    requests = input_batch.idx_mapping_np
+    if "_klgen_plans" not in sampler.__dict__:
+        missing = [part for part in _SAMPLER_PARTS if not hasattr(sampler, part)]
+        if missing:
+            return f"vLLM's Sampler has no {missing[0]} (another vLLM)"
     if input_batch.num_draft_tokens:
         return "draft tokens: rejection sampling"
     if sampler.trace_replay_state is not None:
@@ -231,6 +392,11 @@ def _sampler_declines(sampler, input_batch, max_top_k):
         return "NaNs in the logits are counted"
     if sampler.use_fp64_gumbel:
         return "fp64 Gumbel noise is asked for"
+    return None
+
+
+def _requests_decline(sampler, requests, max_top_k):
+    """Why a request of the slots `requests` needs vLLM's sampler, or None."""
     if sampler.get_logprobs_dims(requests) is not None:
         return "logprobs: vLLM's carry the sampled token's rank over the whole vocabulary"
     for processor in sampler.logits_processors:
@@ -264,6 +430,10 @@ def _params_declines(states, requests, max_top_k):
     return None
 
 
+def _rows(hidden_states):
+    return hidden_states.shape[:-1].numel()
+
+
 def _gathered(g, logits):
     """g over logits [..., shard]: the rows flattened, the result shaped back."""
     out = g(logits.reshape(-1, logits.shape[-1]))
@@ -279,6 +449,7 @@ class KlgenLogitsProcessor(LogitsProcessor):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.klgen = None  # Gathers, made on first use: the shard is known then
+        _hook_runner()
 
     def _gathers(self):
         if self.klgen is None:
@@ -297,16 +468,17 @@ class KlgenLogitsProcessor(LogitsProcessor):
             return "the LM head is narrower than org_vocab_size"
         return self._gathers().unfit(rows, device)
 
-    def _select_declines(self, hidden_states, lm_head, k=1):
-        """_declines for get_top_tokens / get_top_k_tokens, which also need
-        gathered columns that are token ids and a k kl_topk has."""
+    def _select_declines(self, rows, device, lm_head, k=1):
+        """_declines for the selections (get_top_tokens, get_top_k_tokens,
+        sample), which also need gathered columns that are token ids and a k
+        kl_topk has."""
         if self.scale <= 0.0 and self.scale != 1.0:
             return "a scale <= 0 (vLLM refuses it)"
         if lm_head.num_added_embeddings:
             return "added vocabulary: gathered columns are not token ids"
         if not 0 < k <= min(MAX_TOPK, self.org_vocab_size):
             return f"k {k} beyond kl_topk's 1 ... {MAX_TOPK}"
-        return self._declines(hidden_states.shape[:-1].numel(), hidden_states.device, lm_head)
+        return self._declines(rows, device, lm_head)
 
     def _spec(self, epilogue=True, **fields):
         """The fields of this instance's spec: the org vocabulary, and with
@@ -326,7 +498,7 @@ class KlgenLogitsProcessor(LogitsProcessor):
         return _gathered(g, logits)
 
     def _get_logits(self, hidden_states, lm_head, embedding_bias, skip_gather=False):
-        reason = self._declines(hidden_states.shape[:-1].numel(), hidden_states.device, lm_head)
+        reason = self._declines(_rows(hidden_states), hidden_states.device, lm_head)
         if skip_gather or reason is not None:
             if reason is not None:
                 self._gathers().decline("logits", reason)
@@ -340,13 +512,13 @@ class KlgenLogitsProcessor(LogitsProcessor):
         if not isinstance(self, KlgenLogitsProcessor) or self.logits_as_input or skip_gather:
             return LogitsProcessor.forward(self, lm_head, hidden_states, embedding_bias,
                                            skip_gather)
-        if self._declines(hidden_states.shape[:-1].numel(), hidden_states.device, lm_head):
+        if self._declines(_rows(hidden_states), hidden_states.device, lm_head):
             return super().forward(lm_head, hidden_states, embedding_bias)  # _get_logits counts it
         logits = self._apply_head(lm_head, hidden_states, embedding_bias)
         return _gathered(self._gathers().get("forward", logits, **self._spec()), logits)
 
     def get_top_tokens(self, lm_head, hidden_states, embedding_bias=None):
-        reason = self._select_declines(hidden_states, lm_head)
+        reason = self._select_declines(_rows(hidden_states), hidden_states.device, lm_head)
         if reason is not None:
             self._gathers().decline("argmax", reason)
             return super().get_top_tokens(lm_head, hidden_states, embedding_bias)
@@ -364,23 +536,34 @@ class KlgenLogitsProcessor(LogitsProcessor):
         forward returns (soft-capped, scaled). grammar_output: the runner's,
         None or not (its bitmask applies to gathered logits: a step with one
         is vLLM's)."""
-        gathers = self._gathers()
-        reason = self._select_declines(hidden_states, lm_head)
+        args = self._sample_args(_rows(hidden_states), hidden_states.device, lm_head, sampler,
+                                 input_batch, grammar_output)
+        if args is None:
+            return None
+        return self._draw(lm_head, hidden_states, args, embedding_bias)
+
+    def _sample_args(self, rows, device, lm_head, sampler, input_batch, grammar_output):
+        """sample's parameters for `rows` rows on `device`, or None with the
+        step's decline counted: decided before the hidden rows are indexed."""
+        reason = self._select_declines(rows, device, lm_head)
         if reason is None and grammar_output is not None:
             reason = "structured output: its bitmask applies to the gathered logits"
         if reason is None:
             args = sampling_args(sampler, input_batch, MAX_TOPK)
-            reason = args if isinstance(args, str) else None
-        if reason is not None:
-            gathers.decline("sample", reason)
-            return None
+            if not isinstance(args, str):
+                return args
+            reason = args
+        self._gathers().decline("sample", reason)
+        return None
+
+    def _draw(self, lm_head, hidden_states, args, embedding_bias=None):
         logits = self._apply_head(lm_head, hidden_states, embedding_bias)
-        g = gathers.get("sample", logits, **self._spec(topk=MAX_TOPK))
+        g = self._gathers().get("sample", logits, **self._spec(topk=MAX_TOPK))
         return g.sample(logits, **args).tokens
 
     def get_top_k_tokens(self, lm_head, hidden_states, k, embedding_bias=None, *,
                          return_log_probs=False):
-        reason = self._select_declines(hidden_states, lm_head, k)
+        reason = self._select_declines(_rows(hidden_states), hidden_states.device, lm_head, k)
         if reason is not None:
             self._gathers().decline("topk", reason)
             return super().get_top_k_tokens(lm_head, hidden_states, k, embedding_bias,

@@ -1,0 +1,115 @@
+"""Host time of klgen's vLLM sampling glue per decode step, on the CPU.
+
+    VENV/bin/python bench/vllm_glue.py      (VENV: a venv with vLLM and klgen,
+                                             .ci/engines.sh's)
+
+Two gloo processes (TP 2: the glue declines TP 1), vLLM's own v2 Sampler with
+the requests of each case, and klgen's glue on the torch backend with the LM
+head and the klgen call stubbed: the LM head returns a fixed shard and the
+gather's sample returns fixed tokens, so what is timed is the glue's Python
+and the torch work it launches, not a matmul or a kernel. Timed: the
+processor's sample(), and the whole step, GPUModelRunner.sample as the
+plugin wraps it (test_vllm's runner and tiny Llama), with vLLM's own count
+of sampled tokens (a Triton kernel its sampler launches too) stubbed. Both
+ranks make the gathers (collective); rank 0 times while rank 1 waits, and
+prints microseconds per call, the median of 7 timeit repeats.
+"""
+
+import os
+import sys
+import timeit
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "python"))
+
+import engine_util as data  # noqa: E402
+
+CASES = (("1 request, T 1", 1, {}), ("1 request, top-k 50, top-p 0.9", 1,
+         dict(top_k=50, top_p=0.9)), ("64 requests, T 1", 64, {}),
+         ("64 requests, top-k 50, top-p 0.9", 64, dict(top_k=50, top_p=0.9)))
+
+
+def _per_call(fn):
+    """Microseconds per fn() on rank 0, the other rank idle meanwhile."""
+    import torch.distributed as dist
+
+    fn()
+    dist.barrier()
+    if dist.get_rank() != 0:
+        dist.barrier()
+        return None
+    timer = timeit.Timer(fn)
+    number = max(1, int(0.2 / max(timer.timeit(10) / 10, 1e-9)))
+    us = sorted(timer.repeat(7, number))[3] / number * 1e6
+    dist.barrier()
+    return us
+
+
+def _stubbed(processor, head, rows):
+    """processor with its LM head and its klgen sample stubbed, after one real call."""
+    import torch
+
+    from klgen._torch import Sample
+
+    shard = torch.zeros(rows, head.num_embeddings_per_partition, dtype=torch.bfloat16)
+    processor._apply_head = lambda lm_head, hidden, bias: shard
+    tokens = torch.zeros(rows, dtype=torch.int64)
+    return shard, Sample(tokens, torch.zeros(rows), None)
+
+
+def _run(rank):
+    import torch
+    import vllm.v1.worker.gpu.input_batch as input_batch
+    from test_vllm import _batch, _head, _processors, _v2_sampler
+    from vllm.sampling_params import SamplingParams
+
+    counts = {}
+    input_batch.get_num_sampled_and_rejected = lambda ones, *args: counts.setdefault(
+        ones.shape[0], (ones, torch.zeros_like(ones)))
+    import vllm.v1.worker.gpu.model_runner  # noqa: F401 (what the plugin wraps, imported)
+
+    vocab = 50257
+    for name, rows, params in CASES:
+        logits = data.hostile_rows(rows, data.padded(vocab, data.TP), vocab, torch.bfloat16, 0)
+        head, hidden = _head(vocab, rows, torch.bfloat16, logits)
+        on = _processors()[1][0]
+        sampler = _v2_sampler(vocab, [SamplingParams(temperature=1.0, **params)] * rows)
+        batch = _batch(list(range(rows)))
+        on.sample(head, hidden, sampler, batch, None)  # makes the gather
+        _, out = _stubbed(on, head, rows)
+        for g in on.klgen.specs.values():
+            g.sample = lambda shard, **args: out
+        us = _per_call(lambda: on.sample(head, hidden, sampler, batch, None))
+        assert on.klgen.stats()["declined"] == {}, on.klgen.stats()
+        step = _runner_step(rows, logits, sampler)
+        if rank == 0:
+            print(f"{name:36s} KlgenLogitsProcessor.sample {us:6.1f} us, "
+                  f"GPUModelRunner.sample {step:6.1f} us")
+    data.leave_together()
+
+
+def _runner_step(rows, logits, sampler):
+    """Microseconds per GPUModelRunner.sample of a decode step of `rows`
+    requests, klgen's path, LM head and klgen call stubbed."""
+    import torch
+    from test_vllm import _decode_batch, _runner, _tiny_llama
+
+    width = max(rows, 8)  # the tiny model's hidden size
+    model = _tiny_llama(50257, width, torch.bfloat16,
+                        torch.nn.functional.pad(logits, (0, 0, 0, width - rows)))
+    runner, batch = _runner(model, sampler), _decode_batch(list(range(rows)), seed=0)
+    hidden = data.hidden(width, torch.bfloat16)[:rows]
+    processor = model.logits_processor
+    runner.sample(hidden, batch, None)
+    _, out = _stubbed(processor, model.lm_head, rows)
+    for g in processor.klgen.specs.values():
+        g.sample = lambda shard, **args: out
+    us = _per_call(lambda: runner.sample(hidden, batch, None))
+    assert processor.klgen.stats()["declined"] == {}, processor.klgen.stats()
+    return us
+
+
+if __name__ == "__main__":
+    from test_vllm import _setup
+
+    data.spawn(_setup, _run)
