@@ -692,8 +692,8 @@ def test_verify_matches_vllms_rejection_sampler(draft_logits, which):
             live = theirs.logprobs[rows, 0] > -INF
             assert torch.equal(ours.rank[rows][live], theirs.selected_token_ranks[rows][live])
     print(f"verify ({'draft model' if draft_logits else 'n-gram'}, {which or 'plain'}): "
-          f"{total} requests ({greedy} greedy, {rows_seen} rows), {full} all accepted, {none} none, "
-          f"{near} near-ties")
+          f"{total} requests ({greedy} greedy, {rows_seen} rows), {full} all accepted, "
+          f"{none} none, {near} near-ties")
     assert full > 0 and none > 0 and total - full - none > near
     assert near <= total // 20
 
