@@ -38,6 +38,13 @@ torch's float log may differ from it in the last bit.
 noise="vllm" draws vLLM 0.33's noise instead (vllm_noise(): murmur3 of (seed,
 position, column), docs/design/sampling.md), so that a seeded request draws
 vLLM's token.
+
+verify() verifies speculative decoding's drafts as vLLM 0.33's rejection
+sampler does (its "standard" method): the target rows processed as sample()
+processes a row, acceptance by min(1, p/q) with vLLM's uniform
+(vllm_accept_uniform(): Triton's Philox tl.rand of seed and position), and the
+token after the last accepted draft drawn from max(p - q, 0), or from p after a
+full acceptance, with vLLM's noise.
 """
 
 import math
