@@ -1048,7 +1048,6 @@ def verify(logits, cu_num_logits, draft_tokens, temperature, top_k=None, top_p=N
     request = torch.repeat_interleave(torch.arange(requests, device=device), counts)
     step = torch.arange(rows, device=device) - cu[:-1][request]
     judged = step < (counts - 1)[request]
-    last = cu[1:] - 1
 
     per_request = check_sampling_args(requests, vocab, device, temperature, top_k, top_p, min_p,
                                       seed, 0, logprobs)

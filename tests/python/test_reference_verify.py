@@ -306,7 +306,7 @@ def test_requests_do_not_depend_on_each_other():
     batch's other requests, their draft counts and rows change nothing."""
     rng, gen = random.Random(7), torch.Generator().manual_seed(7)
     st = random_step(rng, gen, 16, 120)
-    cu, req, step, n = st["cu"], st["req"], st["step"], st["n"]
+    cu, n = st["cu"], st["n"]
     cache = torch.randn(16, 8, 120, generator=gen) * 2 + st["logits"][cu[:-1]][:, None]
     kw = dict(logprobs=2, logprobs_mode="raw_logprobs")
     out = reference.verify(st["logits"], cu, st["drafts"], st["temp"], seed=st["seed"],
