@@ -2,8 +2,9 @@
 # The real-engine tests: klgen's drop-ins inside vLLM and SGLang,
 # each engine pinned and installed from PyPI into a venv of its own (CPU: no
 # GPU here), with klgen's wheel, and tests/python/test_<engine>.py run there
-# (and, in vLLM's, test_reference.py: torch and vLLM's own filters; then
-# test_reference_vllm.py: vLLM's sampler kernels under Triton's interpreter).
+# (and, in vLLM's, test_reference.py and test_reference_verify.py: torch and
+# vLLM's own filters; then test_reference_vllm.py: vLLM's sampler and
+# rejection sampler kernels under Triton's interpreter).
 # The venvs live under $KLGEN_CI_CACHE (default ~/.cache/klgen-ci), are made
 # once and reused by later runs on the same machine (remade when their pin
 # changes); only the wheel is new each run.
@@ -57,7 +58,8 @@ for pin in "${pins[@]}"; do
   # the sampler's reference needs torch, which test_python's venv has not:
   # it runs here, beside vLLM's own top-k/top-p
   if [ "$engine" = vllm ]; then
-    tests+=("$src/tests/python/test_reference.py" "$src/tests/python/test_sampling_args.py")
+    tests+=("$src/tests/python/test_reference.py" "$src/tests/python/test_reference_verify.py"
+      "$src/tests/python/test_sampling_args.py")
   fi
   echo "engines: $pin, ${tests[*]#"$src/"}"
   # from elsewhere than the tree: the installed klgen is what is imported

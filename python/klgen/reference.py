@@ -38,6 +38,13 @@ torch's float log may differ from it in the last bit.
 noise="vllm" draws vLLM 0.33's noise instead (vllm_noise(): murmur3 of (seed,
 position, column), docs/design/sampling.md), so that a seeded request draws
 vLLM's token.
+
+verify() verifies speculative decoding's drafts as vLLM 0.33's rejection
+sampler does (its "standard" method): the target rows processed as sample()
+processes a row, acceptance by min(1, p/q) with vLLM's uniform
+(vllm_accept_uniform(): Triton's Philox tl.rand of seed and position), and the
+token after the last accepted draft drawn from max(p - q, 0), or from p after a
+full acceptance, with vLLM's noise.
 """
 
 import math
@@ -51,8 +58,8 @@ except ModuleNotFoundError as e:
 
 __all__ = ["LOGPROBS_MODES", "NOISES", "Processing", "Sample", "SamplingArgs",
            "WEIGHT_SCALE", "bits", "check_processing", "check_sampling_args", "keep_mask", "noise",
-           "process_logits", "sample", "top_p_margin", "uniform", "vllm_bits", "vllm_noise",
-           "vllm_uniform"]
+           "process_logits", "sample", "top_p_margin", "uniform", "VERIFY_METHODS", "Verify",
+           "verify", "vllm_accept_uniform", "vllm_bits", "vllm_noise", "vllm_uniform"]
 
 # Philox4x32's multipliers and Weyl key increments (Random123's philox.h).
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -859,3 +866,269 @@ def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, o
 
 
 _NOISE = {"philox": noise, "vllm": vllm_noise}
+
+
+# ---- speculative decoding's verification (vLLM 0.33's rejection sampler) ----
+
+# The methods verify() implements; vLLM's others are named in its refusal.
+VERIFY_METHODS = ("standard",)
+_VLLM_OTHER_METHODS = ("synthetic", "block", "fly")
+# Triton's tl.rand scale, the largest float32 s with (2^31 - 1) * s < 1, and
+# vLLM's floor for an acceptance uniform (its _TL_RAND_MIN): the same float32.
+_TL_RAND_SCALE = 4.6566127342e-10
+
+
+def vllm_accept_uniform(seed, offset, *, device=None):
+    """vLLM's acceptance uniform for a draft: Triton's tl.rand(seed, offset)
+    floored at its smallest positive value, float32, shape of seed and offset
+    broadcast (ints or int64 tensors as bits(); offset the position of the
+    logits row that judges the draft).
+
+    x = word 0 of Philox4x32-10 with key (seed mod 2^32, seed >> 32 mod 2^32)
+    and counter (offset mod 2^32, offset >> 32 mod 2^32, 0, 0); as an int32, x
+    becomes ~x where negative, so x in [0, 2^31); u = max(float32(x) * s, s)
+    in float32, s = float32(4.6566127342e-10) (about 2^-31)."""
+    if device is None:
+        device = next((t.device for t in (seed, offset) if isinstance(t, torch.Tensor)),
+                      torch.device("cpu"))
+    seed, offset = torch.broadcast_tensors(_u64(seed, "seed", device),
+                                           _u64(offset, "offset", device))
+    zero = torch.zeros_like(offset)
+    x = _philox(offset & _MASK32, (offset >> 32) & _MASK32, zero, zero, seed & _MASK32,
+                (seed >> 32) & _MASK32)[0]
+    x = torch.where(x >= 1 << 31, x ^ _MASK32, x)
+    s = torch.tensor(_TL_RAND_SCALE, dtype=torch.float32, device=device)
+    return torch.maximum(x.to(torch.float32) * s, s)
+
+
+class Verify(NamedTuple):
+    """verify()'s result. Per request: accepted, int64 [requests], the drafts
+    accepted (the request's output is accepted + 1 tokens). Per logits row
+    (row cu[r] + i is request r's output position i):
+    tokens: int64 [rows], output token i for i <= accepted[r], -1 after.
+    logprob: float32 [rows], the token's under the logits logprobs_mode
+      names (NaN where the token is -1); rank: int64 [rows], the count of
+      columns >= the token's (-1 where the token is -1); top_logprobs,
+      top_indices: float32 and int64 [rows, n], as sample()'s, every row.
+    margin: float64 [rows], on the rows whose draft the ratio test judged:
+      log p(d) - (log u + log q(d)), > 0 accepted; NaN elsewhere (greedy
+      rows, rows past the first rejection, placeholders, bonus rows).
+    gap: float64 [requests], the draw's best score less its second best
+      (inf where the row is greedy or has one finite score): how near the
+      drawn token is to another under rounding."""
+
+    accepted: torch.Tensor
+    tokens: torch.Tensor
+    logprob: torch.Tensor
+    rank: torch.Tensor
+    top_logprobs: torch.Tensor
+    top_indices: torch.Tensor
+    margin: torch.Tensor
+    gap: torch.Tensor
+
+
+def _cu_num_logits(cu, rows, device):
+    """cu_num_logits checked: an int32 or int64 tensor [requests + 1], 0 first,
+    rows last, rising by at least 1 (each request has its bonus row)."""
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"cu_num_logits must be an int32 or int64 tensor, not {type(cu).__name__}")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cu_num_logits must be an int32 or int64 tensor, not {cu.dtype}")
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise ValueError(f"cu_num_logits has shape {tuple(cu.shape)}, expected [requests + 1]")
+    if cu.device != device:
+        raise ValueError(f"cu_num_logits is on {cu.device}, expected {device} (the logits')")
+    cu = cu.to(torch.int64)
+    if int(cu[0]) != 0 or int(cu[-1]) != rows:
+        raise ValueError(f"cu_num_logits must run from 0 to {rows} (the logits' rows), not from "
+                         f"{int(cu[0])} to {int(cu[-1])}")
+    _refuse(cu[1:] - cu[:-1] < 1, "cu_num_logits' steps", cu[1:] - cu[:-1],
+            ">= 1 (each request has drafts + 1 rows)")
+    return cu
+
+
+def _draft_logits(value, vocab, state, drafts, device):
+    """The draft logits of each row's draft, float32 [rows, vocab] (rows
+    without a draft: 0), from value [states, D, vocab] at (state, draft)."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"draft_logits must be a tensor, not {type(value).__name__}")
+    if value.dtype not in _LOGITS_DTYPES:
+        raise TypeError(f"draft_logits has dtype {value.dtype}, expected float32, float16 or "
+                        f"bfloat16")
+    if value.dim() != 3 or value.shape[2] != vocab:
+        raise ValueError(f"draft_logits has shape {tuple(value.shape)}, expected [states, drafts, "
+                         f"{vocab}] (the target's vocabulary)")
+    if value.device != device:
+        raise ValueError(f"draft_logits is on {value.device}, expected {device} (the logits')")
+    has = drafts >= 0
+    if bool(has.any()):
+        if int(drafts.max()) >= value.shape[1]:
+            raise ValueError(f"draft_logits has room for {value.shape[1]} drafts a request, a "
+                             f"request has {int(drafts.max()) + 1}")
+        if int(state[has].max()) >= value.shape[0]:
+            raise ValueError(f"draft_logits has {value.shape[0]} states, a request reads state "
+                             f"{int(state[has].max())}")
+    out = torch.zeros(drafts.shape[0], vocab, dtype=torch.float32, device=device)
+    out[has] = value[state[has], drafts[has]].to(torch.float32)
+    return out
+
+
+def _earlier_drafts(drafts, judged, request, cu, vocab):
+    """int32 [rows, vocab]: each row's count of every column among its
+    request's drafts before it (what vLLM adds to the output counts)."""
+    hot = torch.zeros(drafts.shape[0], vocab + 1, dtype=torch.int64, device=drafts.device)
+    hot[torch.arange(drafts.shape[0], device=drafts.device),
+        torch.where(judged & (drafts >= 0), drafts, vocab)] = 1
+    before = torch.cumsum(hot, 0) - hot
+    return (before - before[cu[:-1]][request])[:, :vocab].to(torch.int32)
+
+
+def verify(logits, cu_num_logits, draft_tokens, temperature, top_k=None, top_p=None, min_p=None,
+           *, draft_logits=None, seed=0, position, logprobs=0, logprobs_mode="raw_logprobs",
+           method="standard", **processing):
+    """Verifies a step's drafts as vLLM 0.33's rejection sampler does
+    (rejection_sample_method "standard", vllm/v1/worker/gpu/spec_decode/);
+    returns a Verify.
+
+    logits: the target's gathered logits [rows, vocab] (float32, float16 or
+    bfloat16), each request's drafts + 1 rows in turn: cu_num_logits, int32
+    or int64 [requests + 1] (vLLM's), request r has rows cu[r] .. cu[r+1] - 1,
+    drafts[r] = cu[r+1] - cu[r] - 1. Row cu[r] + i judges draft i; the last
+    row (the bonus row) judges none.
+    draft_tokens: int32 or int64 [rows], aligned with the rows: entry cu[r] +
+      i is draft i of request r (vLLM's draft_sampled, its input ids, at cu[r]
+      + i + 1); -1 a placeholder, never accepted; the bonus rows' entries are
+      not read.
+    draft_logits: None (n-gram drafts: q is one-hot at the draft), or the
+      draft model's logits as vLLM stores them, before temperature: [states,
+      D, vocab], request r's draft i at [s, i], s its state row (state_rows
+      at the request's rows, which must agree; r where state_rows is None).
+    temperature, top_k, top_p, min_p: per request, a number or a tensor of
+      [requests], as sample() checks them; seed: per request, an int or an
+      int64 [requests]. position: int64 [rows], each row's position (that of
+      its input token), for the noise, the acceptance uniform and min_tokens.
+    processing: sample()'s logits processing keywords, per row (state_rows
+      [rows] as vLLM's expanded_idx_mapping); the penalties' output counts
+      of a row also count its request's drafts before it, as vLLM's do.
+
+    Each row's target distribution p is that of sample() on the row: x the
+    processed logits, t = x / T where the filters keep a column, -inf
+    elsewhere; q = softmax(d / T) of the draft logits d (no processing, no
+    filters; the division in float32). Per request, draft by draft until one
+    is rejected:
+      T == 0: accepted when the draft equals argmax(x) (ties to the lowest
+        column); the first rejected draft's row gives argmax(x), and so does
+        the bonus row after a full acceptance.
+      T > 0: accepted when log p(d) > log u + log q(d) (log q = 0 one-hot),
+        the log softmaxes and log u in float64, u = vllm_accept_uniform(seed,
+        position of the row); a placeholder stops the test there. The row of
+        the first rejection draws its token from the residual max(p - q, 0):
+        argmax of r + g, r = log p + log1p(-exp(log q - log p)) where that
+        ratio is < 1, else -inf (float64), one-hot q: t with the draft's
+        column -inf (float32); g = vllm_noise(seed, position, column). A
+        placeholder's row, or the bonus row after a full acceptance, draws
+        from p itself: argmax of t + g, as sample(noise="vllm") (float32).
+    Logprobs as sample()'s of the output tokens, each row's from its own logits.
+    method: "standard" only; vLLM's synthetic, block and fly raise ValueError.
+    """
+    if method != "standard":
+        other = (f"vLLM's {method!r} is not implemented here" if method in _VLLM_OTHER_METHODS
+                 else f"unknown method {method!r}")
+        raise ValueError(f"{other}: verify() implements rejection_sample_method 'standard' only "
+                         f"(not {', '.join(_VLLM_OTHER_METHODS)})")
+    _check_logits(logits)
+    rows, vocab = logits.shape
+    device = logits.device
+    cu = _cu_num_logits(cu_num_logits, rows, device)
+    requests = cu.shape[0] - 1
+    counts = cu[1:] - cu[:-1]
+    request = torch.repeat_interleave(torch.arange(requests, device=device), counts)
+    step = torch.arange(rows, device=device) - cu[:-1][request]
+    judged = step < (counts - 1)[request]
+
+    per_request = check_sampling_args(requests, vocab, device, temperature, top_k, top_p, min_p,
+                                      seed, 0, logprobs)
+    pos = _tensor(position, "position", torch.int64, (rows,), device)
+    args = SamplingArgs(*(v[request] for v in per_request[:5]), pos, per_request.logprobs)
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, not "
+                         f"{logprobs_mode!r}")
+    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in (torch.int32,
+                                                                                torch.int64):
+        raise TypeError("draft_tokens must be an int32 or int64 tensor")
+    drafts = _tensor(draft_tokens, "draft_tokens", draft_tokens.dtype, (rows,), device).long()
+    _refuse(judged & ((drafts < -1) | (drafts >= vocab)), "draft_tokens", drafts,
+            f"in [0, {vocab}) or -1 (a placeholder) on the rows that judge a draft")
+    drafts = torch.where(judged, drafts, -1)
+
+    p = check_processing(rows, vocab, device,
+                         position=pos if processing.get("min_tokens") is not None else None,
+                         **processing)
+    if p.output is not None:
+        p = p._replace(output=p.output + _earlier_drafts(drafts, judged, request, cu, vocab))
+    raw = _masked(logits, p.bitmask)
+    x = _process(raw, p)
+    t = _tempered(x, args)
+    keep = _keep(t, args)[0]
+    greedy = args.temperature == 0
+    processed = torch.where(greedy[:, None], x, torch.where(keep, t, -math.inf))
+    target = torch.argmax(x, dim=-1)
+
+    q = None
+    if draft_logits is not None:
+        state_rows = processing.get("state_rows")
+        state = torch.arange(requests, device=device)
+        if state_rows is not None:
+            state = state_rows[cu[:-1]]
+            _refuse(state_rows != state[request], "state_rows", state_rows,
+                    "the same on every row of a request")
+        d = _draft_logits(draft_logits, vocab, state[request], torch.where(judged, step, -1),
+                          device)
+        scale = torch.where(greedy, 1.0, args.temperature)  # greedy rows read no q
+        q = torch.log_softmax((d / scale[:, None]).double(), dim=-1)
+
+    # the ratio test, on every row; the rows past a rejection are not read
+    valid = judged & (drafts >= 0)
+    d0 = drafts.clamp(min=0)[:, None]
+    log_p = torch.log_softmax(processed.double(), dim=-1)
+    log_q = q.gather(1, d0)[:, 0] if q is not None else torch.zeros(rows, dtype=torch.float64,
+                                                                   device=device)
+    log_u = torch.log(vllm_accept_uniform(args.seed, pos).double())
+    margin = log_p.gather(1, d0)[:, 0] - (log_u + log_q)
+    accept = valid & torch.where(greedy, drafts == target, margin > 0)
+    stop = torch.where(judged & ~accept, step, (counts - 1)[request])
+    accepted = torch.full((requests,), rows, dtype=torch.int64, device=device)
+    accepted = accepted.scatter_reduce(0, request, stop, "amin")
+    margin = torch.where(valid & ~greedy & (step <= accepted[request]), margin, math.nan)
+
+    # the token at each request's first rejection, or its bonus row
+    at = cu[:-1] + accepted
+    g = vllm_noise(args.seed[at], pos[at], vocab, device=device)
+    from_p = (drafts[at] < 0)[:, None]
+    score = processed[at] + g
+    if q is not None:
+        lp, lq = log_p[at], q[at]
+        ratio = torch.exp(lq - lp)
+        residual = torch.where(ratio < 1, lp + torch.log1p(-ratio), -math.inf)
+        score = torch.where(from_p, score.double(), residual + g.double())
+    else:
+        score = torch.where(from_p | (torch.arange(vocab, device=device) != drafts[at][:, None]),
+                            score, -math.inf)
+    drawn = torch.where(_special(t[at]), torch.argmax(t[at], dim=-1),
+                        torch.argmax(score, dim=-1))
+    best = score.double().topk(min(2, vocab), dim=-1).values
+    gap = best[:, 0] - best[:, -1] if vocab > 1 else torch.full_like(best[:, 0], math.inf)
+    gap = torch.where(greedy[at] | ~torch.isfinite(gap) | _special(t[at]), math.inf, gap)
+    tokens = torch.where(step < accepted[request], drafts, -1)
+    tokens[at] = torch.where(greedy[at], target[at], drawn)
+
+    y = raw if logprobs_mode.startswith("raw") else processed
+    values = y
+    if logprobs_mode.endswith("logprobs"):
+        values = torch.log_softmax(y.to(torch.float64), dim=-1).to(torch.float32)
+    has = tokens >= 0
+    t0 = tokens.clamp(min=0)[:, None]
+    logprob = torch.where(has, values.gather(1, t0)[:, 0], math.nan)
+    rank = torch.where(has, (y >= y.gather(1, t0)).sum(dim=-1), -1)
+    top = _key_order(y)[:, :args.logprobs]
+    return Verify(accepted, tokens, logprob, rank, values.gather(1, top), top, margin, gap)

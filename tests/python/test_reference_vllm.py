@@ -16,6 +16,7 @@ import math
 import os
 import types
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -32,6 +33,7 @@ if not HAS_TRITON:  # asked for the interpreter, so a failure, not a skip
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from triton.runtime.interpreter import TensorHandle  # noqa: E402
 from vllm.exceptions import VLLMValidationError  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch  # noqa: E402
@@ -42,6 +44,9 @@ from vllm.v1.worker.gpu.sample.logit_bias import apply_logit_bias  # noqa: E402
 from vllm.v1.worker.gpu.sample.logprob import compute_topk_scores  # noqa: E402
 from vllm.v1.worker.gpu.sample.min_p import apply_min_p  # noqa: E402
 from vllm.v1.worker.gpu.sample.penalties import apply_penalties, bincount  # noqa: E402
+from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler  # noqa: E402
+from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils  # noqa: E402
+from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample  # noqa: E402
 
 from klgen import reference  # noqa: E402
 
@@ -155,12 +160,18 @@ def make_batch(gen, rows, states, vocab, *, greedy=0.15, filters=True, all_on=Fa
     return b
 
 
+def drafts_in(b, rows):
+    """vLLM's input ids and local positions of the rows: the step's drafts
+    where b has them, else none (zeros)."""
+    zeros = torch.zeros(rows, dtype=I32)
+    return b.get("input_ids", zeros), b.get("local_pos", zeros)
+
+
 def vllm_bad_words(logits, b):
     s = b["state"]
-    zeros = torch.zeros(logits.shape[0], dtype=I32)  # input ids, local positions: no drafts
     apply_bad_words(logits, b["idx"], s["bad_word_token_ids"], s["bad_word_offsets"],
                     s["num_bad_words"], s["all_token_ids"], s["prompt_len"], s["total_len"],
-                    zeros, zeros, max(int(s["num_bad_words"].max()), 1))
+                    *drafts_in(b, logits.shape[0]), max(int(s["num_bad_words"].max()), 1))
 
 
 def vllm_banned(b):
@@ -199,20 +210,17 @@ def vllm_processors(logits, b, which=("bias", "penalties", "bad_words")):
                          s["stop_token_ids"],
                          bool(s["restore_when_all_masked"][idx].any()))
     if "penalties" in which:
-        zeros = torch.zeros(x.shape[0], dtype=I32)
-        apply_penalties(x, idx, zeros, zeros, s["repetition_penalty"], s["frequency_penalty"],
-                        s["presence_penalty"], s["prompt_bin_mask"], s["output_bin_counts"])
+        apply_penalties(x, idx, *drafts_in(b, x.shape[0]), s["repetition_penalty"],
+                        s["frequency_penalty"], s["presence_penalty"], s["prompt_bin_mask"],
+                        s["output_bin_counts"])
     if "bad_words" in which:
         vllm_bad_words(x, b)
     return x
 
 
-def vllm_sample(logits, b, *, logprobs=0, mode="raw_logprobs"):
-    """vLLM's Sampler.__call__ for one logit a request, from its parts:
-    (tokens, LogprobsTensors or None)."""
-    raw = logits.clone()
-    vllm_bitmask(raw, b["bitmask"])
-    x = vllm_processors(raw, b)
+def vllm_filters(x, b):
+    """Sampler.apply_sampling_params after the processors: temperature,
+    min-p, top-k and top-p on x (in place where vLLM's are)."""
     idx = b["idx"]
     gumbel.apply_temperature(x, idx, b["temperature"])
     apply_min_p(x, idx, b["min_p"])
@@ -223,7 +231,16 @@ def vllm_sample(logits, b, *, logprobs=0, mode="raw_logprobs"):
         # vLLM's PyTorch top-k/top-p, what it runs on a CPU: its Triton one
         # does not run under the interpreter
         x = apply_top_k_top_p_pytorch(x, k, p, allow_cpu_sync=True)
-    tokens = gumbel.gumbel_sample(x, idx, b["temperature"], b["seeds"], b["pos"],
+    return x
+
+
+def vllm_sample(logits, b, *, logprobs=0, mode="raw_logprobs"):
+    """vLLM's Sampler.__call__ for one logit a request, from its parts:
+    (tokens, LogprobsTensors or None)."""
+    raw = logits.clone()
+    vllm_bitmask(raw, b["bitmask"])
+    x = vllm_filters(vllm_processors(raw, b), b)
+    tokens = gumbel.gumbel_sample(x, b["idx"], b["temperature"], b["seeds"], b["pos"],
                                   apply_temperature=False, is_drafting=False)
     out = None
     if logprobs is not None:
@@ -337,6 +354,17 @@ def test_bitmask_matches_vllm():
 
 # ---- logprobs and ranks ----
 
+def assert_scores_match(got, want, mode, what):
+    """Logprobs (or logits) equal: logits bit for bit, logprobs to float32
+    rounding of vLLM's float32 sums; NaN and infinities alike."""
+    if mode.endswith("logits"):
+        assert same_bits(got, want), (mode, what)
+    else:
+        finite = torch.isfinite(want)
+        assert torch.equal(finite, torch.isfinite(got)) and same_bits(got[~finite], want[~finite])
+        assert torch.allclose(got[finite], want[finite], rtol=1e-5, atol=2e-6), (mode, what)
+
+
 @pytest.mark.parametrize("mode", reference.LOGPROBS_MODES)
 def test_logprobs_match_vllm(mode):
     """vLLM's compute_topk_scores on the logits the mode names (the raw ones
@@ -375,14 +403,7 @@ def test_logprobs_match_vllm(mode):
         assert torch.equal(theirs.selected_token_ranks[~dead], ours.rank[~dead]), (mode, vocab)
         assert torch.equal(theirs.logprob_token_ids[:, 0], ours.tokens)
         got = torch.cat([ours.logprob[:, None], ours.top_logprobs], 1)
-        want = theirs.logprobs
-        if mode.endswith("logits"):
-            assert same_bits(got, want), (mode, vocab)
-        else:
-            finite = torch.isfinite(want)
-            assert torch.equal(finite, torch.isfinite(got)) and same_bits(got[~finite],
-                                                                          want[~finite])
-            assert torch.allclose(got[finite], want[finite], rtol=1e-5, atol=2e-6), (mode, vocab)
+        assert_scores_match(got, theirs.logprobs, mode, vocab)
         # top-n: the same logits, in the same order (torch.topk orders equals its own way)
         y = source.float()
         assert torch.equal(y.gather(1, ours.top_indices),
@@ -439,6 +460,28 @@ def test_vllm_uniforms_are_vllms_bit_for_bit():
     assert torch.isfinite(g).all()
 
 
+@triton.jit
+def _accept_uniform_kernel(u_ptr, seed_ptr, pos_ptr):
+    """vLLM's acceptance uniform of a request and position, as its
+    rejection kernel draws it."""
+    i = tl.program_id(0)
+    u = gumbel.tl_rand32(tl.load(seed_ptr + i), tl.load(pos_ptr + i), includes_zero=False)
+    tl.store(u_ptr + i, u)
+
+
+def test_accept_uniforms_are_vllms_bit_for_bit():
+    gen = torch.Generator().manual_seed(10)
+    n = 3000
+    seed = torch.randint(-2**63, 2**63 - 1, (n,), generator=gen, dtype=I64)
+    pos = torch.randint(0, 2**40, (n,), generator=gen, dtype=I64)
+    seed[:4] = torch.tensor([0, -1, 2**63 - 1, -2**63])
+    pos[:4] = torch.tensor([0, 2**32 - 1, 2**32, 2**62])
+    u = torch.empty(n)
+    _accept_uniform_kernel[(n,)](u, seed, pos)
+    assert torch.equal(reference.vllm_accept_uniform(seed, pos).view(I32), u.view(I32))
+    assert bool((u > 0).all()) and bool((u < 1).all())
+
+
 def test_vllm_noise_draws_vllms_tokens():
     """The whole step, vLLM's sampler against reference.sample(noise="vllm"):
     the same token on every row but float near-ties, counted."""
@@ -462,8 +505,7 @@ def test_vllm_noise_draws_vllms_tokens():
 def near_ties(logits, args, kw):
     """Rows whose token may go either way under float rounding: the two best
     kept scores within 2^-18 of each other (the logs of the noise differ by
-    a few ulp), a top-p cut within 1e-5 of p, a min-p threshold within 4 ulp
-    of a value, or top-k's k-th value tied with the next."""
+    a few ulp), or a filter's cut within rounding (filter_ties)."""
     x = reference.process_logits(logits, **kw)
     t_, k, p, mp = (args[n] for n in ("temperature", "top_k", "top_p", "min_p"))
     t = x / torch.where(t_ == 0, 1.0, t_)[:, None]
@@ -474,7 +516,16 @@ def near_ties(logits, args, kw):
     best = top2[:, 0]
     gap = top2[:, 1] - best if top2.shape[1] > 1 else torch.full_like(best, -INF)
     tie = (-gap <= 2**-18 * best.abs().clamp(min=1)) & (t_ != 0)
-    tie |= reference.top_p_margin(x, torch.where(t_ == 0, 1.0, t_), k, p, mp) < 1e-5
+    return tie | filter_ties(x, args)
+
+
+def filter_ties(x, args):
+    """Rows of processed logits x whose filters may keep other columns under
+    float rounding: a top-p cut within 1e-5 of p, a min-p threshold within 4
+    ulp of a value, or top-k's k-th value tied with the next."""
+    t_, k, p, mp = (args[n] for n in ("temperature", "top_k", "top_p", "min_p"))
+    t = x / torch.where(t_ == 0, 1.0, t_)[:, None]
+    tie = reference.top_p_margin(x, torch.where(t_ == 0, 1.0, t_), k, p, mp) < 1e-5
     m = t.amax(1, keepdim=True)
     threshold = m + torch.log(mp.to(torch.float64)).to(F32)[:, None]
     tie |= ((t - threshold).abs() <= 4 * 2**-23 * threshold.abs()).any(1) & (mp > 0)
@@ -484,6 +535,167 @@ def near_ties(logits, args, kw):
     after = sorted_t.gather(1, kk[:, None])[:, 0]
     tie |= (k > 0) & (k < x.shape[1]) & (kth == after) & torch.isfinite(kth)
     return tie
+
+
+# ---- speculative decoding's verification ----
+
+MAX_DRAFTS = 8
+ALL = ("bitmask", "bias", "penalties", "bad_words")
+
+
+def _log1p(x):
+    """libdevice's log1p for Triton's interpreter, which has no extern
+    functions: numpy's, in x's dtype."""
+    return tl.tensor(TensorHandle(np.log1p(x.handle.data), x.handle.dtype), x.type)
+
+
+@pytest.fixture(autouse=True)
+def interpreter_log1p(monkeypatch):
+    """The rejection sampler's residual takes libdevice's log1p."""
+    monkeypatch.setattr(rejection_sampler_utils, "tldevice", types.SimpleNamespace(log1p=_log1p))
+
+
+def make_step(gen, requests, vocab, *, which=ALL, filters=True, all_on=False,
+              scales=(0.0, 0.3, 1.0, 4.0)):
+    """A speculative step of requests with 0-8 drafts each, as vLLM's runner
+    lays it out, and the reference's arguments for it. Each request's drafts
+    come from a draft model (the target's logits plus noise of one of scales,
+    drafts sampled from its q, or its argmax where greedy), or are the
+    target's argmax, or its least likely column; a few are placeholders."""
+    b = make_batch(gen, requests, requests * 2, vocab, filters=filters, all_on=all_on)
+    s, idx = b["state"], b["idx"]
+    n = randint(gen, 0, MAX_DRAFTS + 1, (requests,), I64)
+    n[:2] = torch.tensor([0, MAX_DRAFTS])
+    cu = torch.cat([torch.zeros(1, dtype=I64), (n + 1).cumsum(0)])
+    rows = int(cu[-1])
+    req = torch.repeat_interleave(torch.arange(requests), n + 1)
+    local = torch.arange(rows) - cu[:-1][req]
+    judged = local < n[req]
+    pos = (s["total_len"][idx] - 1).to(I64)[req] + local
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    scale = torch.tensor(scales)[randint(gen, 0, len(scales), (requests,), I64)]
+    model = logits + torch.randn(rows, vocab, generator=gen) * scale[req][:, None]
+    temp = b["temperature"][idx][req]
+    q = torch.softmax(model / torch.where(temp == 0, 1.0, temp)[:, None], dim=-1)
+    drawn = torch.multinomial(q, 1, generator=gen)[:, 0]
+    drawn = torch.where(temp == 0, model.argmax(1), drawn)
+    kind = randint(gen, 0, 4, (requests,), I64)[req]
+    drafts = torch.where(kind == 2, logits.argmax(1), torch.where(kind == 3, logits.argmin(1),
+                                                                   drawn))
+    drafts = torch.where(torch.rand(rows, generator=gen) < 0.03, -1, drafts)
+    drafts = torch.where(judged, drafts, -1)
+    # vLLM's draft logits, per request state and draft; the rest not read
+    cache = torch.randn(requests * 2, MAX_DRAFTS, vocab, generator=gen) * 5
+    cache[idx[req][judged], local[judged]] = model[judged]
+    # vLLM's input ids: the last committed token, then the drafts
+    input_ids = torch.cat([drafts[:1], drafts[:-1]]).to(I32)
+    input_ids[cu[:-1]] = s["all_token_ids"][idx, s["total_len"][idx].long() - 1]
+    b.update(idx=idx[req], pos=pos, input_ids=input_ids, local_pos=local.to(I32),
+             bitmask=b["bitmask"][req].contiguous())
+    b["banned"] = vllm_banned(b)
+    return dict(b=b, requests=idx, cu=cu, logits=logits, drafts=drafts, cache=cache,
+                which=which)
+
+
+def vllm_verify(st, *, draft_logits, logprobs, mode):
+    """vLLM's RejectionSampler._verify from its parts: the target rows'
+    processing as Sampler.apply_sampling_params (its PyTorch top-k/top-p),
+    rejection_sample, and the logprobs of what it sampled."""
+    b, which = st["b"], st["which"]
+    raw = st["logits"].clone()
+    if "bitmask" in which:
+        vllm_bitmask(raw, b["bitmask"])
+    x = vllm_processors(raw, b, which)
+    logits = dict(raw=raw, before_temperature=x.clone())
+    x = vllm_filters(x, b)
+    cu = st["cu"].to(I32)
+    sampled, num_sampled = rejection_sample(
+        x, st["cache"] if draft_logits else None, b["input_ids"], cu, b["pos"], st["requests"],
+        b["idx"], b["local_pos"], b["temperature"], b["seeds"], MAX_DRAFTS)
+    owner = types.SimpleNamespace(sampler=types.SimpleNamespace(logprobs_mode=mode),
+                                  enable_adaptive_verification=False)
+    out = RejectionSampler._get_logprobs_tensors(
+        owner, sampled, num_sampled, raw if mode.startswith("raw") else x, cu,
+        cu.numpy(), logprobs)
+    logits["processed"] = x
+    return sampled, num_sampled, out, logits
+
+
+def reference_verify(st, *, draft_logits, logprobs, mode):
+    b, idx = st["b"], st["requests"]
+    kw = processing(b, st["which"])
+    kw.pop("position", None)
+    return reference.verify(
+        st["logits"], st["cu"], st["drafts"], b["temperature"][idx], b["top_k"][idx].long(),
+        b["top_p"][idx], b["min_p"][idx], draft_logits=st["cache"] if draft_logits else None,
+        seed=b["seeds"][idx], position=b["pos"], logprobs=logprobs, logprobs_mode=mode, **kw)
+
+
+def verify_ties(st, ours, x):
+    """Requests whose outcome may go either way under float rounding (vLLM
+    sums its log-sum-exps in float32 by blocks, the reference in float64): a
+    ratio test within 1e-4 of its bound, a draw whose two best scores are
+    within 1e-4, or a filter's cut within rounding on a row of the request
+    (filter_ties on vLLM's logits before temperature)."""
+    b, cu = st["b"], st["cu"]
+    req = torch.repeat_interleave(torch.arange(cu.shape[0] - 1), cu[1:] - cu[:-1])
+    eidx = b["idx"]
+    args = dict(temperature=b["temperature"][eidx], top_k=b["top_k"][eidx].long(),
+                top_p=b["top_p"][eidx], min_p=b["min_p"][eidx])
+    row = (ours.margin.abs() <= 1e-4) | filter_ties(x, args)
+    tie = torch.zeros(cu.shape[0] - 1, dtype=torch.bool).index_put_((req,), row, accumulate=True)
+    return tie | (ours.gap <= 1e-4)
+
+
+@pytest.mark.parametrize("draft_logits", [True, False], ids=["draft-model", "ngram"])
+@pytest.mark.parametrize("which", [ALL, ("penalties",), ()],
+                         ids=["processed", "penalties", "plain"])
+def test_verify_matches_vllms_rejection_sampler(draft_logits, which):
+    """reference.verify against vLLM's rejection_sample on the same step: the
+    same accepted counts, tokens and logprobs on every request but float
+    near-ties, counted; all, none and some drafts accepted, greedy and sampled
+    requests mixed, vocabularies across vLLM's 8192-column blocks. With
+    penalties alone, on every request and with drafts near the target's, the
+    drafts before a row count as output tokens there."""
+    gen = torch.Generator().manual_seed(11 + 2 * draft_logits + len(which))
+    penalties = which == ("penalties",)
+    total = near = full = none = greedy = rows_seen = 0
+    for vocab, requests, mode in ((100, 48, "raw_logprobs"), (1000, 24, "processed_logprobs"),
+                                  (9000, 8, "raw_logits"), (300, 24, "processed_logits")):
+        st = make_step(gen, requests, vocab, which=which, filters=which == ALL, all_on=penalties,
+                       scales=(0.0, 0.1) if penalties else (0.0, 0.3, 1.0, 4.0))
+        n = int(randint(gen, 0, 6, ()))
+        sampled, num_sampled, theirs, x = vllm_verify(st, draft_logits=draft_logits, logprobs=n,
+                                                      mode=mode)
+        ours = reference_verify(st, draft_logits=draft_logits, logprobs=n, mode=mode)
+        tie = verify_ties(st, ours, x["before_temperature"])
+        # top-n: the same logits in the same order, on the requests' rows
+        y = x["raw" if mode.startswith("raw") else "processed"].float()
+        req = torch.repeat_interleave(torch.arange(requests), st["cu"][1:] - st["cu"][:-1])
+        rows = ~tie[req]
+        assert torch.equal(y.gather(1, ours.top_indices)[rows],
+                           y.gather(1, theirs.logprob_token_ids[:, 1:])[rows])
+        cu, drafts = st["cu"], st["cu"][1:] - st["cu"][:-1] - 1
+        total += requests
+        near += int(tie.sum())
+        full += int(((ours.accepted == drafts) & (drafts > 0)).sum())
+        none += int(((ours.accepted == 0) & (drafts > 0)).sum())
+        greedy += int((st["b"]["temperature"][st["requests"]] == 0).sum())
+        rows_seen += int(cu[-1])
+        for r in (~tie).nonzero()[:, 0].tolist():
+            rows = slice(int(cu[r]), int(cu[r]) + int(num_sampled[r]))
+            assert int(num_sampled[r]) == int(ours.accepted[r]) + 1, (vocab, r)
+            assert torch.equal(ours.tokens[rows], sampled[r, :int(num_sampled[r])]), (vocab, r)
+            assert ours.tokens[rows.stop:int(cu[r + 1])].eq(-1).all()
+            got = torch.cat([ours.logprob[rows, None], ours.top_logprobs[rows]], 1)
+            assert_scores_match(got, theirs.logprobs[rows], mode, (vocab, r))
+            live = theirs.logprobs[rows, 0] > -INF
+            assert torch.equal(ours.rank[rows][live], theirs.selected_token_ranks[rows][live])
+    print(f"verify ({'draft model' if draft_logits else 'n-gram'}, {which or 'plain'}): "
+          f"{total} requests ({greedy} greedy, {rows_seen} rows), {full} all accepted, "
+          f"{none} none, {near} near-ties")
+    assert full > 0 and none > 0 and total - full - none > near
+    assert near <= total // 20
 
 
 # ---- misuse: what vLLM would refuse, refused ----
