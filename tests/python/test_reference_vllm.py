@@ -16,10 +16,10 @@ import math
 import os
 import types
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
 pytest.importorskip("vllm")
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES= before vLLM is imported "
