@@ -50,7 +50,9 @@ for tool in $tools; do
   # shellcheck disable=SC2086
   run "$tool" "$t/gpu_diff" --seed 7000 --cases "$cases" --timeout-ms 60000 --case-deadline 120 \
     --nccl "standin:$t/libkl_nccl_standin.so" $tp
-  run "$tool" "$t/gpu_fault" 5000 "$t/libkl_nccl_standin.so"
+  # the stand-in waits longer for a peer too: under the tool a rank reaches
+  # the all-gather only after its own one-shot step waited out the fault
+  KL_STANDIN_TIMEOUT_S=600 run "$tool" "$t/gpu_fault" 5000 "$t/libkl_nccl_standin.so"
   # its misuse part passes host pointers on purpose: kl_check_ptr's query
   # fails for them as it should, which the tool would count as an error
   flags="--report-api-errors no" run "$tool" "$t/gpu_sample" "$root/tests/sample/sample_specs.lua" 16 \

@@ -10,8 +10,8 @@
  * path is chosen: the logits are gathered into
  * the scratch by the gather's own paths (one-shot, or NCCL and the
  * relayout; the layer chooses as for kl_gather, every rank alike), then the
- * row sampler draws each row's token there, a greedy or plain-temperature
- * row over up to the layout's sample_slices CTAs (slices_for). Either way
+ * row sampler draws each row's token there, a greedy, plain-temperature or
+ * min-p-alone row over up to the layout's sample_slices CTAs (slices_for). Either way
  * every rank draws with the same noise from the same values, so every rank
  * gets the same tokens, and both samplers give the same ones. The choice
  * depends on which arguments are NULL and on the path, alike on every

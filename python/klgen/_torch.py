@@ -256,7 +256,7 @@ class LogitsGather:
     # ---- sampling: the vocabulary's rows drawn, as klgen.reference.sample ----
 
     def sample(self, shard, temperature, top_k=None, top_p=None, min_p=None, *, seed=0,
-               offset=0, logprobs=0):
+               offset=0, logprobs=0, token_logprobs=True):
         """A Sample of each row: temperature, min-p, top-k, top-p and a
         Gumbel-max draw keyed by (seed, offset, column), as
         klgen.reference.sample defines it (a spec with topk = K).
@@ -268,31 +268,35 @@ class LogitsGather:
         ints (int64 tensors). Numbers are checked here (but float ones under
         torch.compile); a tensor's values are checked on the device, where a
         row outside the domain gets token -1 and NaN logprobs. logprobs: n
-        top logprobs, 0..K."""
+        top logprobs, 0..K. token_logprobs=False: no logprob of the tokens
+        (Sample.logprobs is None), and the sampler skips the sums it needs."""
         if not self.k:
             raise Error(f"spec '{self.name}' has no topk field (add topk = K to it)")
         self._check(shard, None)
         params = _sampling_args(self, shard.shape[0], temperature, top_k, top_p, min_p, seed,
                                 offset, logprobs)
+        want = bool(token_logprobs)
         if not torch.compiler.is_compiling():
-            token, lp, values, indices = self._sample(shard, *params, logprobs)
+            token, lp, values, indices = self._sample(shard, *params, logprobs, want)
         else:
-            token, lp, values, indices = torch.ops.klgen.sample(shard, *params, logprobs,
+            token, lp, values, indices = torch.ops.klgen.sample(shard, *params, logprobs, want,
                                                                 self._handle)
-        return Sample(token, lp, TopLogprobs(values, indices) if logprobs else None)
+        return Sample(token, lp if want else None,
+                      TopLogprobs(values, indices) if logprobs else None)
 
-    def _sample(self, shard, temperature, top_k, top_p, min_p, seed, offset, n):
+    def _sample(self, shard, temperature, top_k, top_p, min_p, seed, offset, n, want=True):
         shard = shard.contiguous()
         tokens = shard.shape[0]
         token = torch.empty((tokens,), dtype=torch.int64, device=self.device)
-        lp = torch.empty((tokens,), dtype=torch.float32, device=self.device)
+        lp = torch.empty((tokens if want else 0,), dtype=torch.float32, device=self.device)
         values = torch.empty((tokens, n), dtype=torch.float32, device=self.device)
         indices = torch.empty((tokens, n), dtype=torch.int64, device=self.device)
         # None (off) is NULL, which kl_sample reads as off without a tensor
         p = _capi.Sampling(*(None if t is None else t.data_ptr()
                              for t in (temperature, top_k, top_p, min_p, seed, offset)))
         _capi.check(_capi.lib.kl_sample(
-            self._ctx, shard.data_ptr(), ctypes.byref(p), token.data_ptr(), lp.data_ptr(),
+            self._ctx, shard.data_ptr(), ctypes.byref(p), token.data_ptr(),
+            lp.data_ptr() if want else None,
             indices.data_ptr() if n else None, values.data_ptr() if n else None, n, tokens,
             _raw_stream(self.device.index)))
         return token, lp, values, indices
@@ -547,18 +551,20 @@ def _row_tensor(t, name, dtype, tokens, device):
 def _sample_op(shard: torch.Tensor, temperature: torch.Tensor, top_k: Optional[torch.Tensor],
                top_p: Optional[torch.Tensor], min_p: Optional[torch.Tensor],
                seed: Optional[torch.Tensor], offset: Optional[torch.Tensor], logprobs: int,
+               token_logprobs: bool,
                handle: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = _gather(handle)
     g._check(shard, None)
-    return g._sample(shard, temperature, top_k, top_p, min_p, seed, offset, logprobs)
+    return g._sample(shard, temperature, top_k, top_p, min_p, seed, offset, logprobs,
+                     token_logprobs)
 
 
 @_sample_op.register_fake
-def _(shard, temperature, top_k, top_p, min_p, seed, offset, logprobs, handle):
+def _(shard, temperature, top_k, top_p, min_p, seed, offset, logprobs, token_logprobs, handle):
     _fake_check(shard, _gather(handle))
     tokens = shard.shape[0]
     return (shard.new_empty((tokens,), dtype=torch.int64),
-            shard.new_empty((tokens,), dtype=torch.float32),
+            shard.new_empty((tokens if token_logprobs else 0,), dtype=torch.float32),
             shard.new_empty((tokens, logprobs), dtype=torch.float32),
             shard.new_empty((tokens, logprobs), dtype=torch.int64))
 

@@ -329,11 +329,11 @@ def _sample_main(rank, tp, a, info, dtype):
             if not torch.equal(g.sample(x, temp, seed=seed, **kw).tokens, want):
                 raise SystemExit(f"klgen.bench: rank {rank}: sample differs from the reference "
                                  f"at {T} tokens ({kw and 'top-k, top-p' or 'temperature'})")
-        fns = [lambda: g.sample(x, temp, k, p, seed=seed),
+        fns = [lambda: g.sample(x, temp, k, p, seed=seed, token_logprobs=False),
                lambda: _torch_sampler(g(x), temp[:, None], k, p),
-               lambda: g.sample(x, temp, seed=seed),
+               lambda: g.sample(x, temp, seed=seed, token_logprobs=False),
                lambda: _torch_sampler(g(x), temp[:, None], None, None),
-               lambda: g.sample(x, zero, seed=seed),
+               lambda: g.sample(x, zero, seed=seed, token_logprobs=False),
                lambda: _pairs_argmax(x, offset, valid, every)]
         rows.append((T, *_timed(fns, a)))
     if rank == 0:
@@ -635,7 +635,8 @@ def _grid_cell(a, T, gs, xs, c, fi, fih, width, kernels):
     t = {k: v[:T] for k, v in c.items() if k not in ("fi_val", "fi_idx", "fi_tok")}
     t.update(fi_val=c["fi_val"], fi_idx=c["fi_idx"], fi_tok=c["fi_tok"])
     every = c["every"][:T]
-    samp = dict(seed=t["seed"], offset=t["offset"])
+    # no token logprobs: neither the torch path nor FlashInfer makes them
+    samp = dict(seed=t["seed"], offset=t["offset"], token_logprobs=False)
     kl = {
         "gather": (lambda: g8(x, out=out), g8), "fused": (lambda: ge(x, out=out32), ge),
         "argmax": (lambda: g8.argmax(x), g8), "topk8": (lambda: g8.topk(x), g8),

@@ -199,7 +199,7 @@ class TorchGather:
                     torch.logsumexp(x, dim=1))
 
     def sample(self, shard, temperature, top_k=None, top_p=None, min_p=None, *, seed=0,
-               offset=0, logprobs=0):
+               offset=0, logprobs=0, token_logprobs=True):
         if not self.k:
             raise ValueError(f"spec '{self.name}' has no topk field")
         if not 0 <= logprobs <= min(self.k, self.vocab_size):
@@ -213,7 +213,7 @@ class TorchGather:
         out = reference.sample(x, temperature, top_k, top_p, min_p, seed=seed, offset=offset,
                                logprobs=logprobs)
         top = TopLogprobs(out.top_logprobs, out.top_indices) if logprobs else None
-        return Sample(out.tokens, out.logprob, top)
+        return Sample(out.tokens, out.logprob if token_logprobs else None, top)
 
     def _gathered(self, shard):
         if shard.dim() != 2 or shard.shape[1] != self.shard or shard.dtype != self.dtype:

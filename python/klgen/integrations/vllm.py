@@ -559,7 +559,7 @@ class KlgenLogitsProcessor(LogitsProcessor):
     def _draw(self, lm_head, hidden_states, args, embedding_bias=None):
         logits = self._apply_head(lm_head, hidden_states, embedding_bias)
         g = self._gathers().get("sample", logits, **self._spec(topk=MAX_TOPK))
-        return g.sample(logits, **args).tokens
+        return g.sample(logits, **args, token_logprobs=False).tokens
 
     def get_top_k_tokens(self, lm_head, hidden_states, k, embedding_bias=None, *,
                          return_log_probs=False):
