@@ -224,7 +224,7 @@ def _sample(rank):
     from vllm.sampling_params import SamplingParams
 
     from klgen import reference
-    from klgen.integrations.vllm import sampling_args
+    from klgen.integrations.vllm import GREEDY, sampling_args
 
     kinds = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=5,
              top_p=0.9, seed=3), SamplingParams(temperature=1.0, min_p=0.1),
@@ -259,7 +259,14 @@ def _sample(rank):
             ranks = [torch.empty_like(got) for _ in range(TP)]
             dist.all_gather(ranks, got)
             assert all(torch.equal(r, got) for r in ranks), (spec, ranks)
-        assert _served(on, "sample") == 3
+        # requests all greedy: temperature 0.0 alone, and kl_argmax's token
+        batch = _batch([0, 6], seed=2)
+        got = on.sample(head, hidden[:2], sampler, batch, None)
+        assert sampling_args(sampler, batch, 64) is GREEDY
+        logits = off(head, hidden[:2])
+        assert torch.equal(got, reference.sample(logits, **GREEDY).tokens), (spec, got)
+        assert torch.equal(got, logits.argmax(dim=-1)), (spec, got)
+        assert _served(on, "sample") == 4
     # what kl_sample does not do stays with vLLM's sampler, and says why
     head, hidden = heads[0]
     on, vocab = ours[0], HEADS[0][0]

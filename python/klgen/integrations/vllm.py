@@ -50,6 +50,7 @@ import hashlib
 import inspect
 import logging
 import sys
+import types
 
 import torch
 from vllm.distributed import get_tp_group
@@ -294,7 +295,9 @@ def sampling_args(sampler, input_batch, max_top_k):
     it is worked out once per batch composition (the request slots of the
     rows, in order) and kept until the sampler adds a request: a step of a
     known composition reads no request state and launches one index kernel
-    (the rows' positions)."""
+    (the rows' positions). A step whose requests are all greedy is
+    temperature 0.0 for every row and nothing else (GREEDY): its token is
+    the argmax, which the glue takes with kl_argmax."""
     reason = _step_declines(sampler, input_batch)
     if reason is not None:
         return reason
@@ -305,9 +308,15 @@ def sampling_args(sampler, input_batch, max_top_k):
         if len(plans) >= _MAX_PLANS:
             plans.clear()
         plan = plans[key] = _plan(sampler, input_batch, max_top_k)
-    if isinstance(plan, str):
+    if isinstance(plan, str) or plan is GREEDY:
         return plan
     return dict(plan, offset=input_batch.positions[input_batch.logits_indices])
+
+
+# sampling_args of a step whose requests are all greedy: every filter, the
+# seed and the offset change nothing of an argmax.
+GREEDY = types.MappingProxyType(dict(temperature=0.0, top_k=None, top_p=None, min_p=None,
+                                     seed=0))
 
 
 # Compositions a sampler keeps plans for between two added requests (requests
@@ -342,6 +351,8 @@ def _plan(sampler, input_batch, max_top_k):
         return reason
     rows, states = input_batch.expanded_idx_mapping, sampler.sampling_states
     requests = input_batch.idx_mapping_np
+    if not states.temperature.np[requests].any():  # vLLM's greedy rows: temperature 0
+        return GREEDY
     top_k = top_p = min_p = None
     if _used(states.top_k, requests, states.vocab_size):  # vLLM's off: its vocabulary
         top_k = states.top_k.gpu[rows].long()
@@ -559,6 +570,8 @@ class KlgenLogitsProcessor(LogitsProcessor):
     def _draw(self, lm_head, hidden_states, args, embedding_bias=None):
         logits = self._apply_head(lm_head, hidden_states, embedding_bias)
         g = self._gathers().get("sample", logits, **self._spec(topk=MAX_TOPK))
+        if args is GREEDY:  # kl_argmax: kl_sample's greedy order, a lighter kernel
+            return g.argmax(logits)
         return g.sample(logits, **args, token_logprobs=False).tokens
 
     def get_top_k_tokens(self, lm_head, hidden_states, k, embedding_bias=None, *,
