@@ -17,14 +17,14 @@ TP = 2
 HUGE = {torch.bfloat16: 1e38, torch.float32: 1e38, torch.float16: 60000.0}
 
 
-def spawn(setup, fn):
-    """fn(rank) without autograd inside the context setup(rank, port), in TP
-    processes that meet at a free port on 127.0.0.1; a failed assert in any
-    of them fails the caller with its traceback."""
+def spawn(setup, fn, ranks=TP):
+    """fn(rank) without autograd inside the context setup(rank, port), in
+    `ranks` processes that meet at a free port on 127.0.0.1; a failed assert
+    in any of them fails the caller with its traceback."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank, args=(port, setup, fn), nprocs=TP, join=True)
+    mp.spawn(_rank, args=(port, setup, fn), nprocs=ranks, join=True)
 
 
 def _rank(rank, port, setup, fn):

@@ -18,8 +18,8 @@ from engine_util import TP  # noqa: E402
 
 
 @contextlib.contextmanager
-def _setup(rank, port):
-    """Rank `rank` of TP over gloo, as the engine sets it up."""
+def _setup(rank, port, tp=TP):
+    """Rank `rank` of `tp` over gloo, as the engine sets it up."""
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.distributed.parallel_state import (destroy_distributed_environment,
@@ -27,9 +27,9 @@ def _setup(rank, port):
 
     # no GPU: vLLM cannot infer the device, so it is told
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
-        init_distributed_environment(world_size=TP, rank=rank, local_rank=rank, backend="gloo",
+        init_distributed_environment(world_size=tp, rank=rank, local_rank=rank, backend="gloo",
                                      distributed_init_method=f"tcp://127.0.0.1:{port}")
-        initialize_model_parallel(tensor_model_parallel_size=TP)
+        initialize_model_parallel(tensor_model_parallel_size=tp)
         yield
         data.leave_together(destroy_model_parallel, destroy_distributed_environment)
 
@@ -349,6 +349,42 @@ def _sample_models(on, head, hidden, vocab, kinds):
 
 def test_sample_from_vllm_sampling_states():
     data.spawn(_setup, _sample)
+
+
+def _tp1(rank):
+    """At TP 1 the gathers stay vLLM's (nothing to gather); the selections
+    and the sample take klgen, from the whole row."""
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    from vllm.sampling_params import SamplingParams
+
+    from klgen import reference
+    from klgen.integrations.vllm import GREEDY, sampling_args
+
+    vocab, rows, dtype = 32000, 6, torch.float16
+    head, hidden = _head(vocab, rows, dtype, data.hostile_rows(rows, data.padded(vocab, 1), vocab,
+                                                               dtype, seed=5))
+    off = LogitsProcessor(vocab)
+    _turn_on()
+    on = LogitsProcessor(vocab)
+    assert torch.equal(on(head, hidden), off(head, hidden))
+    assert on.klgen.stats()["declined"] == {"logits": 1}
+    assert torch.equal(on.get_top_tokens(head, hidden), off.get_top_tokens(head, hidden))
+    kinds = [SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=3),
+             SamplingParams(temperature=1.0, min_p=0.1), SamplingParams(temperature=0.0)]
+    sampler = _v2_sampler(vocab, kinds * 2)
+    for slots in ([0, 1, 2, 3], [2, 5]):
+        n, batch = len(slots), _batch(slots, seed=len(slots))
+        got = on.sample(head, hidden[:n], sampler, batch, None)
+        args = sampling_args(sampler, batch, 64)
+        assert (args is GREEDY) == (slots == [2, 5])
+        want = reference.sample(off(head, hidden[:n]), **args).tokens
+        assert torch.equal(got, want), (slots, got, want)
+    assert (_served(on, "argmax"), _served(on, "sample")) == (1, 2)
+    assert on.klgen.stats()["declined"] == {"logits": 1}
+
+
+def test_tp1_selections_and_sample():
+    data.spawn(functools.partial(_setup, tp=1), _tp1, ranks=1)
 
 
 def _plans_per_composition(rank):

@@ -53,9 +53,11 @@ class Gathers:
         self._told = set()
         _live.add(self)
 
-    def unfit(self, rows, device):
-        """Why a call on `rows` rows on `device` cannot take klgen, or None."""
-        if self.tp == 1:
+    def unfit(self, rows, device, gather=True):
+        """Why a call on `rows` rows on `device` cannot take klgen, or None.
+        gather=False: a selection or a sample, which klgen also serves at TP
+        1 (from the whole row, faster than the engines' torch there)."""
+        if gather and self.tp == 1:
             return "TP 1: nothing to gather"
         if rows == 0:
             return "no rows"

@@ -21,9 +21,10 @@ vLLM's contracts:
 - get_top_k_tokens: kl_topk, with return_log_probs its log-sum-exp of the row.
 
 What does not fit stays with vLLM's own code: a platform that gathers to one
-rank, TP 1, an LM head split over another group, an empty batch, logits off
-the GPU, and for the selections a vocabulary with added (LoRA) tokens,
-k > 64, a scale <= 0 (vLLM's error). stats() and vLLM's debug log
+rank, the gathers at TP 1 (nothing to gather; the selections and the sample
+take klgen there too, from the whole row), an LM head split over another
+group, an empty batch, logits off the GPU, and for the selections a
+vocabulary with added (LoRA) tokens, k > 64, a scale <= 0 (vLLM's error). stats() and vLLM's debug log
 (VLLM_LOGGING_LEVEL=DEBUG, logger "vllm.klgen") say which calls klgen served.
 
 Sampling without the gather: the same switch wraps the v2 model runner's
@@ -468,8 +469,9 @@ class KlgenLogitsProcessor(LogitsProcessor):
                                  vocab_size=self.vocab_size, org_vocab_size=self.org_vocab_size)
         return self.klgen
 
-    def _declines(self, rows, device, lm_head=None):
-        """Why a call on `rows` rows on `device` stays with vLLM, or None."""
+    def _declines(self, rows, device, lm_head=None, gather=True):
+        """Why a call on `rows` rows on `device` stays with vLLM, or None
+        (gather=False: a selection's or a sample's, served at TP 1 too)."""
         tp = self._gathers().tp
         if not self.use_all_gather:
             return "the platform gathers to one rank"
@@ -477,7 +479,7 @@ class KlgenLogitsProcessor(LogitsProcessor):
             return f"the LM head is split {lm_head.tp_size} ways, the TP group has {tp} ranks"
         if lm_head is not None and lm_head.num_embeddings_padded < self.org_vocab_size:
             return "the LM head is narrower than org_vocab_size"
-        return self._gathers().unfit(rows, device)
+        return self._gathers().unfit(rows, device, gather)
 
     def _select_declines(self, rows, device, lm_head, k=1):
         """_declines for the selections (get_top_tokens, get_top_k_tokens,
@@ -489,7 +491,7 @@ class KlgenLogitsProcessor(LogitsProcessor):
             return "added vocabulary: gathered columns are not token ids"
         if not 0 < k <= min(MAX_TOPK, self.org_vocab_size):
             return f"k {k} beyond kl_topk's 1 ... {MAX_TOPK}"
-        return self._declines(rows, device, lm_head)
+        return self._declines(rows, device, lm_head, gather=False)
 
     def _spec(self, epilogue=True, **fields):
         """The fields of this instance's spec: the org vocabulary, and with
