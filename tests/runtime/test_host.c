@@ -29,6 +29,11 @@ static size_t alloc_limit;    /* cuMemAlloc fails above this many bytes (0: neve
 static int capturing;         /* what cuStreamIsCapturing reports */
 static int launches;          /* kernels launched */
 static _Thread_local int thread_launches; /* by this thread: a rank's own */
+static _Thread_local struct {
+  CUfunction f;
+  unsigned grid;
+} trace[8]; /* this thread's launches since trace_n was set to 0 (the first 8) */
+static _Thread_local int trace_n;
 static _Thread_local CUcontext current;
 
 /* The driver's entry points this file does not fake succeed and do
@@ -111,9 +116,23 @@ static CUresult pointer_attributes(unsigned n, CUpointer_attribute *a, void **da
   return CUDA_SUCCESS;
 }
 static CUresult module_load(CUmodule *m, const void *image) { (void)image; return *m = (CUmodule)0x2000, CUDA_SUCCESS; }
+/* A function is its entry point's name: one handle a name. */
+static char fn_names[32][64];
+static int n_fns;
 static CUresult get_function(CUfunction *f, CUmodule m, const char *name) {
-  (void)m, (void)name;
-  return *f = (CUfunction)0x3000, CUDA_SUCCESS;
+  (void)m;
+  pthread_mutex_lock(&mu);
+  int i = 0;
+  while (i < n_fns && strcmp(fn_names[i], name) != 0) i++;
+  if (i == n_fns && n_fns < 32) snprintf(fn_names[n_fns++], sizeof fn_names[0], "%s", name);
+  pthread_mutex_unlock(&mu);
+  return *f = (CUfunction)(uintptr_t)(0x3000 + 16 * i), CUDA_SUCCESS;
+}
+/* The kind of a function's entry point: kl_<spec>_<kind>. */
+static const char *fn_kind(CUfunction f) {
+  const int i = (int)(((uintptr_t)f - 0x3000) / 16);
+  const char *u = i >= 0 && i < n_fns ? strrchr(fn_names[i], '_') : NULL;
+  return u ? u + 1 : "?";
 }
 static CUresult occupancy(int *n, CUfunction f, int block, size_t shared) {
   (void)f, (void)block, (void)shared;
@@ -127,9 +146,11 @@ static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *status) {
   return CUDA_SUCCESS;
 }
 static CUresult launch(const CUlaunchConfig *cfg, CUfunction f, void **args, void **extra) {
-  (void)cfg, (void)f, (void)args, (void)extra;
+  (void)args, (void)extra;
   __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
   thread_launches++;
+  if (trace_n < 8) trace[trace_n].f = f, trace[trace_n].grid = cfg->gridDimX;
+  trace_n++;
   return CUDA_SUCCESS;
 }
 /* Device memory reads as zeros, but for the 64-bit words a test sets. */
@@ -714,6 +735,99 @@ static void status_keeps_fault(void) {
   pair_destroy(&p);
 }
 
+/* kl_sample's size rule (docs/design/samplers.md, "Which kernel, by
+ * tokens"), on one rank of a spec whose one-shot path serves every call up
+ * to max_tokens: for each token count, which kernels a call launches and
+ * with how many CTAs. Without filters the shard sampler, each part in the
+ * most subparts (a power of two up to the group's) that keep tokens x split
+ * x subparts within the group's multiprocessors and tokens x subparts
+ * within max_tokens; with filters the shard sampler with filters, one CTA
+ * a part, plus a CTA a token that merges it apart where tokens x (split +
+ * 1) stays within the kernel's cap and its step slots; with top-n
+ * logprobs the gather (one-shot, or past the crossover NCCL's), then the
+ * row sampler, a CTA a row up to its cap. */
+static int rule_subparts(const kl_ctx *c, int t) {
+  int most = 1;
+  for (int64_t s = 2; s <= c->group_subparts; s *= 2)
+    if (t * s * c->layout.topk_split <= c->group_sms && t * s <= c->spec.max_tokens) most = (int)s;
+  return most;
+}
+static int rule_merge_ctas(const kl_ctx *c, int t) {
+  const int64_t ctas = (int64_t)t * c->layout.topk_split + t;
+  return ctas > c->kern[KL_K_SHARDS_FILTERED].cap || ctas > c->kern[KL_K_SHARDS_FILTERED].nslots
+             ? 0 : t;
+}
+static void expect_launches(const char *what, int t, int n, const char *kind0, int grid0,
+                            const char *kind1, int grid1) {
+  const char *kind[2] = {kind0, kind1};
+  const int grid[2] = {grid0, grid1};
+  int ok = trace_n == n;
+  for (int j = 0; ok && j < n; j++)
+    ok = strcmp(fn_kind(trace[j].f), kind[j]) == 0 && (grid[j] < 0 || (int)trace[j].grid == grid[j]);
+  CHECK_KL(ok, "%s, %d tokens: %d launches (%s x %u, %s x %u), want %d (%s x %d, %s x %d)", what, t,
+           trace_n, trace_n > 0 ? fn_kind(trace[0].f) : "-", trace_n > 0 ? trace[0].grid : 0,
+           trace_n > 1 ? fn_kind(trace[1].f) : "-", trace_n > 1 ? trace[1].grid : 0, n, kind0,
+           grid0, kind1 ? kind1 : "-", grid1);
+}
+static void sample_size_rule(void) {
+  static const char *const spec = "return { name = 'rule', vocab_size = 163840, tp = 1, "
+                                  "dtype = 'bf16', max_tokens = 64, topk = 64 }";
+  kl_config cfg = rank_config(0, 1, 0, NULL);
+  kl_ctx *c = NULL;
+  kl_result r = kl_ctx_create_string(&c, spec, NULL, &cfg);
+  CHECK_KL(r == KLRT_OK, "size rule: creation: %s", kl_result_name(r));
+  if (r) return;
+  const int most = 64;
+  CUdeviceptr shard = device_buffer((size_t)most * 163840 * 2), token = device_buffer(8 * most),
+              lp = device_buffer(4 * most), par = device_buffer(64 * most),
+              top_i = device_buffer(8 * most), top_v = device_buffer(4 * most);
+  const kl_sampling plain = {.temperature = (const float *)(uintptr_t)par};
+  const kl_sampling filtered = {.temperature = (const float *)(uintptr_t)par,
+                                .top_p = (const float *)(uintptr_t)(par + 8 * most)};
+  const int split = c->layout.topk_split, cap_sample = c->kern[KL_K_SAMPLE].cap;
+  for (int t = 1; t <= most; t *= 2) {
+    for (int call = 0; call < 3; call++) {
+      kl_stats before = KL_STATS_INIT, after = KL_STATS_INIT;
+      kl_ctx_stats(c, &before);
+      trace_n = 0;
+      const int n_top = call == 2;
+      r = kl_sample(c, (void *)(uintptr_t)shard, call == 1 ? &filtered : &plain,
+                    (int64_t *)(uintptr_t)token, (float *)(uintptr_t)lp,
+                    n_top ? (int64_t *)(uintptr_t)top_i : NULL,
+                    n_top ? (float *)(uintptr_t)top_v : NULL, n_top, t, NULL);
+      kl_ctx_stats(c, &after);
+      const char *what = call == 0 ? "no filters" : call == 1 ? "top_p" : "one top logprob";
+      /* a call that gathers (top-n) takes the gather's path: past the
+       * crossover NCCL's, at one rank a copy */
+      const int oneshot = after.oneshot == before.oneshot + 1;
+      CHECK_KL(r == KLRT_OK && (oneshot || (n_top && after.nccl == before.nccl + 1)),
+               "size rule, %s, %d tokens: %s, want one call on the one-shot path", what, t,
+               kl_result_name(r));
+      if (call == 0)
+        expect_launches(what, t, 1, "shards",
+                        kl_layout_select_grid(&c->layout, t * rule_subparts(c, t),
+                                              c->kern[KL_K_SHARDS].cap, 1), NULL, 0);
+      else if (call == 1)
+        expect_launches(what, t, 1, "candidates",
+                        kl_layout_select_grid(&c->layout, t, c->kern[KL_K_SHARDS_FILTERED].cap, 1) +
+                            rule_merge_ctas(c, t), NULL, 0);
+      else if (oneshot)
+        expect_launches(what, t, 2, "oneshot", -1, "sample", t < cap_sample ? t : cap_sample);
+      else
+        expect_launches(what, t, 1, "sample", t < cap_sample ? t : cap_sample, NULL, 0);
+    }
+  }
+  /* the rule's ends on this spec: subparts at one token, none where the
+   * parts alone fill the multiprocessors; merges apart at one token */
+  CHECK_KL(rule_subparts(c, 1) > 1 && rule_subparts(c, (c->group_sms + split - 1) / split) == 1 &&
+               rule_merge_ctas(c, 1) == 1,
+           "size rule: subparts %d at 1 token, %d at %d; merge CTAs %d at 1 token (split %d, "
+           "group subparts %d)", rule_subparts(c, 1),
+           rule_subparts(c, (c->group_sms + split - 1) / split), (c->group_sms + split - 1) / split,
+           rule_merge_ctas(c, 1), split, c->group_subparts);
+  kl_ctx_destroy(c);
+}
+
 int main(void) {
   make_driver();
   kl_testing_fakes(&driver, &nccl, jit);
@@ -726,6 +840,7 @@ int main(void) {
   status_keeps_fault();
   pointer_reused();
   buffers_too_small();
+  sample_size_rule();
   printf("test_host: %s\n", check_fail ? "FAILED" : "passed");
   return check_fail != 0;
 }
