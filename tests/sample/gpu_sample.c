@@ -76,6 +76,10 @@ static void draw_params(rng *r, rows *w, int i) {
 static int filtered(const rows *w, int i) {
   return (w->top_k[i] > 0 && w->top_k[i] < w->vocab) || w->top_p[i] < 1.f || w->min_p[i] > 0.f;
 }
+/* Min-p its only filter: a row the row sampler slices as a plain one. */
+static int min_p_alone(const rows *w, int i) {
+  return w->min_p[i] > 0.f && !(w->top_k[i] > 0 && w->top_k[i] < w->vocab) && !(w->top_p[i] < 1.f);
+}
 
 /* The domain: as check_sampling_args with max_top_k the spec's topk (n_top here). */
 static int valid(const rows *w, int i) {
@@ -93,8 +97,9 @@ static void down(const dev *d, void *p, CUdeviceptr x, size_t bytes) {
 }
 
 /* The sampler over all rows, as kl_sample launches it (fewer CTAs than rows
- * or their slices: each CTA takes several). slices > 0: a greedy or
- * plain-temperature row without top-n logprobs (w->n_top 0) is split over
+ * or their slices: each CTA takes several). slices > 0: a greedy,
+ * plain-temperature or min-p-alone row without top-n logprobs (w->n_top 0)
+ * is split over
  * that many CTAs of `cols` columns each, whose counters must be back at 0
  * after. dead: the group's fault word is set, as a peer that gave up sets it. */
 static void run_kernel(const dev *d, rows *w, int slices, long long cols, int dead) {
@@ -326,7 +331,8 @@ static void spec_rows(dev *d, const kl_spec *s, int n, uint64_t seed) {
       int split = 0;
       for (int i = 0; i < n; i++) {
         check_row(d, &w1, i, s->name, 0);
-        split += valid(&w1, i) && (w1.temperature[i] == 0.f || !filtered(&w1, i));
+        split += valid(&w1, i) && (w1.temperature[i] == 0.f || !filtered(&w1, i) ||
+                                   min_p_alone(&w1, i));
       }
       CHECK(split > 0, "%s: no row to split among %d", s->name, n);
     }
