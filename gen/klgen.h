@@ -35,11 +35,14 @@ typedef enum kl_dtype { KL_BF16 = 0, KL_FP16 = 1, KL_FP32 = 2 } kl_dtype;
 /* How the epilogue rounds: as the engine's separate torch ops on the model
  * dtype (each step rounded), or all in fp32 with one rounding at the end. */
 typedef enum kl_numerics { KL_NUMERICS_ENGINE = 0, KL_NUMERICS_FP32 = 1 } kl_numerics;
+/* The sampler's Gumbel noise of (seed, offset, column): klgen's Philox, or
+ * vLLM 0.33's murmur3 (docs/design/sampling.md, "The noise"). */
+typedef enum kl_noise { KL_NOISE_PHILOX = 0, KL_NOISE_VLLM = 1 } kl_noise;
 
 typedef enum kl_field {
   KL_F_NAME, KL_F_VOCAB_SIZE, KL_F_PAD_TO, KL_F_PADDED_VOCAB, KL_F_TP,
   KL_F_DTYPE, KL_F_MAX_TOKENS, KL_F_TIMEOUT_MS, KL_F_OUT_DTYPE, KL_F_SOFTCAP, KL_F_SCALE,
-  KL_F_NUMERICS, KL_F_TOPK, KL_F_COUNT
+  KL_F_NUMERICS, KL_F_TOPK, KL_F_NOISE, KL_F_COUNT
 } kl_field;
 
 #define KL_NAME_MAX 48 /* a spec name is a C identifier of at most this many chars */
@@ -66,6 +69,7 @@ typedef struct kl_spec {
   double scale;        /* 0: not given (1); else x -> x * scale, after the cap */
   kl_numerics numerics;
   int topk;            /* 0: no kl_topk; else its k (1..KL_TOPK_MAX) */
+  kl_noise noise;      /* kl_sample's noise (a spec with topk) */
   /* Where each field was written, for messages ("file:line: field: ..."). */
   char file[4096];
   int line[KL_F_COUNT]; /* indexed by kl_field */
@@ -73,6 +77,7 @@ typedef struct kl_spec {
 /* The names a spec writes (spec_names.c): "vocab_size", "bf16"... */
 extern const char *const kl_field_names[KL_F_COUNT];
 const char *kl_dtype_name(kl_dtype d);
+const char *kl_noise_name(kl_noise n);
 
 /* Everything derived from a spec; computed in one place (layout.c) and shared by
  * the generator, the generated header and the runtime. */

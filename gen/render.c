@@ -138,6 +138,8 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_str(L, "RELAYOUT", buf);
   /* kl_argmax / kl_topk (argmax.cu.tmpl, topk.cu.tmpl) */
   set_int(L, "TOPK", s->topk);
+  set_int(L, "NOISE_ID", (long long)s->noise);
+  set_str(L, "NOISE", kl_noise_name(s->noise));
   set_int(L, "SEL_BLOCK", l->sel_block);
   set_int(L, "TOPK_THREAD_CHUNKS", l->topk_thread_chunks);
   set_int(L, "TOPK_SPLIT", l->topk_split);

@@ -232,6 +232,18 @@ static int parse_topk(const ctx *c, kl_spec *s, int t) {
   return 0;
 }
 
+/* noise (optional): "philox" (the default) or "vllm". */
+static int parse_noise(const ctx *c, kl_spec *s, int t) {
+  char d[16];
+  int rc = get_string(c, s, t, KL_F_NOISE, d, sizeof d, 1);
+  if (rc) return rc;
+  s->noise = KL_NOISE_PHILOX;
+  if (strcmp(d, "vllm") == 0) s->noise = KL_NOISE_VLLM;
+  else if (d[0] && strcmp(d, "philox") != 0)
+    return kl_spec_fail(c->err, s, KL_F_NOISE, "'%s' is not \"philox\" or \"vllm\"", d);
+  return 0;
+}
+
 static int parse_dtype(const ctx *c, const kl_spec *s, int t, kl_dtype *out) {
   char d[16];
   int rc = get_string(c, s, t, KL_F_DTYPE, d, sizeof d, 0);
@@ -257,7 +269,8 @@ static int convert(const ctx *c, const char *file, int t, kl_spec *s) {
       (rc = get_int(c, s, t, KL_F_TP, &tp, 0)) || (rc = parse_dtype(c, s, t, &s->dtype)) ||
       (rc = get_int(c, s, t, KL_F_MAX_TOKENS, &s->max_tokens, 0)) ||
       (rc = get_int(c, s, t, KL_F_TIMEOUT_MS, &s->timeout_ms, 1)) ||
-      (rc = parse_epilogue(c, s, t)) || (rc = parse_topk(c, s, t)))
+      (rc = parse_epilogue(c, s, t)) || (rc = parse_topk(c, s, t)) ||
+      (rc = parse_noise(c, s, t)))
     return rc;
   if (tp < 1 || tp > KL_TP_MAX)
     return kl_spec_fail(c->err, s, KL_F_TP, "%lld is out of range (1..%d)", (long long)tp,

@@ -7,7 +7,7 @@
 const char *const kl_field_names[KL_F_COUNT] = {
     "name",       "vocab_size", "pad_to",    "padded_vocab", "tp",      "dtype",
     "max_tokens", "timeout_ms", "out_dtype", "softcap",      "scale",   "numerics",
-    "topk"};
+    "topk",       "noise"};
 
 const char *kl_dtype_name(kl_dtype d) {
   switch (d) {
@@ -17,3 +17,5 @@ const char *kl_dtype_name(kl_dtype d) {
   }
   return "?";
 }
+
+const char *kl_noise_name(kl_noise n) { return n == KL_NOISE_VLLM ? "vllm" : "philox"; }

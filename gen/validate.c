@@ -78,6 +78,11 @@ int kl_spec_validate(const kl_spec *s, kl_err *err) {
   if (s->topk > s->vocab_size)
     return kl_spec_fail(err, s, KL_F_TOPK, "%d is more than the vocabulary (%lld)", s->topk,
                         (long long)s->vocab_size);
+  if (s->noise != KL_NOISE_PHILOX && s->noise != KL_NOISE_VLLM)
+    return kl_spec_fail(err, s, KL_F_NOISE, "must be philox or vllm");
+  if (s->noise != KL_NOISE_PHILOX && !s->topk)
+    return kl_spec_fail(err, s, KL_F_NOISE, "'%s' without topk: only a spec with topk samples",
+                        kl_noise_name(s->noise));
   kl_layout l;
   return kl_layout_derive(s, &l, err);
 }

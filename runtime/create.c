@@ -400,8 +400,8 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
   CHECK_OUT_CFG(ctx, cfg_in);
   if (!g || !g->name || !g->source)
     return kl_rt_fail(KLRT_EINVAL, "kl_ctx_create_generated: gen, its name or source is NULL");
-  if (g->abi < 1 || g->abi > 4)
-    return kl_rt_fail(KLRT_ESPEC, "generated header ABI %d is not 1 to 4", g->abi);
+  if (g->abi < 1 || g->abi > 5)
+    return kl_rt_fail(KLRT_ESPEC, "generated header ABI %d is not 1 to 5", g->abi);
   if (g->dtype < 0 || g->dtype > 2 || g->source_len != strlen(g->source) ||
       (g->abi >= 2 && (g->out_dtype < 0 || g->out_dtype > 2)))
     return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' is malformed", g->name);
@@ -423,6 +423,7 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
     s.scale = g->scale;
   }
   if (g->abi >= 3) s.topk = g->topk;
+  if (g->abi >= 5) s.noise = (kl_noise)g->noise;
   kl_err err;
   kl_layout l;
   if (strlen(g->name) > KL_NAME_MAX || kl_spec_validate(&s, &err) != 0 ||
@@ -458,6 +459,13 @@ kl_result kl_ctx_create_generated(kl_ctx **ctx, const kl_generated *g,
     return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' was made by an incompatible klgen "
                       "(sampler slices %lld/%d of %lld/%lld columns); regenerate it", g->name,
                       slices, l.sample_slices, cols, (long long)l.sample_slice_cols);
+  /* a hand edit of the noise would pass as the other's draws; kernels
+   * rendered before the choice existed draw Philox's */
+  long long noise = source_int(g->source, "int NOISE = ");
+  if (noise < 0) noise = KL_NOISE_PHILOX;
+  if (s.topk && noise != (long long)s.noise)
+    return kl_rt_fail(KLRT_ESPEC, "generated header for '%s' names noise %d but its kernels "
+                      "draw noise %lld; regenerate it", g->name, (int)s.noise, noise);
   return create(ctx, &s, g->source, cfg);
 }
 

@@ -32,6 +32,7 @@ static void fill_info(const kl_spec *s, const kl_layout *l, kl_info *info) {
   info->out_dtype = (int)s->out_dtype;
   info->out_elem_bytes = l->out_elem_bytes;
   info->topk = s->topk;
+  info->noise = (int)s->noise;
 }
 
 /* kl_load_specs, the environment checked first. */

@@ -65,6 +65,7 @@ class SpecInfo(NamedTuple):
     buffer_bytes: int  # one-shot receive memory per rank
     out_dtype: Optional[str] = None  # the output's dtype: dtype, or "fp32" with an epilogue
     topk: int = 0  # k of LogitsGather.topk; 0: the spec has none
+    noise: str = "philox"  # LogitsGather.sample's noise: "philox" or "vllm"
 
 
 def spec_path(name):
@@ -171,7 +172,7 @@ def spec_info(path=None, name: Optional[str] = None, *, source: Optional[str] = 
         _capi.check(_capi.lib.kl_spec_info_string(text, cname, ctypes.byref(info)))
     return SpecInfo(info.name.decode(), info.vocab_size, info.padded_vocab, info.shard, info.tp,
                     _DTYPES[info.dtype], info.max_tokens, info.buffer_bytes,
-                    _DTYPES[info.out_dtype], info.topk)
+                    _DTYPES[info.out_dtype], info.topk, _capi.NOISES[info.noise])
 
 
 def spec_names(path=None, *, source: Optional[str] = None) -> List[str]:

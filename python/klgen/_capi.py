@@ -38,10 +38,12 @@ class Info(ctypes.Structure):
         ("out_dtype", ctypes.c_int),
         ("out_elem_bytes", ctypes.c_int),
         ("topk", ctypes.c_int),
+        ("noise", ctypes.c_int),
     ]
 
 
 DECLINES = ("disabled", "not-ready", "tokens", "size")  # kl_decline, in order
+NOISES = ("philox", "vllm")  # kl_info.noise, in order
 
 ALLGATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                 ctypes.c_void_p)
@@ -151,7 +153,7 @@ lib = _load()
 
 # A spec's fields (kl_field_names in gen/spec.c).
 FIELDS = ("name", "vocab_size", "pad_to", "padded_vocab", "tp", "dtype", "max_tokens", "timeout_ms",
-          "out_dtype", "softcap", "scale", "numerics", "topk")
+          "out_dtype", "softcap", "scale", "numerics", "topk", "noise")
 # The field is one of FIELDS, or the key a spec wrote that is none of them.
 _LOCATED = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?:(?P<field>%s): |(?P<unknown>.+?): unknown "
                       r"field(?=$| \())?" % "|".join(FIELDS))

@@ -143,7 +143,7 @@ class LogitsGather:
     spec's Lua source, or None with the fields
     given as keywords (vocab_size, tp, dtype, pad_to or padded_vocab,
     max_tokens, timeout_ms, name, and the epilogue's out_dtype, softcap,
-    scale, numerics, and topk; dtype may be a torch.dtype, tp defaults to
+    scale, numerics, and topk and noise; dtype may be a torch.dtype, tp defaults to
     the group's size). name: with a spec, the one to use of several it
     defines; with fields, the spec's name (default "logits"). group: a torch.distributed process group (default: the
     world). device: this rank's GPU (default: torch's current device).
@@ -209,6 +209,7 @@ class LogitsGather:
         self.max_tokens, self.dtype = info.max_tokens, _BY_NAME[("bf16", "fp16", "fp32")[info.dtype]]
         self.out_dtype = _BY_NAME[("bf16", "fp16", "fp32")[info.out_dtype]]
         self.k = info.topk
+        self.noise = _capi.NOISES[info.noise]  # sample's noise, as reference.sample names it
         with _lock:
             self._handle = f"klgen-{next(_handles)}"
             _live[self._handle] = self
@@ -259,7 +260,8 @@ class LogitsGather:
                offset=0, logprobs=0, token_logprobs=True):
         """A Sample of each row: temperature, min-p, top-k, top-p and a
         Gumbel-max draw keyed by (seed, offset, column), as
-        klgen.reference.sample defines it (a spec with topk = K).
+        klgen.reference.sample defines it (a spec with topk = K), with the
+        spec's noise (g.noise: "philox", or "vllm": vLLM's own draws).
 
         Each parameter is a number (every row) or a [tokens] tensor on this
         device (one per row; what a CUDA graph replays with new values):

@@ -117,7 +117,11 @@ int diff_draw(uint64_t seed, const diff_knobs *k, diff_case *c, char *why, size_
   field(c->lua, "max_tokens", "%lld", (long long)max_tokens);
   field(c->lua, "timeout_ms", "%d", k->timeout_ms);
   draw_epilogue(&r, dtype, c->lua);
-  if (rng_chance(&r, 0.7)) field(c->lua, "topk", "%d", draw_topk(&r, vocab));
+  int topk = rng_chance(&r, 0.7);
+  if (topk) field(c->lua, "topk", "%d", draw_topk(&r, vocab));
+  /* from a stream of its own: the other draws of a seed stay as they were */
+  rng nr = rng_for(seed, 3);
+  if (topk && rng_chance(&nr, 0.3)) field(c->lua, "noise", "\"vllm\"");
   size_t len = strlen(c->lua);
   snprintf(c->lua + len, sizeof c->lua - len, " }");
 

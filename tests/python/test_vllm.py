@@ -254,7 +254,7 @@ def _sample(rank):
             assert [s for s, p in zip(args["seed"].tolist(), asked) if p.seed is not None] == \
                 [p.seed for p in asked if p.seed is not None]
             assert torch.equal(args["offset"], batch.positions[batch.logits_indices])
-            want = reference.sample(off(head, hidden[:n]), **args).tokens
+            want = reference.sample(off(head, hidden[:n]), **args, noise="vllm").tokens
             assert torch.equal(got, want), (spec, slots, got, want)
             ranks = [torch.empty_like(got) for _ in range(TP)]
             dist.all_gather(ranks, got)
@@ -377,7 +377,7 @@ def _tp1(rank):
         got = on.sample(head, hidden[:n], sampler, batch, None)
         args = sampling_args(sampler, batch, 64)
         assert (args is GREEDY) == (slots == [2, 5])
-        want = reference.sample(off(head, hidden[:n]), **args).tokens
+        want = reference.sample(off(head, hidden[:n]), **args, noise="vllm").tokens
         assert torch.equal(got, want), (slots, got, want)
     assert (_served(on, "argmax"), _served(on, "sample")) == (1, 2)
     assert on.klgen.stats()["declined"] == {"logits": 1}
@@ -514,13 +514,17 @@ def _runner_step(rank, replace=None):
         assert tokens.shape == (len(slots), 1) and tokens.dtype == torch.int64
         if replace is None:
             args = sampling_args(runner.sampler, batch, 64)
-            want = reference.sample(logits[:len(slots), :vocab], **args).tokens
+            want = reference.sample(logits[:len(slots), :vocab], **args, noise="vllm").tokens
         else:
             want = stock(runner, hidden, batch, None)[0].sampled_token_ids[:, 0]
         assert torch.equal(tokens[:, 0], want), (replace, step, tokens, want)
     stats = model.logits_processor.klgen.stats()
     if replace is None:
         assert stats["calls"].get("sample") == 2 and not stats["declined"], stats
+        # vLLM's noise: klgen's steps draw vLLM's own tokens, seeded or not
+        batch = _decode_batch([9, 2, 4, 0, 7, 5], seed=3)
+        mine = runner.sample(hidden[:6], batch, None)[0].sampled_token_ids
+        assert torch.equal(mine, stock(runner, hidden[:6], batch, None)[0].sampled_token_ids)
         # what needs vLLM's sampler: vLLM's path, the same tokens as its own
         runner.sampler.use_fp64_gumbel = True
         batch = _decode_batch([9, 2, 4, 0, 7, 5], seed=2)

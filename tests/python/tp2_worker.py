@@ -107,10 +107,11 @@ def sampling(rank, tp, steps):
     cases = [
         dict(vocab_size=163840, dtype=torch.bfloat16, max_tokens=8, topk=8, name="kimi_sel"),
         dict(vocab_size=256000, dtype=torch.bfloat16, out_dtype="fp32", softcap=30.0, topk=8,
-             max_tokens=8, name="gemma_sel"),
+             max_tokens=8, noise="vllm", name="gemma_sel"),
         dict(vocab_size=151655, dtype=torch.float16, softcap=30.0, scale=0.5, numerics="fp32",
              topk=64, max_tokens=4, name="qwen_sel"),
-        dict(vocab_size=50257, dtype=torch.float32, topk=5, max_tokens=4, name="gpt2_sel"),
+        dict(vocab_size=50257, dtype=torch.float32, topk=5, max_tokens=4, noise="vllm",
+             name="gpt2_sel"),
     ]
     for fields in cases:
         with klgen.LogitsGather(**fields) as g:
@@ -180,7 +181,8 @@ def draw_params(tokens, k, step, device):
 
 def check_draws(g, x, gathered, step, tp):
     """g.sample against klgen.reference.sample on the gathered logits: tokens
-    bit for bit (the definition's noise on CUDA is the kernel's), the same on
+    bit for bit (the definition's noise on CUDA is the kernel's, Philox's or
+    vLLM's as the spec says), the same on
     every rank; logprobs within 1e-5; the top columns equal. Odd steps pass
     no filter and ask no top-n: kl_sample's shards draw them, nothing
     gathered (not counted in sample_gathered). 0 or 1 (bad)."""
@@ -191,7 +193,7 @@ def check_draws(g, x, gathered, step, tp):
         p = {name: v for name, v in p.items() if name not in ("top_k", "top_p", "min_p")}
     n_gathered = g.stats()["sample_gathered"]
     got = g.sample(x, logprobs=n, **p)
-    want = definition.sample(gathered, logprobs=n, **p)
+    want = definition.sample(gathered, logprobs=n, noise=g.noise, **p)
     ranks = [torch.empty_like(got.tokens) for _ in range(tp)]
     dist.all_gather(ranks, got.tokens)
     close = lambda a, b: torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6,

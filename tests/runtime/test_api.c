@@ -106,11 +106,11 @@ static void generated(void) {
   kl_group_create(&grp, 8);
   kl_config cfg = {.size = sizeof(kl_config), .rank = 0, .nranks = 8, .device = 0, .group = grp};
   const char *src = "extern \"C\" __global__ void k() {}";
-  kl_generated g = {1, "kimi_k3_tp8", 163840, 64, 163840, 8, 0, 64, 1000, 16, 128, src, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  kl_generated g = {1, "kimi_k3_tp8", 163840, 64, 163840, 8, 0, 64, 1000, 16, 128, src, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   g.source_len = strlen(src);
   EXPECT_ERR(kl_ctx_create_generated(&c, NULL, &cfg), KLRT_EINVAL, "NULL");
-  g.abi = 5;
-  EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "ABI 5 is not 1 to 4");
+  g.abi = 6;
+  EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "ABI 6 is not 1 to 5");
   g.abi = 1, g.dtype = 7;
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "malformed");
   g.dtype = 0, g.source_len = 3;
@@ -140,6 +140,15 @@ static void generated(void) {
                       "static constexpr long long SAMPLE_SLICE_COLS = 10240;\n";
   g.source = split, g.source_len = strlen(split), g.topk = 8;
   EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "sampler slices 16/32 of 10240/5120");
+  /* the noise the header names is the one its kernels draw */
+  const char *noise = "#define KL_ABI_VERSION " STR(KL_ABI_VERSION) "\n"
+                      "static constexpr int SAMPLE_SLICES = 32;\n"
+                      "static constexpr long long SAMPLE_SLICE_COLS = 5120;\n"
+                      "static constexpr int NOISE = 0;\n";
+  g.source = noise, g.source_len = strlen(noise), g.abi = 5, g.noise = 1;
+  EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "names noise 1 but its kernels draw noise 0");
+  g.noise = 7;
+  EXPECT_ERR(kl_ctx_create_generated(&c, &g, &cfg), KLRT_ESPEC, "noise: must be philox or vllm");
   kl_group_destroy(grp);
 }
 

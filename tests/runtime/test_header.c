@@ -27,7 +27,7 @@ static void same_as_file(const char *dir, const char *name, const char *src, siz
 int main(int argc, char **argv) {
   if (argc != 2) return 2;
   static const kl_generated k = KL_KIMI_K3_TP8_GENERATED, g = KL_GPT2_TP4_GENERATED;
-  CHECK(k.abi == 4 && k.chunk_threads == 1 && k.argmax_split == 5 && k.topk_split == 10 &&
+  CHECK(k.abi == 5 && k.noise == 0 && k.chunk_threads == 1 && k.argmax_split == 5 && k.topk_split == 10 &&
             k.topk == 0 && k.out_dtype == 0 && k.softcap == 0 && k.scale == 0 &&
             !strcmp(k.name, "kimi_k3_tp8") && k.vocab_size == 163840 && k.tp == 8 &&
             k.dtype == 0 && k.max_tokens == 64 && k.vec_bytes == 16 && k.block == 128,

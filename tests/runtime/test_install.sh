@@ -69,7 +69,7 @@ expect 0 cmake -S "$tmp/cm" -B "$tmp/cm/build" -DCMAKE_PREFIX_PATH="$prefix" -DC
 grep -q "^klrt_DIR:PATH=$prefix/lib/cmake/klrt$" "$tmp/cm/build/CMakeCache.txt" 2>/dev/null && ok ||
   no "klrt not found in the prefix: $(grep klrt_DIR "$tmp/cm/build/CMakeCache.txt" 2>/dev/null)"
 expect 0 cmake --build "$tmp/cm/build"
-expect 0 "$tmp/cm/build/cxx_generated"; has "$tmp/out" "^kimi_k3_tp8 abi 4$"
+expect 0 "$tmp/cm/build/cxx_generated"; has "$tmp/out" "^kimi_k3_tp8 abi 5$"
 for t in c_shared c_static cxx_shared cxx_static; do
   expect 0 "$tmp/cm/build/$t" "$spec"; has "$tmp/out" "kimi_k3_tp8: shard 20480, 8 ranks"
   case $t in

@@ -10,7 +10,14 @@
  *     whole is held to the float32 steps the contract names, not to g's double);
  *   the bounds the samplers skip columns by: gumbel_bound at least gumbel and
  *     within GUMBEL_BOUND, for every u; t_above at least x / d, for edge and
- *     random x and d where screens(d) holds.
+ *     random x and d where screens(d) holds;
+ *   vLLM's noise (vllm_word, vllm_uniform, vllm_log1p_neg, vllm_gumbel):
+ *     words bit for bit on the same columns; u bit for bit, the series bit
+ *     for bit and logf within 2 ulp, on every word of 2^24 spread over the
+ *     range and u's edges; and for all 2^32 words, g finite and at least
+ *     -2.8117, vllm_gumbel_bound at least g and within VLLM_GUMBEL_BOUND;
+ *   the spec's own noise (noise_word, gumbel, gumbel_bound) is the family
+ *     its `noise` names.
  *  gpu_noise SPEC   (exit 77 without a GPU) */
 #include <math.h>
 #include <stdio.h>
@@ -24,11 +31,13 @@
 #define ULPS 2 /* CUDA's logf is within 1 ulp; both logs are checked within 2 */
 #define RANDOM_CASES (1 << 16)
 #define VALUES (1u << 23) /* u's distinct values: x >> 9 */
-#define GUMBEL_BOUND 16.640625f /* noise.cuh.tmpl's */
+#define GUMBEL_BOUND 16.640625f      /* noise.cuh.tmpl's PHILOX_GUMBEL_BOUND */
+#define VLLM_GUMBEL_BOUND 22.890625f /* and VLLM_GUMBEL_BOUND */
 
 typedef struct gpu {
   const kl_cu *cu;
   CUfunction fn[NOISE_KERNELS];
+  int noise; /* the spec's: 0 Philox, 1 vLLM's */
 } gpu;
 
 static void launch(const gpu *g, int k, int n, void **args) {
@@ -40,7 +49,7 @@ static void launch(const gpu *g, int k, int n, void **args) {
 static void load(gpu *g, const char *spec) {
   gpu_primary(g->cu, 0, 1);
   kl_err e;
-  char *src = noise_test_source(spec, &e);
+  char *src = noise_test_source(spec, &g->noise, &e);
   if (!src) {
     fprintf(stderr, "%s\n", e.msg);
     exit(1);
@@ -244,16 +253,160 @@ static void quotients(const gpu *g) {
   free(x), free(d), free(t), free(hi);
 }
 
+/* The device's words for the cases (kernel k: vllm_word_kernel or
+ * spec_noise_kernel, whose g and bound come back too when asked). */
+static void words_of(const gpu *g, int k, const uint64_t *s, const uint64_t *o, const uint64_t *c,
+                     int n, uint32_t *word, float *gv, float *bound) {
+  const size_t b64 = 8 * (size_t)n, b32 = 4 * (size_t)n;
+  CUdeviceptr ds = gpu_to_device(g->cu, s, b64), dof = gpu_to_device(g->cu, o, b64),
+              dc = gpu_to_device(g->cu, c, b64), dw = gpu_to_device(g->cu, NULL, b32),
+              dg = gpu_to_device(g->cu, NULL, b32), db = gpu_to_device(g->cu, NULL, b32);
+  int nn = n;
+  void *args[] = {&ds, &dof, &dc, &nn, &dw, &dg, &db};
+  launch(g, k, n, args);
+  gpu_from_device(g->cu, word, dw, b32);
+  if (gv) gpu_from_device(g->cu, gv, dg, b32);
+  if (bound) gpu_from_device(g->cu, bound, db, b32);
+  g->cu->cuMemFree(ds), g->cu->cuMemFree(dof), g->cu->cuMemFree(dc);
+  g->cu->cuMemFree(dw), g->cu->cuMemFree(dg), g->cu->cuMemFree(db);
+}
+
+static void vllm_words(const gpu *g) {
+  const int n = N_EDGE + RANDOM_CASES;
+  uint64_t *s = malloc(8 * (size_t)n), *o = malloc(8 * (size_t)n), *c = malloc(8 * (size_t)n);
+  uint32_t *word = malloc(4 * (size_t)n);
+  if (!s || !o || !c || !word) exit(1);
+  make_cases(s, o, c, n);
+  words_of(g, 4, s, o, c, n, word, NULL, NULL);
+  int bad = 0;
+  for (int i = 0; i < n; i++) {
+    const uint32_t want = vllm_word_ref(s[i], o[i], c[i]);
+    if (word[i] != want && bad++ < 5)
+      fprintf(stderr, "vllm seed %llx offset %llx column %llx: %08x, expected %08x\n",
+              (unsigned long long)s[i], (unsigned long long)o[i], (unsigned long long)c[i],
+              word[i], want);
+  }
+  CHECK(bad == 0, "%d of %d vLLM words differ from the host's", bad, n);
+  printf("vllm words: %d columns\n", n);
+  free(s), free(o), free(c), free(word);
+}
+
+/* Word i of 2^24: spread over the whole range, with u's ends and the
+ * series' edge (u near 0.25) among them. */
+static uint32_t vllm_value_word(uint32_t i) {
+  static const uint32_t edges[] = {0u, 1u, 0xffffu, 0x10000u, 0x3fffffffu, 0x40000000u,
+                                   0x40000001u, 0x3fffff80u, 0xfffffffeu, 0xffffffffu};
+  if (i < sizeof edges / sizeof *edges) return edges[i];
+  return i << 8 | ((i * 0x9E3779B1u) >> 24);
+}
+
+static int vllm_value_ok(uint32_t x, float u, float l, float gv, float bound, uint32_t worst[2]) {
+  const float want_u = vllm_uniform_ref(x), want_l = vllm_log1p_neg_ref(want_u);
+  uint32_t e_l = noise_ulps(l, want_l);
+  if (want_u >= 0.25f) { /* logf on each side: each within an ulp */
+    e_l = noise_ulps(l, (float)log(fmax((double)(1.0f - want_u), 0x1p-24)));
+    if (e_l > worst[0]) worst[0] = e_l;
+  }
+  const uint32_t e_g = noise_ulps(gv, (float)-log(-(double)l));
+  if (e_g > worst[1]) worst[1] = e_g;
+  return memcmp(&u, &want_u, sizeof u) == 0 && (want_u >= 0.25f ? e_l <= ULPS : e_l == 0) &&
+         e_g <= ULPS && gv >= -2.8117f && gv <= bound && bound <= VLLM_GUMBEL_BOUND;
+}
+
+static void vllm_values(const gpu *g) {
+  const uint32_t n = 1u << 24;
+  const size_t bytes = 4 * (size_t)n;
+  uint32_t *x = malloc(bytes);
+  float *u = malloc(bytes), *l = malloc(bytes), *gv = malloc(bytes), *bd = malloc(bytes);
+  if (!x || !u || !l || !gv || !bd) exit(1);
+  for (uint32_t i = 0; i < n; i++) x[i] = vllm_value_word(i);
+  CUdeviceptr dx = gpu_to_device(g->cu, x, bytes), du = gpu_to_device(g->cu, NULL, bytes),
+              dl = gpu_to_device(g->cu, NULL, bytes), dg = gpu_to_device(g->cu, NULL, bytes),
+              db = gpu_to_device(g->cu, NULL, bytes);
+  int nn = (int)n;
+  void *args[] = {&dx, &nn, &du, &dl, &dg, &db};
+  launch(g, 5, nn, args);
+  gpu_from_device(g->cu, u, du, bytes);
+  gpu_from_device(g->cu, l, dl, bytes);
+  gpu_from_device(g->cu, gv, dg, bytes);
+  gpu_from_device(g->cu, bd, db, bytes);
+  g->cu->cuMemFree(dx), g->cu->cuMemFree(du), g->cu->cuMemFree(dl);
+  g->cu->cuMemFree(dg), g->cu->cuMemFree(db);
+  uint32_t worst[2] = {0, 0}, bad = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (vllm_value_ok(x[i], u[i], l[i], gv[i], bd[i], worst) || bad++ >= 5) continue;
+    fprintf(stderr, "vllm x %08x: u %a (expected %a), l %a (expected %a), g %a, bound %a\n",
+            x[i], (double)u[i], (double)vllm_uniform_ref(x[i]), (double)l[i],
+            (double)vllm_log1p_neg_ref(vllm_uniform_ref(x[i])), (double)gv[i], (double)bd[i]);
+  }
+  CHECK(bad == 0, "%u of %u vLLM values wrong", bad, n);
+  printf("vllm values: %u words; worst logf(1 - u) %u ulp, g %u ulp of their doubles\n", n,
+         worst[0], worst[1]);
+  free(x), free(u), free(l), free(gv), free(bd);
+}
+
+/* Every one of the 2^32 words: 2^16 CTAs of 2^16 words each. */
+static void vllm_sweep(const gpu *g) {
+  unsigned long long bad = 0;
+  CUdeviceptr dout = gpu_to_device(g->cu, &bad, sizeof bad);
+  unsigned hi = 0;
+  void *args[] = {&hi, &dout};
+  CU_CHECK(g->cu, cuLaunchKernel(g->fn[6], 65536, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
+  gpu_from_device(g->cu, &bad, dout, sizeof bad);
+  g->cu->cuMemFree(dout);
+  CHECK(bad == 0, "%llu of 2^32 vLLM words: g not finite or above its bound", bad);
+  printf("vllm sweep: all 2^32 words, %llu outside their bounds\n", bad);
+}
+
+/* noise_word, gumbel and gumbel_bound are the spec's family, bit for bit. */
+static void spec_noise(const gpu *g) {
+  const int n = N_EDGE + RANDOM_CASES;
+  const size_t b32 = 4 * (size_t)n;
+  uint64_t *s = malloc(8 * (size_t)n), *o = malloc(8 * (size_t)n), *c = malloc(8 * (size_t)n);
+  uint32_t *word = malloc(b32);
+  float *gv = malloc(b32), *bd = malloc(b32), *fu = malloc(b32), *fi = malloc(b32),
+        *fg = malloc(b32), *fb = malloc(b32);
+  if (!s || !o || !c || !word || !gv || !bd || !fu || !fi || !fg || !fb) exit(1);
+  make_cases(s, o, c, n);
+  words_of(g, 7, s, o, c, n, word, gv, bd);
+  CUdeviceptr dx = gpu_to_device(g->cu, word, b32), du = gpu_to_device(g->cu, NULL, b32),
+              di = gpu_to_device(g->cu, NULL, b32), dg = gpu_to_device(g->cu, NULL, b32),
+              db = gpu_to_device(g->cu, NULL, b32);
+  int nn = n;
+  void *args[] = {&dx, &nn, &du, &di, &dg, &db};
+  launch(g, g->noise ? 5 : 2, n, args);  /* the family's own values of the same words */
+  gpu_from_device(g->cu, fg, dg, b32);
+  gpu_from_device(g->cu, fb, db, b32);
+  g->cu->cuMemFree(dx), g->cu->cuMemFree(du), g->cu->cuMemFree(di);
+  g->cu->cuMemFree(dg), g->cu->cuMemFree(db);
+  int bad = 0;
+  for (int i = 0; i < n; i++) {
+    const uint32_t want = g->noise ? vllm_word_ref(s[i], o[i], c[i]) : noise_word_ref(s[i], o[i], c[i]);
+    if (word[i] == want && !memcmp(&gv[i], &fg[i], 4) && !memcmp(&bd[i], &fb[i], 4)) continue;
+    if (bad++ < 5)
+      fprintf(stderr, "spec noise, column %llx: word %08x (expected %08x), g %a / %a\n",
+              (unsigned long long)c[i], word[i], want, (double)gv[i], (double)fg[i]);
+  }
+  CHECK(bad == 0, "%d of %d columns: the spec's noise is not %s's", bad, n,
+        g->noise ? "vLLM" : "Philox");
+  printf("spec noise: %s, %d columns\n", g->noise ? "vllm" : "philox", n);
+  free(s), free(o), free(c), free(word), free(gv), free(bd), free(fu), free(fi), free(fg), free(fb);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: gpu_noise SPEC\n");
     return 2;
   }
-  gpu g = {gpu_require(1), {0}};
+  gpu g = {gpu_require(1), {0}, 0};
   load(&g, argv[1]);
   known_answers(&g);
   column_words(&g);
   values(&g);
   quotients(&g);
+  vllm_words(&g);
+  vllm_values(&g);
+  vllm_sweep(&g);
+  spec_noise(&g);
   return check_done();
 }

@@ -2,6 +2,7 @@
 #include "noise_ref.h"
 #include "spec_source.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,41 @@ float noise_uniform_ref(uint32_t x) {
   return (float)(2u * (x >> 9) + 1u) * 0x1p-24f;
 }
 
+static uint32_t rotl32(uint32_t v, int s) { return v << s | v >> (32 - s); }
+
+static uint32_t murmur3_block(uint32_t h, uint32_t k) {
+  k = rotl32(k * 0xCC9E2D51u, 15) * 0x1B873593u;
+  return rotl32(h ^ k, 13) * 5u + 0xE6546B64u;
+}
+
+uint32_t vllm_word_ref(uint64_t seed, uint64_t offset, uint64_t column) {
+  const uint32_t w[4] = {(uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)offset,
+                         (uint32_t)column};
+  uint32_t h = 0;
+  for (int i = 0; i < 4; i++) h = murmur3_block(h, w[i]);
+  h ^= 16u;
+  h = (h ^ (h >> 16)) * 0x85EBCA6Bu;
+  h = (h ^ (h >> 13)) * 0xC2B2AE35u;
+  return h ^ (h >> 16);
+}
+
+float vllm_uniform_ref(uint32_t x) {
+  /* exact: x + 1/2 needs 33 bits, a double holds it, and one rounding to float */
+  return (float)(((double)x + 0.5) * 0x1p-32);
+}
+
+/* volatile: each product and sum rounded to float, never fused */
+float vllm_log1p_neg_ref(float u) {
+  if (!(u < 0.25f)) return logf(fmaxf(1.0f - u, 0x1p-24f));
+  volatile float p = 0.125f;
+  for (int d = 7; d >= 1; d--) {
+    volatile float prod = u * p;
+    p = (float)(1.0 / d) + prod;
+  }
+  volatile float r = -u * p;
+  return r;
+}
+
 /* A float's place in the order of all floats, as an integer. */
 static int64_t float_rank(float f) {
   uint32_t b;
@@ -59,8 +95,9 @@ uint32_t noise_ulps(float a, float b) {
   return (uint32_t)(d < 0 ? -d : d);
 }
 
-const char *const noise_kernel_names[NOISE_KERNELS] = {"noise_kat_kernel", "noise_word_kernel",
-                                                       "noise_value_kernel", "noise_t_kernel"};
+const char *const noise_kernel_names[NOISE_KERNELS] = {
+    "noise_kat_kernel",  "noise_word_kernel", "noise_value_kernel", "noise_t_kernel",
+    "vllm_word_kernel", "vllm_value_kernel", "vllm_sweep_kernel",  "spec_noise_kernel"};
 
 /* Appended after the spec's source, whose names are in namespace kl_<spec>
  * (u32 and u64 are memory.cuh.tmpl's): "%s" is the spec's name. */
@@ -76,7 +113,7 @@ static const char kernels[] =
     "                                               const u64 *column, int n, u32 *word, u32 *group) {\n"
     "  const int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
     "  if (i >= n) return;\n"
-    "  word[i] = noise_word(seed[i], offset[i], column[i]);\n"
+    "  word[i] = philox_word(seed[i], offset[i], column[i]);\n"
     "  const uint4 w = noise_group(seed[i], offset[i], column[i] >> 2);\n"
     "  const u32 ws[4] = {w.x, w.y, w.z, w.w};\n"
     "  group[i] = ws[column[i] & 3];\n"
@@ -85,10 +122,10 @@ static const char kernels[] =
     "                                                float *g, float *bound) {\n"
     "  const int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
     "  if (i >= n) return;\n"
-    "  u[i] = noise_uniform(x[i]);\n"
-    "  inner[i] = -logf(noise_uniform(x[i]));\n"
-    "  g[i] = gumbel(x[i]);\n"
-    "  bound[i] = gumbel_bound(x[i]);\n"
+    "  u[i] = philox_uniform(x[i]);\n"
+    "  inner[i] = -logf(philox_uniform(x[i]));\n"
+    "  g[i] = philox_gumbel(x[i]);\n"
+    "  bound[i] = philox_gumbel_bound(x[i]);\n"
     "}\n"
     "extern \"C\" __global__ void noise_t_kernel(const float *x, const float *d, int n, float *t,\n"
     "                                            float *hi) {\n"
@@ -96,11 +133,44 @@ static const char kernels[] =
     "  if (i >= n) return;\n"
     "  t[i] = x[i] / d[i];\n"
     "  hi[i] = screens(d[i]) ? t_above(x[i], 1.f / d[i]) : __int_as_float(0x7fc00000);\n"
+    "}\n"
+    "extern \"C\" __global__ void vllm_word_kernel(const u64 *seed, const u64 *offset,\n"
+    "                                              const u64 *column, int n, u32 *word) {\n"
+    "  const int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < n) word[i] = vllm_word(seed[i], offset[i], column[i]);\n"
+    "}\n"
+    "extern \"C\" __global__ void vllm_value_kernel(const u32 *x, int n, float *u, float *l,\n"
+    "                                               float *g, float *bound) {\n"
+    "  const int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i >= n) return;\n"
+    "  u[i] = vllm_uniform(x[i]);\n"
+    "  l[i] = vllm_log1p_neg(vllm_uniform(x[i]));\n"
+    "  g[i] = vllm_gumbel(x[i]);\n"
+    "  bound[i] = vllm_gumbel_bound(x[i]);\n"
+    "}\n"
+    "extern \"C\" __global__ void vllm_sweep_kernel(u32 hi, unsigned long long *out) {\n"
+    "  unsigned long long bad = 0;\n"
+    "  for (u32 j = threadIdx.x; j < 65536u; j += blockDim.x) {\n"
+    "    const u32 x = (hi + blockIdx.x) << 16 | j;\n"
+    "    const float g = vllm_gumbel(x), b = vllm_gumbel_bound(x);\n"
+    "    bad += !(g >= -2.8117f && g <= b && b <= VLLM_GUMBEL_BOUND);\n"
+    "  }\n"
+    "  if (bad) atomicAdd(out, bad);\n"
+    "}\n"
+    "extern \"C\" __global__ void spec_noise_kernel(const u64 *seed, const u64 *offset,\n"
+    "                                               const u64 *column, int n, u32 *word,\n"
+    "                                               float *g, float *bound) {\n"
+    "  const int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i >= n) return;\n"
+    "  word[i] = noise_word(seed[i], offset[i], column[i]);\n"
+    "  g[i] = gumbel(word[i]);\n"
+    "  bound[i] = gumbel_bound(word[i]);\n"
     "}\n";
 
-char *noise_test_source(const char *spec_file, kl_err *err) {
+char *noise_test_source(const char *spec_file, int *noise, kl_err *err) {
   kl_spec_list list;
   if (kl_spec_load_file(spec_file, NULL, &list, err)) return NULL;
+  *noise = (int)list.v[0].noise;
   char *all = spec_source_with(&list.v[0], kernels, err);
   kl_spec_list_free(&list);
   return all;

@@ -19,11 +19,25 @@ static void philox_known_answers(void) {
   }
 }
 
-/* Edges of the key, the counter and the column's split over two words. */
-static const struct {
+/* A column's word for (seed, offset), worked out elsewhere. */
+typedef struct word_case {
   uint64_t seed, offset, column;
   uint32_t word;
-} words[] = {
+} word_case;
+
+/* Each case's word from fn (the host's Philox or vLLM's hash). */
+static void check_words(const char *what, const word_case *w, size_t n,
+                        uint32_t (*fn)(uint64_t, uint64_t, uint64_t)) {
+  for (size_t i = 0; i < n; i++) {
+    const uint32_t got = fn(w[i].seed, w[i].offset, w[i].column);
+    CHECK(got == w[i].word, "%s seed %llx offset %llx column %llx: %08x, expected %08x", what,
+          (unsigned long long)w[i].seed, (unsigned long long)w[i].offset,
+          (unsigned long long)w[i].column, got, w[i].word);
+  }
+}
+
+/* Edges of the key, the counter and the column's split over two words. */
+static const word_case words[] = {
     {0x0000000000000000ull, 0x0000000000000000ull, 0x0ull, 0x6627e8d5u},
     {0x0000000000000000ull, 0x0000000000000000ull, 0x1ull, 0xe169c58du},
     {0x0000000000000000ull, 0x0000000000000000ull, 0x2ull, 0xbc57ac4cu},
@@ -39,12 +53,38 @@ static const struct {
 };
 
 static void column_words(void) {
-  for (size_t i = 0; i < sizeof words / sizeof *words; i++) {
-    const uint32_t w = noise_word_ref(words[i].seed, words[i].offset, words[i].column);
-    CHECK(w == words[i].word, "seed %llx offset %llx column %llx: %08x, expected %08x",
-          (unsigned long long)words[i].seed, (unsigned long long)words[i].offset,
-          (unsigned long long)words[i].column, w, words[i].word);
-  }
+  check_words("philox", words, sizeof words / sizeof *words, noise_word_ref);
+}
+
+/* vLLM's words: tests/python/test_reference_vllm.py holds klgen.reference's
+ * vllm_bits to vLLM's own hash; these are the reference's answers. */
+static const word_case vllm_words[] = {
+    {0x0000000000000000ull, 0x0000000000000000ull, 0x0ull, 0x8134cdf8u},
+    {0x0000000000000000ull, 0x0000000000000000ull, 0x1ull, 0x00990201u},
+    {0x0000000000000001ull, 0x0000000000000000ull, 0x0ull, 0x92228d1bu},
+    {0x0000000000000000ull, 0x0000000000000001ull, 0x0ull, 0x0d568719u},
+    {0xffffffffffffffffull, 0xffffffffffffffffull, 0xffffffffull, 0xe519346eu},
+    {0x0123456789abcdefull, 0x0000000100000007ull, 0x27fffull, 0x9fd290abu},
+    {0x000000000000002aull, 0x0000000000003039ull, 0x3ffffull, 0xaf122346u},
+    {0xfedcba9876543210ull, 0x8000000000000000ull, 0x251ffull, 0xf2c568b6u},
+};
+
+/* The words, u's ends and the series: u(0) = 2^-33, u(max) = 1 (it rounds),
+ * u's halves each exact; the series is u (1 + u/2 + ...) and log(1 - u) at
+ * 0.25 and beyond; g's range [-2.8116, 22.874]. */
+static void vllm_noise_ref(void) {
+  check_words("vllm", vllm_words, sizeof vllm_words / sizeof *vllm_words, vllm_word_ref);
+  CHECK(vllm_uniform_ref(0) == 0x1p-33f, "vllm u(0)");
+  CHECK(vllm_uniform_ref(0xffffffffu) == 1.0f, "vllm u(max)");
+  CHECK(vllm_uniform_ref(0x8134cdf8u) == 0x1.02699cp-1f, "vllm u(0x8134cdf8)");
+  CHECK(vllm_uniform_ref(0x00990201u) == 0x1.320404p-9f, "vllm u(0x00990201)");
+  CHECK(vllm_log1p_neg_ref(0x1p-33f) == -0x1p-33f, "series at u(0)");
+  CHECK(vllm_log1p_neg_ref(0.25f) == logf(0.75f), "direct at 0.25");
+  CHECK(vllm_log1p_neg_ref(1.0f) == logf(0x1p-24f), "direct at 1");
+  const double l = fabs((double)vllm_log1p_neg_ref(0.1f) - log1p(-0.1));
+  CHECK(l < 1e-7, "series at 0.1 off by %g", l);
+  const double lo = -log(-(double)logf(0x1p-24f)), hi = -log(0x1p-33);
+  CHECK(lo > -2.8116 && lo < -2.8115 && hi > 22.873 && hi < 22.874, "vllm g in [%g, %g]", lo, hi);
 }
 
 /* u's grid: the low 9 bits never count, the extremes are 2^-24 and 1 - 2^-24,
@@ -73,7 +113,8 @@ static int has(const kl_binary *b, const char *s) {
 /* What gpu_noise loads compiles, warning-free, with the kernels in the cubin. */
 static void kernels_compile(const char *spec) {
   kl_err e;
-  char *src = noise_test_source(spec, &e);
+  int noise;
+  char *src = noise_test_source(spec, &noise, &e);
   CHECK(src != NULL, "%s", e.msg);
   if (!src) return;
   kl_binary b;
@@ -95,6 +136,7 @@ int main(int argc, char **argv) {
   philox_known_answers();
   column_words();
   uniform_edges();
+  vllm_noise_ref();
   kernels_compile(argv[1]);
   return check_done();
 }

@@ -17,12 +17,13 @@ return {
   -- TP2, a long shard row (CTAs read several chunks per thread), engine soft-cap in bf16
   { name = "tp2_sel", vocab_size = 131072, tp = 2, dtype = "bf16", max_tokens = 8,
     softcap = 50.0, topk = 1 },
-  -- fp16 at TP2 with a small k: the merge's 32-bit round keys from fp16 values
+  -- fp16 at TP2 with a small k: the merge's 32-bit round keys from fp16 values;
+  -- kl_sample draws vLLM's noise
   { name = "llama2_sel_tp2", vocab_size = 32000, tp = 2, dtype = "fp16", max_tokens = 8,
-    topk = 4 },
-  -- DeepSeek-V3's vocabulary at TP2: fp32 out through fp32 numerics
+    topk = 4, noise = "vllm" },
+  -- DeepSeek-V3's vocabulary at TP2: fp32 out through fp32 numerics, vLLM's noise
   { name = "tp2_sel8", vocab_size = 129280, tp = 2, dtype = "bf16", max_tokens = 16,
-    out_dtype = "fp32", softcap = 30.0, numerics = "fp32", topk = 8 },
+    out_dtype = "fp32", softcap = 30.0, numerics = "fp32", topk = 8, noise = "vllm" },
   -- klbench --select's top-8 (Kimi's TP8 shard at TP2), padded (40950 -> 40960):
   -- 32-bit keys kept from the scan, 20 records merged in one warp's registers
   { name = "kimi_sel_tp2", vocab_size = 40950, pad_to = 64, tp = 2, dtype = "bf16",

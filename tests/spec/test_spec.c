@@ -519,6 +519,13 @@ static void epilogue(void) {
           "layout: epilogue %d out %d vec %d", lay.epilogue, lay.out_elem_bytes,
           lay.out_vec_bytes);
   }
+  /* the noise is read back; philox is the default and may be written */
+  if (load_layout("return { name = 'g', vocab_size = 50257, tp = 1, dtype = 'fp16', "
+                  "max_tokens = 1, topk = 4, noise = 'vllm' }", &s, &lay) == 0)
+    CHECK(s.noise == KL_NOISE_VLLM, "noise not read back");
+  if (load_layout("return { name = 'g', vocab_size = 50257, tp = 1, dtype = 'fp16', "
+                  "max_tokens = 1, noise = 'philox' }", &s, &lay) == 0)
+    CHECK(s.noise == KL_NOISE_PHILOX, "noise philox not read back");
   /* out_dtype equal to dtype, scale 1, numerics alone: no epilogue */
   if (load_layout("return { name = 'g', vocab_size = 50257, tp = 1, dtype = 'fp16', "
                   "max_tokens = 1, out_dtype = 'fp16', scale = 1, numerics = 'engine' }", &s,
@@ -536,6 +543,10 @@ static void epilogue(void) {
   bad(SPEC(", out_dtype = 'fp16'"), "t.lua:1: out_dtype:", "neither \"fp32\" nor the input dtype \"bf16\"");
   bad(SPEC(", out_dtype = 32"), "t.lua:1: out_dtype:", "expected a string");
   bad(SPEC(", numerics = 'fast'"), "t.lua:1: numerics:", "not \"engine\" or \"fp32\"");
+  bad(SPEC(", topk = 8, noise = 'mt19937'"), "t.lua:1: noise:", "not \"philox\" or \"vllm\"");
+  bad(SPEC(", topk = 8, noise = 1"), "t.lua:1: noise:", "expected a string, got number");
+  bad(SPEC(", topk = 8, noise = ''"), "t.lua:1: noise:", "empty");
+  bad(SPEC(", noise = 'vllm'"), "t.lua:1: noise:", "'vllm' without topk");
   bad(SPEC(", softcapp = 30"), "t.lua:1: softcapp:", "did you mean 'softcap'");
 }
 

@@ -130,7 +130,7 @@ class TorchGather:
 
     TorchGather(*, vocab_size, padded_vocab, dtype, max_tokens, name,
     group=None, device=None, out_dtype=None, softcap=None, scale=1.0,
-    topk=0): what LogitsGather of the same fields returns, computed from a
+    topk=0, noise="philox"): what LogitsGather of the same fields returns, computed from a
     torch.distributed all-gather of the shards (any backend, gloo included):
 
     - g(shard, out=None): the rank-order concat, sliced to vocab_size, through the
@@ -143,14 +143,15 @@ class TorchGather:
     - g.topk(shard): the k largest, ties to the lowest column, NaN largest and
       canonical, values in fp32, and the log-sum-exp of the whole row;
     - g.sample(shard, temperature, ...): klgen.reference.sample of those
-      values, top_k at most k; a parameter outside the domain raises
+      values with the spec's noise, top_k at most k; a parameter outside the domain raises
       ValueError here (LogitsGather's device gives such a row token -1).
 
     max_tokens has no effect (there is no one-shot path); stats() counts calls.
     """
 
     def __init__(self, *, vocab_size, padded_vocab, dtype, max_tokens, name, group=None,
-                 device=None, out_dtype=None, softcap=None, scale=1.0, topk=0):
+                 device=None, out_dtype=None, softcap=None, scale=1.0, topk=0,
+                 noise="philox"):
         self.group = group if group is not None else dist.group.WORLD
         self.tp = dist.get_world_size(self.group)
         if padded_vocab % self.tp or not 0 < vocab_size <= padded_vocab:
@@ -159,7 +160,7 @@ class TorchGather:
         self.name, self.vocab_size, self.shard = name, vocab_size, padded_vocab // self.tp
         self.dtype, self.out_dtype = dtype, out_dtype or dtype
         self.max_tokens, self.device = max_tokens, device
-        self.softcap, self.scale, self.k = softcap, scale, topk
+        self.softcap, self.scale, self.k, self.noise = softcap, scale, topk, noise
         self.calls = 0
 
     def __call__(self, shard, out=None):
@@ -213,7 +214,7 @@ class TorchGather:
         reference.check_sampling_args(x.shape[0], self.vocab_size, x.device, temperature, top_k,
                                       top_p, min_p, seed, offset, logprobs, max_top_k=self.k)
         out = reference.sample(x, temperature, top_k, top_p, min_p, seed=seed, offset=offset,
-                               logprobs=logprobs)
+                               logprobs=logprobs, noise=self.noise)
         top = TopLogprobs(out.top_logprobs, out.top_indices) if logprobs else None
         return Sample(out.tokens, out.logprob if token_logprobs else None, top)
 

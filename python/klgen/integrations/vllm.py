@@ -571,7 +571,8 @@ class KlgenLogitsProcessor(LogitsProcessor):
 
     def _draw(self, lm_head, hidden_states, args, embedding_bias=None):
         logits = self._apply_head(lm_head, hidden_states, embedding_bias)
-        g = self._gathers().get("sample", logits, **self._spec(topk=MAX_TOPK))
+        # vLLM's noise: a seeded request draws vLLM's tokens on either path
+        g = self._gathers().get("sample", logits, **self._spec(topk=MAX_TOPK, noise="vllm"))
         if args is GREEDY:  # kl_argmax: kl_sample's greedy order, a lighter kernel
             return g.argmax(logits)
         return g.sample(logits, **args, token_logprobs=False).tokens

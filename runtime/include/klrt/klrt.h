@@ -135,11 +135,12 @@ typedef struct kl_config {
 
 /* What klgen's generated header carries (KL_<NAME>_GENERATED initializes it).
  * name and source must outlive kl_ctx_create_generated only. Headers of abi
- * 1 (no epilogue fields), 2 (no topk) and 3 (no launch shapes) are still
- * accepted where this runtime launches their kernels the way they were made:
- * one thread a chunk (no epilogue) and one split for both select kernels. */
+ * 1 (no epilogue fields), 2 (no topk), 3 (no launch shapes) and 4 (no noise:
+ * Philox) are still accepted where this runtime launches their kernels the
+ * way they were made: one thread a chunk (no epilogue) and one split for both
+ * select kernels. */
 typedef struct kl_generated {
-  int abi; /* 4 */
+  int abi; /* 5 */
   const char *name;
   long long vocab_size, pad_to, padded_vocab;
   int tp, dtype; /* 0 bf16, 1 fp16, 2 fp32 */
@@ -155,6 +156,8 @@ typedef struct kl_generated {
   /* abi 4: launch shapes the kernels were generated for */
   int chunk_threads;      /* one-shot threads per 16-byte chunk */
   int argmax_split, topk_split; /* select CTAs per rank row */
+  /* abi 5 */
+  int noise; /* kl_sample's noise: 0 Philox (klgen's), 1 vLLM's */
 } kl_generated;
 
 /* A group for nranks threads of this process (1..64). Thread-safe. */
@@ -311,8 +314,9 @@ typedef struct kl_info {
   long long buffer_bytes; /* one-shot receive memory per rank */
   int out_dtype, out_elem_bytes; /* out's element type: dtype, or 2 (fp32) with an epilogue */
   int topk;                      /* k of kl_topk; 0: the spec has none */
+  int noise;                     /* kl_sample's noise: 0 Philox (klgen's), 1 vLLM's */
 } kl_info;
-#define KL_INFO_INIT {sizeof(kl_info), "", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define KL_INFO_INIT {sizeof(kl_info), "", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* A spec's sizes from a file or a source string (no GPU needed; the spec
  * runs sandboxed); name as for kl_ctx_create_file. Thread-safe. */
