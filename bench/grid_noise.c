@@ -113,16 +113,25 @@ static int noise_section(const char *src, const char **start, size_t *len) {
   return 0;
 }
 
+/* The spec's noise (prelude.cuh.tmpl's NOISE), which the section reads. */
+static int spec_noise(const char *rendered) {
+  static const char key[] = "static constexpr int NOISE = ";
+  const char *p = strstr(rendered, key);
+  return p ? atoi(p + strlen(key)) : 0;
+}
+
 char *grid_noise_source(const char *rendered) {
   const char *sec;
   size_t n;
   if (noise_section(rendered, &sec, &n))
     die("noise reference", "the rendered source has no noise.cuh.tmpl section (#line ... "
                            "\"noise.cuh.tmpl\")");
-  size_t total = strlen(head) + n + strlen(kernels) + 1;
+  char noise[48];
+  snprintf(noise, sizeof noise, "static constexpr int NOISE = %d;\n", spec_noise(rendered));
+  size_t total = strlen(head) + strlen(noise) + n + strlen(kernels) + 1;
   char *src = malloc(total);
   if (!src) die("noise reference", "out of memory");
-  snprintf(src, total, "%s%.*s%s", head, (int)n, sec, kernels);
+  snprintf(src, total, "%s%s%.*s%s", head, noise, (int)n, sec, kernels);
   return src;
 }
 

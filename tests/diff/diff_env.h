@@ -92,8 +92,8 @@ typedef struct diff_env {
    * reference's noise and expf from the device (diff_device_noise) */
   void *h_params;
   size_t sample_area;
-  CUmodule smod;
-  CUfunction noise_fn;
+  CUmodule smod[2];
+  CUfunction noise_fn[2]; /* by the spec's noise: Philox's, vLLM's */
   CUdeviceptr tg, srow;
   float *h_tg;
   void *h_srow;
@@ -119,7 +119,7 @@ typedef struct diff_noise_row {
   float m;
   uint64_t seed, offset;
 } diff_noise_row;
-void diff_device_noise(diff_env *env, long long vocab, int rows);
+void diff_device_noise(diff_env *env, long long vocab, int rows, int noise);
 /* n bytes to dst on s: from src (device, or pinned host), or `fill` when src is NULL */
 CUresult diff_move(const diff_env *env, CUdeviceptr dst, const void *src, int fill, size_t n,
                    CUstream s);

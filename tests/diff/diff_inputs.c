@@ -112,7 +112,7 @@ static void sample_inputs(case_run *run, ref_step *ref, int tokens) {
                                  ref->sargs[r].temperature, env->h_targ + (size_t)r * (size_t)vocab);
     rows[r].m = isfinite(ref->sm[r]) ? ref->sm[r] : 0.f;
   }
-  diff_device_noise(env, vocab, tokens);
+  diff_device_noise(env, vocab, tokens, (int)run->c->spec.noise);
 }
 
 /* kl_sample's reference (diff_sample.c) on the values the gather delivers. */

@@ -326,10 +326,11 @@ void diff_device_tanh(diff_env *env, size_t n) {
 }
 
 /* The sampler's noise and expf as its kernel computes them: noise.cuh.tmpl
- * from a rendered spec, and a kernel over rows appended ("%s": the name). */
+ * from a rendered spec of each noise, and a kernel over rows appended ("%s":
+ * the name). */
 static const char noise_spec[] =
     "return { name = 'diff_noise', vocab_size = 64, tp = 1, dtype = 'fp32', max_tokens = 1, "
-    "topk = 1 }";
+    "topk = 1, noise = '%s' }";
 static const char noise_src[] =
     "\nusing namespace kl_%s;\n"
     "struct NoiseRow { float m; u64 seed, offset; };\n"
@@ -342,11 +343,12 @@ static const char noise_src[] =
     "  }\n"
     "}\n";
 
-static void load_noise(diff_env *env, const char *arch) {
+static void load_noise(diff_env *env, const char *arch, int noise) {
   kl_spec_list list;
   kl_err err;
-  char *all = NULL;
-  if (kl_spec_load_string("noise", noise_spec, strlen(noise_spec), NULL, &list, &err) == 0) {
+  char *all = NULL, spec[sizeof noise_spec + 8];
+  snprintf(spec, sizeof spec, noise_spec, noise == KL_NOISE_VLLM ? "vllm" : "philox");
+  if (kl_spec_load_string("noise", spec, strlen(spec), NULL, &list, &err) == 0) {
     all = spec_source_with(&list.v[0], noise_src, &err);
     kl_spec_list_free(&list);
   }
@@ -357,13 +359,13 @@ static void load_noise(diff_env *env, const char *arch) {
   }
   free(all);
   const kl_cu *cu = env->cu;
-  CU_CHECK(cu, cuModuleLoadData(&env->smod, bin.data));
-  CU_CHECK(cu, cuModuleGetFunction(&env->noise_fn, env->smod, "sample_noise"));
-  if (cu->cuFuncLoad) CU_CHECK(cu, cuFuncLoad(env->noise_fn));
+  CU_CHECK(cu, cuModuleLoadData(&env->smod[noise], bin.data));
+  CU_CHECK(cu, cuModuleGetFunction(&env->noise_fn[noise], env->smod[noise], "sample_noise"));
+  if (cu->cuFuncLoad) CU_CHECK(cu, cuFuncLoad(env->noise_fn[noise]));
   kl_binary_free(&bin);
 }
 
-void diff_device_noise(diff_env *env, long long vocab, int rows) {
+void diff_device_noise(diff_env *env, long long vocab, int rows, int noise) {
   const kl_cu *cu = env->cu;
   long long n = vocab * rows;
   void *args[] = {&env->targ, &env->srow, &vocab, &n, &env->tout, &env->tg};
@@ -371,7 +373,7 @@ void diff_device_noise(diff_env *env, long long vocab, int rows) {
   CU_CHECK(cu, cuMemcpyHtoDAsync(env->targ, env->h_targ, (size_t)n * 4, env->ts));
   CU_CHECK(cu, cuMemcpyHtoDAsync(env->srow, env->h_srow, (size_t)rows * sizeof(diff_noise_row),
                                  env->ts));
-  CU_CHECK(cu, cuLaunchKernel(env->noise_fn, 1024, 1, 1, 256, 1, 1, 0, env->ts, args, NULL));
+  CU_CHECK(cu, cuLaunchKernel(env->noise_fn[noise], 1024, 1, 1, 256, 1, 1, 0, env->ts, args, NULL));
   CU_CHECK(cu, cuMemcpyDtoHAsync(env->h_tout, env->tout, (size_t)n * 4, env->ts));
   CU_CHECK(cu, cuMemcpyDtoHAsync(env->h_tg, env->tg, (size_t)n * 4, env->ts));
   CU_CHECK(cu, cuStreamSynchronize(env->ts));
@@ -429,7 +431,8 @@ static void setup(diff_env *env, const char *arch) {
   CU_CHECK(cu, cuMemAlloc(&env->srow, DIFF_MAX_ROWS * sizeof(diff_noise_row)));
   env->h_tg = pinned(cu, (size_t)DIFF_ELEM_BUDGET * 4);
   env->h_srow = pinned(cu, DIFF_MAX_ROWS * sizeof(diff_noise_row));
-  load_noise(env, arch);
+  load_noise(env, arch, KL_NOISE_PHILOX);
+  load_noise(env, arch, KL_NOISE_VLLM);
   kl_binary bin;
   kl_err err;
   if (kl_nvrtc_compile(util_src, "gpu_diff_util", arch, &bin, &err)) {
