@@ -234,7 +234,8 @@ def _vllm_log1p_neg(u):
     for d in (7, 6, 5, 4, 3, 2, 1):
         poly = torch.tensor(1.0 / d, dtype=f32) + u * poly
     series = -u * poly
-    direct = torch.log(torch.clamp(1.0 - u, min=torch.tensor(2.0 ** -24, dtype=f32)))
+    direct = torch.log(torch.clamp(1.0 - u, min=torch.tensor(2.0 ** -24, dtype=f32,
+                                                             device=u.device)))
     return torch.where(u < 0.25, series, direct)
 
 
