@@ -364,9 +364,8 @@ static void spec_noise(const gpu *g) {
   const size_t b32 = 4 * (size_t)n;
   uint64_t *s = malloc(8 * (size_t)n), *o = malloc(8 * (size_t)n), *c = malloc(8 * (size_t)n);
   uint32_t *word = malloc(b32);
-  float *gv = malloc(b32), *bd = malloc(b32), *fu = malloc(b32), *fi = malloc(b32),
-        *fg = malloc(b32), *fb = malloc(b32);
-  if (!s || !o || !c || !word || !gv || !bd || !fu || !fi || !fg || !fb) exit(1);
+  float *gv = malloc(b32), *bd = malloc(b32), *fg = malloc(b32), *fb = malloc(b32);
+  if (!s || !o || !c || !word || !gv || !bd || !fg || !fb) exit(1);
   make_cases(s, o, c, n);
   words_of(g, 7, s, o, c, n, word, gv, bd);
   CUdeviceptr dx = gpu_to_device(g->cu, word, b32), du = gpu_to_device(g->cu, NULL, b32),
@@ -390,7 +389,7 @@ static void spec_noise(const gpu *g) {
   CHECK(bad == 0, "%d of %d columns: the spec's noise is not %s's", bad, n,
         g->noise ? "vLLM" : "Philox");
   printf("spec noise: %s, %d columns\n", g->noise ? "vllm" : "philox", n);
-  free(s), free(o), free(c), free(word), free(gv), free(bd), free(fu), free(fi), free(fg), free(fb);
+  free(s), free(o), free(c), free(word), free(gv), free(bd), free(fg), free(fb);
 }
 
 int main(int argc, char **argv) {
