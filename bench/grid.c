@@ -107,8 +107,7 @@ typedef struct grid {
   int32_t *fi_token[3];  /* plain, filtered, minp */
   /* per-row parameters, max_rows each */
   float *warm, *cold, *top_p, *min_p;
-  int64_t *top_k;
-  int32_t *top_k32;
+  int32_t *top_k;
   uint64_t *seed, *offset;
   cell cells[MAX_TOK];
   FILE *csv;
@@ -305,11 +304,11 @@ static void references(grid *g) {
 static void alloc_params(grid *g) {
   const size_t n = (size_t)g->max_rows;
   const float warm = TEMPERATURE, cold = 0.f, top_p = TOP_P, min_p = MIN_P;
-  const int64_t top_k = TOP_K, zero = 0;
-  const int32_t top_k32 = TOP_K;
+  const int32_t top_k = TOP_K;
+  const int64_t zero = 0;
   g->warm = bench_dev_fill(n, 4, &warm), g->cold = bench_dev_fill(n, 4, &cold);
   g->top_p = bench_dev_fill(n, 4, &top_p), g->min_p = bench_dev_fill(n, 4, &min_p);
-  g->top_k = bench_dev_fill(n, 8, &top_k), g->top_k32 = bench_dev_fill(n, 4, &top_k32);
+  g->top_k = bench_dev_fill(n, 4, &top_k);
   g->offset = bench_dev_fill(n, 8, &zero);
   uint64_t *seeds = malloc(8 * n);
   if (!seeds) die("klbench", "out of memory");
@@ -380,8 +379,9 @@ static void close_setting(grid *g) {
 
 static kl_result sample(grid *g, const float *t, int filter, int64_t *token, int T) {
   const int f = filter == G_FILTERED, m = filter == G_MINP;
-  kl_sampling p = {t, f ? g->top_k : NULL, f ? g->top_p : NULL, m ? g->min_p : NULL, g->seed,
-                   g->offset};
+  kl_sampling p = KL_SAMPLING_INIT;
+  p.temperature = t, p.seed = g->seed, p.offset = g->offset;
+  p.top_k = f ? g->top_k : NULL, p.top_p = f ? g->top_p : NULL, p.min_p = m ? g->min_p : NULL;
   return kl_sample(g->ctx[S_SAMPLE], g->in, &p, token, NULL, NULL, NULL, 0, T, g->R.s);
 }
 
@@ -415,7 +415,7 @@ static const char *run_variant(grid *g, int v, int T) {
       fr = g->fi.kl_fi_plain(g->fih, g->in, T, g->warm, g->seed, g->offset, g->fi_token[0], st);
       break;
     case V_FI_FILTERED:
-      fr = g->fi.kl_fi_filtered(g->fih, g->in, T, g->warm, g->top_k32, g->top_p, g->seed,
+      fr = g->fi.kl_fi_filtered(g->fih, g->in, T, g->warm, g->top_k, g->top_p, g->seed,
                                 g->offset, g->fi_token[1], st);
       break;
     case V_FI_MINP:

@@ -36,7 +36,8 @@ struct sample_bench {
 struct sample_rank {
   kl_ctx *ctx;
   float *warm, *cold, *top_p; /* temperature 0.7 and 0 per row, top_p 0.9 */
-  int64_t *top_k, *seed, *offset;
+  int32_t *top_k;
+  int64_t *seed, *offset;
   int64_t *token[3], *index; /* filtered, plain, greedy; kl_argmax's */
   float *value;
 };
@@ -46,11 +47,12 @@ static void alloc_sample(rank *R) {
   struct sample_rank *S = R->smp;
   const size_t n = (size_t)R->b->tokens[R->b->ntok - 1];
   const float warm = 0.7f, cold = 0.0f, top_p = 0.9f;
-  const int64_t top_k = 50, zero = 0;
+  const int32_t top_k = 50;
+  const int64_t zero = 0;
   S->warm = bench_dev_fill(n, 4, &warm);
   S->cold = bench_dev_fill(n, 4, &cold);
   S->top_p = bench_dev_fill(n, 4, &top_p);
-  S->top_k = bench_dev_fill(n, 8, &top_k);
+  S->top_k = bench_dev_fill(n, 4, &top_k);
   S->offset = bench_dev_fill(n, 8, &zero);
   int64_t *seeds = malloc(8 * n);
   for (size_t i = 0; i < n; i++) seeds[i] = (int64_t)i + 1;
@@ -64,8 +66,11 @@ static void alloc_sample(rank *R) {
 
 static void draw(rank *R, const float *temperature, int filtered, int64_t *token, int T) {
   struct sample_rank *S = R->smp;
-  kl_sampling p = {temperature, filtered ? S->top_k : NULL, filtered ? S->top_p : NULL, NULL,
-                   (const uint64_t *)S->seed, (const uint64_t *)S->offset};
+  kl_sampling p = KL_SAMPLING_INIT;
+  p.temperature = temperature;
+  p.top_k = filtered ? S->top_k : NULL;
+  p.top_p = filtered ? S->top_p : NULL;
+  p.seed = (const uint64_t *)S->seed, p.offset = (const uint64_t *)S->offset;
   KL(kl_sample(S->ctx, select_shard(R), &p, token, NULL, NULL, NULL, 0, T, R->s));
 }
 

@@ -60,7 +60,12 @@ kl_result kl_topk(kl_ctx *c, const void *shard, int64_t *index, float *value, fl
 kl_result kl_sample(kl_ctx *c, const void *shard, const kl_sampling *params, int64_t *token,
                     float *logprob, int64_t *top_index, float *top_logprob, int n_top, int tokens,
                     kl_stream stream) {
-  kl_sample_call x = {params, n_top};
+  kl_sample_call x = {.n_top = n_top};
+  if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_sample: ctx is NULL");
+  if (!params) return kl_rt_fail(KLRT_EINVAL, "kl_sample: params is NULL");
+  kl_result res = kl_read_input(&x.p, sizeof x.p, params, "kl_sample", "params", "kl_sampling",
+                                "KL_SAMPLING_INIT");
+  if (res) return res;
   kl_call k = {.route = &kl_sample_route, .in = shard, .tokens = tokens, .extra = &x,
                .out = {{token, 0, KL_ARG_TOKEN}, {logprob, 0, KL_ARG_LOGPROB},
                        {top_index, 0, KL_ARG_TOP_INDEX}, {top_logprob, 0, KL_ARG_TOP_LOGPROB}}};

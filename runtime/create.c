@@ -80,27 +80,6 @@ kl_result kl_check_environment(void) {
   return KLRT_OK;
 }
 
-/* The caller's kl_config as this library knows it: a smaller one is from no
- * version that exists; a larger one (a newer header) is accepted if the
- * fields this library does not know are zero. */
-static kl_result read_config(const kl_config *in, kl_config *out, const char *fn) {
-  if (in->size < sizeof *out) {
-    if (in->size == 0)
-      return kl_rt_fail(KLRT_EINVAL, "%s: cfg->size is 0: initialize it with KL_CONFIG_INIT "
-                        "(or set it to sizeof(kl_config))", fn);
-    return kl_rt_fail(KLRT_EINVAL, "%s: cfg->size is %zu, less than sizeof(kl_config) %zu", fn,
-                      in->size, sizeof *out);
-  }
-  const unsigned char *extra = (const unsigned char *)in + sizeof *out;
-  for (size_t i = 0; i < in->size - sizeof *out; i++)
-    if (extra[i])
-      return kl_rt_fail(KLRT_EINVAL, "%s: cfg sets fields this libklrt (%s) does not know", fn,
-                        KLRT_VERSION);
-  *out = *in;
-  out->size = sizeof *out;
-  return KLRT_OK;
-}
-
 /* The host's NCCL, for a context given a communicator (NULL otherwise). */
 static kl_result nccl_for(const kl_config *cfg, const kl_nccl_api **api) {
   *api = NULL;
@@ -367,7 +346,8 @@ static kl_result create_named(kl_ctx **ctx, const char *path, const char *src, c
     if (!(ctx)) return kl_rt_fail(KLRT_EINVAL, "%s: ctx is NULL", __func__);            \
     *(ctx) = NULL;                                                                      \
     if (!(cfg_in)) return kl_rt_fail(KLRT_EINVAL, "%s: cfg is NULL", __func__);         \
-    kl_result r_ = read_config(cfg_in, &cfg_copy_, __func__);                           \
+    kl_result r_ = kl_read_input(&cfg_copy_, sizeof cfg_copy_, cfg_in, __func__, "cfg",   \
+                                  "kl_config", "KL_CONFIG_INIT");                     \
     if (!r_) r_ = kl_check_environment();                                               \
     if (r_) return r_;                                                                  \
   } while (0)

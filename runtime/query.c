@@ -5,7 +5,8 @@
 
 #include "rt.h"
 
-/* Copies a result struct into the caller's, as much as its size says. */
+/* Copies a result struct into the caller's, as much as its size says
+ * (sized.c reads an input struct). */
 static kl_result write_out(void *dst, const void *src, size_t src_size, const char *what) {
   size_t n = *(const size_t *)dst;
   if (n < sizeof(size_t))

@@ -42,6 +42,12 @@
 
 /* ---- err.c ---- */
 kl_result kl_rt_fail(kl_result r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* sized.c: the caller's size-prefixed input struct `src` as this library
+ * knows it, into dst (dst_size bytes): a smaller one is from no version
+ * that exists; a larger one (a newer header) is accepted if the fields this
+ * library does not know are zero. what, type, init name it in messages. */
+kl_result kl_read_input(void *dst, size_t dst_size, const void *src, const char *fn,
+                        const char *what, const char *type, const char *init);
 int kl_log_enabled(void);
 void kl_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -152,7 +158,8 @@ enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
 typedef enum kl_arg { KL_ARG_SHARD, KL_ARG_OUT, KL_ARG_INDEX, KL_ARG_VALUE, KL_ARG_LSE,
                       KL_ARG_TOKEN, KL_ARG_LOGPROB, KL_ARG_TOP_INDEX, KL_ARG_TOP_LOGPROB,
                       KL_ARG_TEMPERATURE, KL_ARG_TOP_K, KL_ARG_TOP_P, KL_ARG_MIN_P, KL_ARG_SEED,
-                      KL_ARG_OFFSET, KL_ARG_COUNT } kl_arg;
+                      KL_ARG_OFFSET, KL_ARG_STATE_ROWS, KL_ARG_OFFSET_ROWS,
+                      KL_ARG_COUNT } kl_arg;
 /* Device buffers a context grows and keeps (kl_ensure): each one's name in
  * messages is kept beside it in dispatch.c. */
 typedef enum kl_buf_id {
@@ -210,8 +217,10 @@ typedef struct kl_route {
   kl_result (*nccl)(kl_ctx *c, kl_call *k, CUstream s);
 } kl_route;
 /* kl_sample's arguments beside its outputs (kl_call.extra). */
+/* select.c: kl_sample's parameters as the samplers read them. */
+kl_row_params kl_row_params_of(const kl_sampling *p);
 typedef struct kl_sample_call {
-  const kl_sampling *p;
+  kl_sampling p; /* the caller's, as this library knows it (kl_read_input) */
   int n_top;
 } kl_sample_call;
 struct kl_call {

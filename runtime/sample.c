@@ -17,6 +17,7 @@
  * depends on which arguments are NULL and on the path, alike on every
  * rank. */
 #include <stdint.h>
+#include <stdio.h>
 
 #include "rt.h"
 
@@ -43,42 +44,85 @@ static kl_result has_topk(const kl_ctx *c) {
                     "the sampler's capacity for top-n logprobs)", c->spec.name);
 }
 
+/* An index array's table count and entry width: the count given exactly
+ * with it, >= 1; the width 0, 32 or 64 (0 and 64: int64), 32 only with it. */
+static kl_result check_index(const void *rows, int64_t n, int bits, const char *rows_name,
+                             const char *n_name) {
+  if (!rows && n)
+    return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s is %lld without params->%s", n_name,
+                      (long long)n, rows_name);
+  if (rows && n < 1)
+    return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s is %lld (must be >= 1 with "
+                      "params->%s)", n_name, (long long)n, rows_name);
+  if (bits != 0 && bits != 64 && (bits != 32 || !rows))
+    return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s_bits is %d (must be 64, or 0, or 32 "
+                      "with params->%s)", rows_name, bits, rows_name);
+  return KLRT_OK;
+}
+
+/* One parameter array of `entries` elements of elem bytes (a table of
+ * params->`count` entries, or with count NULL one a row): aligned, on this
+ * GPU within its allocation, and apart from the outputs as measured (the
+ * sampler reads it while it writes those). */
+static kl_result check_array(kl_ctx *c, const kl_call *k, const void *p, size_t elem,
+                             int64_t entries, const char *count, kl_arg arg) {
+  /* the kernels load them as 4- and 8-byte words: a misaligned load would
+   * end the process's CUDA context, not just this call (checked first, as
+   * the outputs are: the more telling message when both hold) */
+  if ((uintptr_t)p % elem)
+    return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s is not %zu-byte aligned",
+                      kl_arg_name(arg), elem);
+  const size_t bytes = elem * (size_t)entries;
+  kl_result res = kl_check_ptr(c, k, p, bytes, arg);
+  if (res && count) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", kl_last_error());
+    return kl_rt_fail(res, "%s (a table of params->%s = %lld entries)", why, count,
+                      (long long)entries);
+  }
+  if (res) return res;
+  for (int o = 0; o < 4; o++)
+    if (k->out[o].p && kl_overlaps((uintptr_t)p, bytes, (uintptr_t)k->out[o].p, k->out[o].bytes))
+      return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s overlaps %s", kl_arg_name(arg),
+                        kl_arg_name(k->out[o].arg));
+  return KLRT_OK;
+}
+
 /* n_top and its outputs agree; the parameter arrays: temperature required,
- * the others NULL, on this GPU, [tokens] within their allocations, and
- * apart from the outputs as measured (the sampler reads them while it
- * writes those). */
+ * the others NULL or checked by check_array, the per-request ones for
+ * `states` entries with state_rows, offset for `offsets` with offset_rows. */
 static kl_result check(kl_ctx *c, const kl_call *k) {
   const kl_sample_call *x = k->extra;
-  const kl_sampling *p = x->p;
+  const kl_sampling *p = &x->p;
   if (x->n_top < 0 || x->n_top > c->spec.topk)
     return kl_rt_fail(KLRT_EINVAL, "kl_sample: n_top is %d (must be 0..%d, the spec's topk)",
                       x->n_top, c->spec.topk);
   if ((x->n_top > 0) != (k->out[2].p != NULL) || (!x->n_top && k->out[3].p))
     return kl_rt_fail(KLRT_EINVAL, "kl_sample: top_index must be given exactly when n_top > 0, "
                       "and top_logprob only then");
-  if (!p) return kl_rt_fail(KLRT_EINVAL, "kl_sample: params is NULL");
   if (!p->temperature) return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->temperature is NULL");
-  const void *arrays[] = {p->temperature, p->top_k, p->top_p, p->min_p, p->seed, p->offset};
-  const size_t elem[] = {4, 8, 4, 4, 8, 8};
-  for (int i = 0; i < 6; i++) {
-    if (!arrays[i]) continue;
-    /* the kernels load them as floats and 64-bit words: a misaligned load
-     * would end the process's CUDA context, not just this call (checked
-     * first, as the outputs are: the more telling message when both hold) */
-    if ((uintptr_t)arrays[i] % elem[i])
-      return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s is not %zu-byte aligned",
-                        kl_arg_name((kl_arg)(KL_ARG_TEMPERATURE + i)), elem[i]);
-    kl_result res = kl_check_ptr(c, k, arrays[i], elem[i] * (size_t)k->tokens,
-                                 (kl_arg)(KL_ARG_TEMPERATURE + i));
-    if (res) return res;
-    for (int o = 0; o < 4; o++)
-      if (k->out[o].p && kl_overlaps((uintptr_t)arrays[i], elem[i] * (size_t)k->tokens,
-                                     (uintptr_t)k->out[o].p, k->out[o].bytes))
-        return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s overlaps %s",
-                          kl_arg_name((kl_arg)(KL_ARG_TEMPERATURE + i)),
-                          kl_arg_name(k->out[o].arg));
-  }
-  return KLRT_OK;
+  kl_result res = check_index(p->state_rows, p->states, p->state_rows_bits, "state_rows",
+                              "states");
+  if (!res)
+    res = check_index(p->offset_rows, p->offsets, p->offset_rows_bits, "offset_rows", "offsets");
+  if (res) return res;
+  const char *st = p->state_rows ? "states" : NULL, *of = p->offset_rows ? "offsets" : NULL;
+  const int64_t per_state = st ? p->states : k->tokens, per_offset = of ? p->offsets : k->tokens;
+  const struct {
+    const void *p;
+    size_t elem;
+    int64_t entries;
+    const char *count;
+  } arrays[] = {{p->temperature, 4, per_state, st}, {p->top_k, 4, per_state, st},
+                {p->top_p, 4, per_state, st},       {p->min_p, 4, per_state, st},
+                {p->seed, 8, per_state, st},        {p->offset, 8, per_offset, of},
+                {p->state_rows, p->state_rows_bits == 32 ? 4 : 8, k->tokens, NULL},
+                {p->offset_rows, p->offset_rows_bits == 32 ? 4 : 8, k->tokens, NULL}};
+  for (int i = 0; i < 8 && !res; i++)
+    if (arrays[i].p)
+      res = check_array(c, k, arrays[i].p, arrays[i].elem, arrays[i].entries, arrays[i].count,
+                        (kl_arg)(KL_ARG_TEMPERATURE + i));
+  return res;
 }
 
 /* The scratch rows for k's tokens (gathered, or a row the candidates cannot
@@ -122,7 +166,6 @@ static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
  * (`oneshot`) or NCCL's. */
 static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   const kl_sample_call *x = k->extra;
-  const kl_sampling *p = x->p;
   /* with top-n logprobs no row is sliced (sample.cu.tmpl sliced_row) */
   const int sliced = x->n_top == 0;
   kl_slice_result *results =
@@ -132,9 +175,8 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
    * NCCL's rows are results, fault or not, on every rank alike. */
   const unsigned long long *fault = oneshot && c->recv ? kl_fault_word(c) : NULL;
   c->kern[KL_K_SAMPLE].prm.sample = (kl_sample_args){
-      (const void *)c->buf[KL_BUF_SAMPLE].p, p->temperature, (const long long *)p->top_k,
-      p->top_p, p->min_p, (const unsigned long long *)p->seed,
-      (const unsigned long long *)p->offset, (long long *)k->out[0].p, k->out[1].p,
+      (const void *)c->buf[KL_BUF_SAMPLE].p, kl_row_params_of(&x->p), (long long *)k->out[0].p,
+      k->out[1].p,
       (long long *)k->out[2].p, k->out[3].p, fault, results, arrived,
       k->tokens, x->n_top, 1, (long long)c->spec.vocab_size};
   kl_sample_args *a = &c->kern[KL_K_SAMPLE].prm.sample;
@@ -150,7 +192,7 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
 }
 
 static int has_filters(const kl_call *k) {
-  const kl_sampling *p = ((const kl_sample_call *)k->extra)->p;
+  const kl_sampling *p = &((const kl_sample_call *)k->extra)->p;
   return p->top_k || p->top_p || p->min_p;
 }
 

@@ -22,6 +22,21 @@ static kl_result launched(CUresult r, const char *what) {
   return kl_rt_fail(KLRT_ECUDA, "launching the select kernel (%s): %s", what, kl_cu_errstr(r));
 }
 
+kl_row_params kl_row_params_of(const kl_sampling *p) {
+  return (kl_row_params){p->temperature,
+                         (const int *)p->top_k,
+                         p->top_p,
+                         p->min_p,
+                         (const unsigned long long *)p->seed,
+                         (const unsigned long long *)p->offset,
+                         p->state_rows,
+                         p->offset_rows,
+                         (long long)p->states,
+                         (long long)p->offsets,
+                         p->state_rows_bits == 32 ? 32 : 64,
+                         p->offset_rows_bits == 32 ? 32 : 64};
+}
+
 /* The call's args in kernel id's parameter, for mode; no step state (the
  * one-shot mode adds it). The shard sampler's outputs are kl_sample's token
  * and logprob (out[0], out[1], set as index and value, whose places the
@@ -32,19 +47,12 @@ static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mo
                         .value = k->out[1].p, .lse = k->out[2].p, .tokens = k->tokens,
                         .rank = c->rank, .mode = mode, .subparts = 1};
   if (id == KL_K_SHARDS || id == KL_K_SHARDS_FILTERED) {
-    const kl_sampling *p = ((const kl_sample_call *)k->extra)->p;
-    a->temperature = p->temperature;
-    a->seed = (const unsigned long long *)p->seed;
-    a->offset = (const unsigned long long *)p->offset;
+    a->params = kl_row_params_of(&((const kl_sample_call *)k->extra)->p);
     /* filters only one-shot (sample.c): the rows they cannot decide are
      * copied into the sample scratch from the peers' staged rows and
      * sampled there */
-    if (id == KL_K_SHARDS_FILTERED) {
-      a->top_k = (const long long *)p->top_k;
-      a->top_p = p->top_p;
-      a->min_p = p->min_p;
-      a->whole_rows = (void *)c->buf[KL_BUF_SAMPLE].p;
-    }
+    if (id == KL_K_SHARDS_FILTERED) a->whole_rows = (void *)c->buf[KL_BUF_SAMPLE].p;
+    else a->params.top_k = NULL, a->params.top_p = a->params.min_p = NULL;
   }
   return a;
 }

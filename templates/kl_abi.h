@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 12
+#define KL_ABI_VERSION 13
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -79,6 +79,22 @@ typedef struct kl_relayout_args {
   int reserved;
 } kl_relayout_args;
 
+/* kl_sample's per-row parameters (klrt.h's kl_sampling), as both samplers
+ * read them: row t's temperature, top_k, top_p, min_p and seed at entry t,
+ * or state_rows[t] of `states` entries; its offset at t, or offset_rows[t]
+ * of `offsets` entries (index arrays of 32- or 64-bit entries, as their
+ * `_bits` say); an index outside its table makes the row's parameters
+ * outside the domain. NULL but temperature: off. */
+typedef struct kl_row_params {
+  const float *temperature;
+  const int *top_k;
+  const float *top_p, *min_p;
+  const unsigned long long *seed, *offset;
+  const void *state_rows, *offset_rows;
+  long long states, offsets;
+  int state_rows_bits, offset_rows_bits; /* 32 or 64 */
+} kl_row_params;
+
 /* The select kernels' parameter (kl_argmax, kl_topk, and kl_sample's shard
  * sampler): these fields, then peers[TP] as for the one-shot kernel. mode 0:
  * one-shot (reduce, exchange candidates through the peers' buffers, merge);
@@ -86,7 +102,7 @@ typedef struct kl_relayout_args {
  * merge only, from rec ([TP, tokens, SPLIT] records: ncclAllGather's
  * layout). The shard sampler writes token and logprob, [tokens] each (in
  * the places of the others' index and value), and reads the rows'
- * parameters (kl_sample_args' arrays); the others leave them NULL. With whole_rows (one-shot only) the
+ * parameters (params); the others leave them NULL. With whole_rows (one-shot only) the
  * call has filters: each part stages its rank row and sends its candidates
  * too, and a row they cannot decide is copied whole from every rank's
  * staged rows into whole_rows, where the CTA that merged it samples it. */
@@ -105,10 +121,7 @@ typedef struct kl_select_args {
   unsigned long long *fault; /* this rank's copy of the group's fault word */
   unsigned long long *slots; /* the select kernels' step slots (after the one-shot's) */
   void *rec;                 /* modes 1 and 2 */
-  const float *temperature;  /* the shard sampler's [tokens] */
-  const unsigned long long *seed, *offset; /* the shard sampler's [tokens], or NULL (0) */
-  const long long *top_k;    /* the shard sampler's filters, [tokens] or NULL (off) */
-  const float *top_p, *min_p;
+  kl_row_params params;      /* the shard sampler's; filters only with whole_rows */
   void *whole_rows;          /* [tokens, VOCAB] (out dtype), or NULL: no filters */
   int tokens, rank, nslots, mode;
   /* The shard sampler without filters, one-shot: this call's subparts of
@@ -135,10 +148,8 @@ typedef struct kl_select_args {
 #define KL_SELECT_MERGE 2
 
 /* kl_sample's row sampler: the gathered logits and per-row parameters in,
- * a token per row out (kl_sample's gathering path: it reads whole rows). Parameter
- * arrays are [tokens]: temperature (0: greedy), top_k (0: off), top_p (1:
- * off), min_p (0: off), seed and offset (64-bit); NULL but temperature: off
- * (seed and offset 0). A greedy or plain-temperature row may be sliced, a
+ * a token per row out (kl_sample's gathering path: it reads whole rows;
+ * params as kl_row_params says). A greedy or plain-temperature row may be sliced, a
  * CTA a slice (up to SAMPLE_SLICES), each leaving its slice's result; the
  * last to finish merges them and sets arrived[row] back to 0 (zeroed at
  * allocation). */
@@ -149,10 +160,7 @@ typedef struct kl_slice_result {
 } kl_slice_result;
 typedef struct kl_sample_args {
   const void *logits;             /* [tokens, VOCAB], the spec's out dtype */
-  const float *temperature;
-  const long long *top_k;
-  const float *top_p, *min_p;
-  const unsigned long long *seed, *offset;
+  kl_row_params params;
   long long *token;               /* [tokens] */
   float *logprob;                 /* [tokens], or NULL */
   long long *top_index;           /* [tokens, n_top], or NULL */
@@ -175,8 +183,9 @@ KL_ABI_ASSERT(sizeof(kl_state) == 64, "kl_state is 64 bytes: the step slots foll
 KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit ABI");
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
-KL_ABI_ASSERT(sizeof(kl_select_args) == 144, "peers[] follow kl_select_args at byte 144");
+KL_ABI_ASSERT(sizeof(kl_row_params) == 88, "kl_row_params layout");
+KL_ABI_ASSERT(sizeof(kl_select_args) == 184, "peers[] follow kl_select_args at byte 184");
 KL_ABI_ASSERT(sizeof(kl_slice_result) == 32, "kl_slice_result layout");
-KL_ABI_ASSERT(sizeof(kl_sample_args) == 136, "kl_sample_args layout");
+KL_ABI_ASSERT(sizeof(kl_sample_args) == 176, "kl_sample_args layout");
 
 #endif

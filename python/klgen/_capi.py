@@ -68,10 +68,16 @@ class Config(ctypes.Structure):
 
 
 class Sampling(ctypes.Structure):
-    """kl_sampling: device pointers to per-row arrays (NULL but temperature: off)."""
+    """kl_sampling: device pointers to the parameters (NULL but temperature:
+    off), and the tables' index arrays with their counts."""
 
-    _fields_ = [(name, ctypes.c_void_p)
-                for name in ("temperature", "top_k", "top_p", "min_p", "seed", "offset")]
+    _fields_ = ([("size", ctypes.c_size_t)]
+                + [(name, ctypes.c_void_p)
+                   for name in ("temperature", "top_k", "top_p", "min_p", "seed", "offset",
+                                "state_rows")]
+                + [("states", ctypes.c_int64), ("offset_rows", ctypes.c_void_p),
+                   ("offsets", ctypes.c_int64), ("state_rows_bits", ctypes.c_int),
+                   ("offset_rows_bits", ctypes.c_int)])
 
 
 class Stats(ctypes.Structure):

@@ -257,7 +257,7 @@ class LogitsGather:
     # ---- sampling: the vocabulary's rows drawn, as klgen.reference.sample ----
 
     def sample(self, shard, temperature, top_k=None, top_p=None, min_p=None, *, seed=0,
-               offset=0, logprobs=0, token_logprobs=True):
+               offset=0, state_rows=None, offset_rows=None, logprobs=0, token_logprobs=True):
         """A Sample of each row: temperature, min-p, top-k, top-p and a
         Gumbel-max draw keyed by (seed, offset, column), as
         klgen.reference.sample defines it (a spec with topk = K), with the
@@ -267,16 +267,22 @@ class LogitsGather:
         device (one per row; what a CUDA graph replays with new values):
         temperature >= 0 (0: greedy), top_k 0..K or >= vocab_size (0 and
         None: off), top_p in (0, 1], min_p in [0, 1], seed and offset 64-bit
-        ints (int64 tensors). Numbers are checked here (but float ones under
+        ints (int64 tensors). state_rows (int32 or int64 [tokens]): tensor
+        temperature, top_k, top_p, min_p and seed are per-request tables of
+        one length instead, row t reading entry state_rows[t]; offset_rows
+        (likewise) for a tensor offset (vLLM's sampling states with
+        its idx_mapping, its positions with logits_indices: no index or cast
+        kernel a step). Numbers are checked here (but float ones under
         torch.compile); a tensor's values are checked on the device, where a
-        row outside the domain gets token -1 and NaN logprobs. logprobs: n
+        row outside the domain (or an index outside its table) gets token -1
+        and NaN logprobs. logprobs: n
         top logprobs, 0..K. token_logprobs=False: no logprob of the tokens
         (Sample.logprobs is None), and the sampler skips the sums it needs."""
         if not self.k:
             raise Error(f"spec '{self.name}' has no topk field (add topk = K to it)")
         self._check(shard, None)
         params = _sampling_args(self, shard.shape[0], temperature, top_k, top_p, min_p, seed,
-                                offset, logprobs)
+                                offset, state_rows, offset_rows, logprobs)
         want = bool(token_logprobs)
         if not torch.compiler.is_compiling():
             token, lp, values, indices = self._sample(shard, *params, logprobs, want)
@@ -286,7 +292,8 @@ class LogitsGather:
         return Sample(token, lp if want else None,
                       TopLogprobs(values, indices) if logprobs else None)
 
-    def _sample(self, shard, temperature, top_k, top_p, min_p, seed, offset, n, want=True):
+    def _sample(self, shard, temperature, top_k, top_p, min_p, seed, offset, state_rows,
+                offset_rows, n, want=True):
         shard = shard.contiguous()
         tokens = shard.shape[0]
         token = torch.empty((tokens,), dtype=torch.int64, device=self.device)
@@ -294,8 +301,13 @@ class LogitsGather:
         values = torch.empty((tokens, n), dtype=torch.float32, device=self.device)
         indices = torch.empty((tokens, n), dtype=torch.int64, device=self.device)
         # None (off) is NULL, which kl_sample reads as off without a tensor
-        p = _capi.Sampling(*(None if t is None else t.data_ptr()
-                             for t in (temperature, top_k, top_p, min_p, seed, offset)))
+        ptrs = [None if t is None else t.data_ptr()
+                for t in (temperature, top_k, top_p, min_p, seed, offset, state_rows)]
+        bits = [8 * t.element_size() if t is not None else 0 for t in (state_rows, offset_rows)]
+        p = _capi.Sampling(ctypes.sizeof(_capi.Sampling), *ptrs,
+                           0 if state_rows is None else temperature.shape[0],
+                           None if offset_rows is None else offset_rows.data_ptr(),
+                           0 if offset_rows is None else offset.shape[0], *bits)
         _capi.check(_capi.lib.kl_sample(
             self._ctx, shard.data_ptr(), ctypes.byref(p), token.data_ptr(),
             lp.data_ptr() if want else None,
@@ -461,7 +473,7 @@ def _(shard, handle):
 
 # ---- sampling's arguments ----
 
-_PER_ROW = (("temperature", torch.float32), ("top_k", torch.int64), ("top_p", torch.float32),
+_PER_ROW = (("temperature", torch.float32), ("top_k", torch.int32), ("top_p", torch.float32),
             ("min_p", torch.float32), ("seed", torch.int64), ("offset", torch.int64))
 _OFF = {"temperature": None, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0, "offset": 0}
 
@@ -509,60 +521,107 @@ def _number(name, value, g):
 
 
 def _sampling_args(g, tokens, *values):
-    """The six per-row parameters of g.sample's arguments (the last of values
-    is logprobs): numbers checked here, tensors for dtype, shape and device
-    (their values on the device). A parameter that is off (None, or a number
-    whose value is the off one) is None, which kl_sample takes as NULL: a
-    call with temperature alone fills one tensor, not six."""
-    *params, logprobs = values
+    """kl_sampling's arrays from g.sample's arguments (the last of values is
+    logprobs, the two before it state_rows and offset_rows): numbers checked
+    here, tensors for dtype, shape and device (their values on the device).
+    A parameter that is off (None, or a number whose value is the off one)
+    is None, which kl_sample takes as NULL: a call with temperature alone
+    fills one tensor, not six. Returns the six, then state_rows and
+    offset_rows."""
+    *params, state_rows, offset_rows, logprobs = values
     if isinstance(logprobs, bool) or not isinstance(logprobs, int):
         raise TypeError(f"logprobs must be an int, not {type(logprobs).__name__}")
     most = min(g.k, g.vocab_size)
     if not 0 <= logprobs <= most:
         raise ValueError(f"logprobs must be in [0, {most}] (the spec's topk), not {logprobs}")
+    state_rows = _index_tensor(state_rows, "state_rows", tokens, g.device)
+    offset_rows = _index_tensor(offset_rows, "offset_rows", tokens, g.device)
+    states = _table_entries(params[:5], state_rows, "state_rows", _PER_ROW[:5],
+                            "temperature, top_k, top_p, min_p or seed")
+    offsets = _table_entries(params[5:], offset_rows, "offset_rows", _PER_ROW[5:], "offset")
     out = []
-    for (name, dtype), value in zip(_PER_ROW, params):
+    for i, ((name, dtype), value) in enumerate(zip(_PER_ROW, params)):
+        n = (states if i < 5 else offsets) or tokens
         if value is None:
             if _OFF[name] is None:
                 raise TypeError(f"{name} is required")
             out.append(None)
         elif isinstance(value, torch.Tensor):
-            out.append(_row_tensor(value, name, dtype, tokens, g.device))
+            out.append(_param_tensor(value, name, dtype, n, g))
         else:
             v = _number(name, value, g)
             # a symbolic float (torch.compile) is not compared: it is filled
             off = type(v) in (int, float) and v == _OFF[name]
-            out.append(None if off else torch.full((tokens,), v, dtype=dtype, device=g.device))
-    return out
+            out.append(None if off else torch.full((n,), v, dtype=dtype, device=g.device))
+    return out + [state_rows, offset_rows]
 
 
-def _row_tensor(t, name, dtype, tokens, device):
+def _index_tensor(t, name, tokens, device):
+    """state_rows or offset_rows: None, or an int32 or int64 tensor [tokens]
+    on device (kl_sample reads either as it is)."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+        kind = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"{name} must be an int32 or int64 tensor, not {kind}")
+    if t.dim() != 1 or t.shape[0] != tokens:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [{tokens}] (one per row)")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (the shard's)")
+    return t.contiguous()
+
+
+def _table_entries(values, index, index_name, names, which):
+    """The entries of the tables index reads (None without it): the length
+    every tensor among values has."""
+    if index is None:
+        return None
+    tables = [(n, v) for (n, _), v in zip(names, values) if isinstance(v, torch.Tensor)]
+    if not tables:
+        raise ValueError(f"{index_name} indexes tables: pass {which} as a tensor")
+    n = tables[0][1].shape[0] if tables[0][1].dim() == 1 else 0
+    for name, v in tables:
+        if v.dim() != 1 or v.shape[0] != n or n < 1:
+            raise ValueError(f"with {index_name}, {', '.join(t for t, _ in tables)} must be 1-D "
+                             f"tables of one length >= 1; {name} has shape {tuple(v.shape)}")
+    return n
+
+
+def _param_tensor(t, name, dtype, n, g):
+    """A parameter tensor of n entries as kl_sample reads it: top_k as int32
+    (a k outside int32 clamped to one of the same meaning: negative, or >=
+    the vocabulary), the others of their dtype."""
     if dtype.is_floating_point != t.dtype.is_floating_point or (
             name in ("seed", "offset") and t.dtype != torch.int64):
         want = "an int64" if name in ("seed", "offset") else (
             "a floating-point" if dtype.is_floating_point else "an integer")
         raise TypeError(f"{name} must be {want} tensor, not {t.dtype}")
-    if t.dim() != 1 or t.shape[0] != tokens:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [{tokens}] (one per row)")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device} (the shard's)")
+    if t.dim() != 1 or t.shape[0] != n:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [{n}] (one per row, or "
+                         f"per entry of the tables state_rows or offset_rows index)")
+    if t.device != g.device:
+        raise ValueError(f"{name} is on {t.device}, expected {g.device} (the shard's)")
+    if name == "top_k" and t.dtype != torch.int32:
+        t = t.clamp(-1, g.vocab_size)
     return t.to(dtype).contiguous()
 
 
 @torch.library.custom_op("klgen::sample", mutates_args=())
 def _sample_op(shard: torch.Tensor, temperature: torch.Tensor, top_k: Optional[torch.Tensor],
                top_p: Optional[torch.Tensor], min_p: Optional[torch.Tensor],
-               seed: Optional[torch.Tensor], offset: Optional[torch.Tensor], logprobs: int,
-               token_logprobs: bool,
+               seed: Optional[torch.Tensor], offset: Optional[torch.Tensor],
+               state_rows: Optional[torch.Tensor], offset_rows: Optional[torch.Tensor],
+               logprobs: int, token_logprobs: bool,
                handle: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = _gather(handle)
     g._check(shard, None)
-    return g._sample(shard, temperature, top_k, top_p, min_p, seed, offset, logprobs,
-                     token_logprobs)
+    return g._sample(shard, temperature, top_k, top_p, min_p, seed, offset, state_rows,
+                     offset_rows, logprobs, token_logprobs)
 
 
 @_sample_op.register_fake
-def _(shard, temperature, top_k, top_p, min_p, seed, offset, logprobs, token_logprobs, handle):
+def _(shard, temperature, top_k, top_p, min_p, seed, offset, state_rows, offset_rows, logprobs,
+      token_logprobs, handle):
     _fake_check(shard, _gather(handle))
     tokens = shard.shape[0]
     return (shard.new_empty((tokens,), dtype=torch.int64),

@@ -295,7 +295,7 @@ def _torch_sampler(logits, t, k, p, min_p=None):
     if k is not None or p is not None:
         x_sort, x_idx = x.sort(dim=-1, descending=False)
         if k is not None:
-            cut = x_sort.gather(-1, (x_sort.shape[-1] - k).clamp(min=0)[:, None])
+            cut = x_sort.gather(-1, (x_sort.shape[-1] - k.long()).clamp(min=0)[:, None])
             x_sort.masked_fill_(x_sort < cut, -float("inf"))
         if p is not None:
             cum = x_sort.softmax(dim=-1).cumsum(dim=-1)
@@ -320,7 +320,7 @@ def _sample_main(rank, tp, a, info, dtype):
         x = (torch.randn((T, info.shard), device="cuda") * 4).to(dtype)
         every = torch.empty((tp * T,), dtype=torch.int64, device="cuda")
         temp = torch.full((T,), 0.7, device="cuda")
-        k = torch.full((T,), 50, dtype=torch.int64, device="cuda")
+        k = torch.full((T,), 50, dtype=torch.int32, device="cuda")
         p = torch.full((T,), 0.9, device="cuda")
         zero = torch.zeros((T,), device="cuda")
         seed = torch.arange(T, device="cuda") + 1000
@@ -541,7 +541,7 @@ class _FlashInfer:
                 h, ptr(x), T, ptr(c["temp"]), *common, ptr(c["fi_tok"][0]), s()), "plain"),
                 ("plain",)),
             "top_k_top_p_sampling_from_logits": (lambda: self.check(lib.kl_fi_filtered(
-                h, ptr(x), T, ptr(c["temp"]), ptr(c["k32"]), ptr(c["p"]), *common,
+                h, ptr(x), T, ptr(c["temp"]), ptr(c["k"]), ptr(c["p"]), *common,
                 ptr(c["fi_tok"][1]), s()), "filtered"), ("filtered",)),
             "min_p_sampling_from_probs": (lambda: self.check(lib.kl_fi_min_p(
                 h, ptr(x), T, ptr(c["temp"]), ptr(c["min_p"]), *common, ptr(c["fi_tok"][2]),
@@ -708,7 +708,7 @@ def _grid_setting(a, fi, width, dtype, meta, csv):
 
     def full(v, dt=torch.float32):
         return torch.full((rows_max,), v, dtype=dt, device="cuda")
-    c = dict(temp=full(0.7), zero=full(0.0), k=full(50, torch.int64), k32=full(50, torch.int32),
+    c = dict(temp=full(0.7), zero=full(0.0), k=full(50, torch.int32),
              p=full(0.9), min_p=full(0.1), offset=full(0, torch.int64),
              seed=torch.arange(1, rows_max + 1, device="cuda"), every=full(0, torch.int64),
              fi_val=torch.empty((rows_max, 64), dtype=tdt, device="cuda"),

@@ -69,6 +69,7 @@ PHILOX_ROUNDS = 10
 _MASK32 = 0xFFFFFFFF
 _LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+_INDEX_DTYPES = (torch.int32, torch.int64)  # index arrays, as engines keep them
 
 
 def _mulhilo(m, a):
@@ -299,26 +300,70 @@ def _refuse(bad, name, values, rule):
         raise ValueError(f"{name} must be {rule}; {at} has {values[tuple(first)].item()!r}")
 
 
+def _index(rows_index, name, rows, device):
+    """state_rows or offset_rows: None, or an int32 or int64 tensor [rows] on
+    device, as int64."""
+    if rows_index is None:
+        return None
+    if not isinstance(rows_index, torch.Tensor) or rows_index.dtype not in _INDEX_DTYPES:
+        kind = rows_index.dtype if isinstance(rows_index, torch.Tensor) else \
+            type(rows_index).__name__
+        raise TypeError(f"{name} must be a {torch.int32} or {torch.int64} tensor, not {kind}")
+    if rows_index.dim() != 1 or rows_index.shape[0] != rows:
+        raise ValueError(f"{name} has shape {tuple(rows_index.shape)}, expected [{rows}] (one "
+                         f"per row)")
+    if rows_index.device != device:
+        raise ValueError(f"{name} is on {rows_index.device}, expected {device} (the logits')")
+    return rows_index.to(torch.int64)
+
+
+def _read(value, name, index, index_name, device):
+    """value, a parameter given as a 1-D tensor, read at index (a row's entry
+    of its table); anything else as it is."""
+    if index is None or not isinstance(value, torch.Tensor):
+        return value
+    if value.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D tensor (a table {index_name} indexes), not of "
+                         f"shape {tuple(value.shape)}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device}, expected {device} (the logits')")
+    _refuse((index < 0) | (index >= value.shape[0]), index_name, index,
+            f"in [0, {value.shape[0]}) (the entries of {name})")
+    return value[index]
+
+
 def check_sampling_args(rows, vocab_size, device, temperature, top_k=None, top_p=None,
-                        min_p=None, seed=0, offset=0, logprobs=0, *, max_top_k=None):
+                        min_p=None, seed=0, offset=0, logprobs=0, *, max_top_k=None,
+                        state_rows=None, offset_rows=None):
     """Checks sampling parameters for rows of vocab_size logits on device and
     returns them as a SamplingArgs, one value per row.
 
     Each parameter is a Python number (every row) or a 1-D tensor of one per
-    row on device. Floats are taken as float32, as vLLM stores them, and
+    row on device; with state_rows (an int32 or int64 tensor [rows]), a tensor
+    temperature, top_k, top_p, min_p or seed is a table of any length (one
+    entry per request, as an engine keeps them) that row r reads at
+    state_rows[r]; with offset_rows likewise a tensor offset. Only the
+    entries read are checked. Floats are taken as float32, as vLLM stores them, and
     checked after that rounding: temperature finite and >= 0 (0: greedy),
     top_p in (0, 1] (1: off), min_p in [0, 1] (0: off). top_k: an int >= 0 (0
     or >= vocab_size: off), at most max_top_k where given. seed, offset: ints
     in [-2^63, 2^64), taken modulo 2^64, or int64 tensors. logprobs: an int in
     [0, vocab_size]. None, but for temperature, is the off
     value. A wrong type raises TypeError; a wrong value, shape or device
-    ValueError.
+    (or an index outside its table) ValueError.
     """
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
         raise ValueError(f"rows must be an int >= 0, not {rows!r}")
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size must be an int >= 1, not {vocab_size!r}")
     device = torch.device(device)
+    states = _index(state_rows, "state_rows", rows, device)
+    at = _index(offset_rows, "offset_rows", rows, device)
+    if at is not None and not isinstance(offset, torch.Tensor):
+        raise ValueError("offset_rows indexes offset: pass offset as a tensor")
+    temperature, top_k, top_p, min_p = (
+        _read(v, n, states, "state_rows", device) for v, n in (
+            (temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (min_p, "min_p")))
     f32 = torch.float32
     t = _per_row(temperature, "temperature", rows, device, f32, None)
     _refuse(~torch.isfinite(t) | (t < 0), "temperature", t, "finite and >= 0 (as a float32)")
@@ -332,8 +377,11 @@ def check_sampling_args(rows, vocab_size, device, temperature, top_k=None, top_p
     if max_top_k is not None:
         _refuse(k > max_top_k, "top_k", k, f"at most {max_top_k} (or 0, or >= the vocabulary)")
     seeds = []
-    for name, value in (("seed", seed), ("offset", offset)):
+    for name, value, index, index_name in (("seed", seed, states, "state_rows"),
+                                           ("offset", offset, at, "offset_rows")):
         v = _u64(value, name, device)
+        if isinstance(value, torch.Tensor):
+            v = _read(v, name, index, index_name, device)
         if v.dim() == 1 and v.shape[0] != rows:
             raise ValueError(f"{name} has shape {tuple(v.shape)}, expected [{rows}] (one per row)")
         if isinstance(value, torch.Tensor) and value.device != device:
@@ -525,9 +573,8 @@ class _Tables:
 
     def __init__(self, state_rows, rows, device):
         self.rows, self.device = rows, device
-        self.index = None
-        if state_rows is not None:
-            self.index = _tensor(state_rows, "state_rows", torch.int64, (rows,), device)
+        self.index = _index(state_rows, "state_rows", rows, device)
+        if self.index is not None:
             _refuse(self.index < 0, "state_rows", self.index, ">= 0")
 
     def gather(self, value, name, dtype, width=()):
@@ -758,7 +805,8 @@ class Sample(NamedTuple):
 
 
 def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, offset=0,
-           logprobs=0, logprobs_mode="raw_logprobs", noise="philox", **processing):
+           logprobs=0, logprobs_mode="raw_logprobs", noise="philox", state_rows=None,
+           offset_rows=None, **processing):
     """Samples a token from each row of the gathered logits [tokens, vocab]
     (float32, float16 or bfloat16) as kl_sample does; returns a Sample.
 
@@ -797,7 +845,7 @@ def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, o
     tables have one row per request; row r of the logits reads row
     state_rows[r] of each (row r where state_rows is None: then each table
     has exactly tokens rows). Integer tensors are int32 but for state_rows
-    and position (int64); floats float32. In vLLM's order, before temperature:
+    (int32 or int64) and position (int64); floats float32. In vLLM's order, before temperature:
       bitmask: int32 [tokens, ceil(vocab / 32)], per row: column c is allowed
         when bit c % 32 (least significant first) of word c // 32 is set;
         the rest become -inf, before the raw logprobs are taken (vLLM's
@@ -832,18 +880,23 @@ def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, o
     repetition_penalty <= 0, a bitmask or prompt_mask whose width is not
     ceil(vocab / 32), or a penalty without its tables raises ValueError;
     process_logits() gives x. Parameters are numbers or per-row tensors,
-    checked by check_sampling_args() and check_processing().
+    checked by check_sampling_args() and check_processing(); with
+    state_rows, tensor temperature, top_k, top_p, min_p and seed are
+    per-request tables as the processing's are, and with offset_rows
+    (int64 [tokens]) a tensor offset is a table row r reads at
+    offset_rows[r] (vLLM's positions and logits_indices).
     """
     _check_logits(logits)
     rows, vocab = logits.shape
     args = check_sampling_args(rows, vocab, logits.device, temperature, top_k, top_p, min_p,
-                               seed, offset, logprobs)
+                               seed, offset, logprobs, state_rows=state_rows,
+                               offset_rows=offset_rows)
     if logprobs_mode not in LOGPROBS_MODES:
         raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, not "
                          f"{logprobs_mode!r}")
     if noise not in NOISES:
         raise ValueError(f"noise must be one of {', '.join(NOISES)}, not {noise!r}")
-    p = check_processing(rows, vocab, logits.device, **processing)
+    p = check_processing(rows, vocab, logits.device, state_rows=state_rows, **processing)
     raw = _masked(logits, p.bitmask)
     x = _process(raw, p)
     t = _tempered(x, args)

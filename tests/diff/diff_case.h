@@ -32,6 +32,9 @@ typedef struct step_plan {
    * arrays it passes as NULL (bit i: top_k, top_p, min_p, seed, offset) */
   int n_top, want_lp;
   unsigned nulls;
+  /* kl_sampling's tables: states (0: no state_rows, T..seed per row) and
+   * offsets (0: no offset_rows) entries, their index arrays' bits (32, 64) */
+  int states, offsets, states_bits, offsets_bits;
   /* one rank's host late by late_us before its op at index late_at (eager
    * steps; late_rank -1: none): its peers run ahead into later calls, whose
    * kernels may spin while the late rank's earlier ones still need room */
@@ -101,10 +104,11 @@ static inline void sel_sizes(const case_run *run, int tokens, size_t sz[5]) {
 }
 
 /* kl_sample's parameter arrays in the pinned block and in each arena's sample
- * area (DIFF_SAMPLE_PARAM_BYTES): T, top_p, min_p, then top_k, seed, offset. */
-enum { P_T, P_TOP_P, P_MIN_P, P_TOP_K, P_SEED, P_OFFSET };
+ * area (DIFF_SAMPLE_PARAM_BYTES): T, top_p, min_p, top_k, then seed, offset,
+ * state_rows, offset_rows. */
+enum { P_T, P_TOP_P, P_MIN_P, P_TOP_K, P_SEED, P_OFFSET, P_STATE_ROWS, P_OFFSET_ROWS };
 static inline size_t param_at(int which) {
-  static const size_t at_[] = {0, 4, 8, 12, 20, 28};
+  static const size_t at_[] = {0, 4, 8, 12, 16, 24, 32, 40};
   return at_[which] * DIFF_MAX_ROWS;
 }
 static inline void *host_param(const diff_env *env, int which) {

@@ -17,10 +17,11 @@
 
 #define DIFF_MAX_RANKS 16
 #define DIFF_STEP_EVENTS 6 /* begun, uploaded, each of up to four calls done */
-/* kl_sample's per-row parameters, struct of arrays: T, top_p, min_p (fp32),
- * top_k, seed, offset (64-bit), DIFF_MAX_ROWS each; and its outputs: token
- * (int64), logprob (fp32), top index [rows, 64] (int64), top logprob (fp32). */
-#define DIFF_SAMPLE_PARAM_BYTES ((size_t)DIFF_MAX_ROWS * 36)
+/* kl_sample's parameters, struct of arrays: T, top_p, min_p (fp32), top_k
+ * (int32), seed, offset, state_rows, offset_rows (64-bit), DIFF_MAX_ROWS
+ * each; and its outputs: token (int64), logprob (fp32), top index [rows,
+ * 64] (int64), top logprob (fp32). */
+#define DIFF_SAMPLE_PARAM_BYTES ((size_t)DIFF_MAX_ROWS * 48)
 #define DIFF_SAMPLE_OUT_AT 8192
 #define DIFF_SAMPLE_BYTES (DIFF_SAMPLE_OUT_AT + (size_t)DIFF_MAX_ROWS * (12 + 64 * 12))
 #define DIFF_DETAIL_LINES 12 /* failure lines printed per case */

@@ -57,43 +57,82 @@ static void reference_values(case_run *run, ref_step *ref, int tokens) {
   }
 }
 
+/* Entries of a table a row reads through an index array of `bits`-bit
+ * entries: mostly one of the n, now and then one outside (the row must
+ * draw -1). */
+static void draw_rows(rng *r, void *rows, int bits, int tokens, int n) {
+  for (int t = 0; t < tokens; t++) {
+    int64_t i = (int64_t)rng_below(r, (uint64_t)n);
+    if (rng_chance(r, 0.02)) i = rng_chance(r, 0.5) ? -1 : (rng_chance(r, 0.5) ? n : INT32_MIN);
+    if (bits == 32) ((int32_t *)rows)[t] = (int32_t)i;
+    else ((int64_t *)rows)[t] = i == INT32_MIN ? INT64_MIN : i;
+  }
+}
+
 /* kl_sample's parameters for the step's rows, into the pinned block every
  * rank uploads: each filter alone and together, their edges, greedy rows,
- * and now and then a row outside the domain (it must draw -1). */
+ * and now and then a row outside the domain (it must draw -1); with the
+ * plan's tables, entries past the rows' and the rows' indices into them. */
 static void draw_sample_params(case_run *run, rng *r, int tokens) {
   const diff_env *env = run->env;
+  const step_plan *p = &run->plan;
   const long long v = run->c->spec.vocab_size, cap = run->c->spec.topk;
   static const float temps[] = {0.f, 0.f, 1e-3f, 0.37f, 0.7f, 1.f, 1.f, 1.7f, 9.5f};
   static const float ps[] = {1.f, 1.f, 1.f, 1e-7f, 0.05f, 0.5f, 0.9f, 0.99999f};
   static const float mps[] = {0.f, 0.f, 0.f, 1e-6f, 0.05f, 0.3f, 0.999f, 1.f};
   float *T = host_param(env, P_T), *P = host_param(env, P_TOP_P), *MP = host_param(env, P_MIN_P);
-  int64_t *K = host_param(env, P_TOP_K);
+  int32_t *K = host_param(env, P_TOP_K);
   uint64_t *S = host_param(env, P_SEED), *O = host_param(env, P_OFFSET);
-  for (int i = 0; i < tokens; i++) {
+  /* the tables' entries past the rows, and the indices, from a stream of
+   * their own (they came after seeds were replayed) */
+  rng ir = rng_for(run->c->seed, 0x57a80000ull + (uint64_t)run->planned);
+  const int n = p->states > tokens ? p->states : tokens;
+  for (int i = 0; i < n; i++) {
+    rng *q = i < tokens ? r : &ir;
     const long long ks[] = {0, 0, 1, 2, cap, v, v + 3, cap + 1};
-    T[i] = temps[rng_below(r, sizeof temps / sizeof *temps)];
-    P[i] = ps[rng_below(r, sizeof ps / sizeof *ps)];
-    MP[i] = mps[rng_below(r, sizeof mps / sizeof *mps)];
-    K[i] = ks[rng_below(r, rng_chance(r, 0.95) ? 7 : 8)];
-    S[i] = rng_next(r);
-    O[i] = rng_below(r, 1ull << 40);
-    if (rng_chance(r, 0.03)) T[i] = rng_chance(r, 0.5) ? -1.f : NAN;
+    T[i] = temps[rng_below(q, sizeof temps / sizeof *temps)];
+    P[i] = ps[rng_below(q, sizeof ps / sizeof *ps)];
+    MP[i] = mps[rng_below(q, sizeof mps / sizeof *mps)];
+    K[i] = (int32_t)ks[rng_below(q, rng_chance(q, 0.95) ? 7 : 8)];
+    S[i] = rng_next(q);
+    O[i] = rng_below(q, 1ull << 40);
+    if (rng_chance(q, 0.03)) T[i] = rng_chance(q, 0.5) ? -1.f : NAN;
   }
+  for (int i = tokens; i < p->offsets; i++) O[i] = rng_below(&ir, 1ull << 40);
+  if (p->states) draw_rows(&ir, host_param(env, P_STATE_ROWS), p->states_bits, tokens, p->states);
+  if (p->offsets)
+    draw_rows(&ir, host_param(env, P_OFFSET_ROWS), p->offsets_bits, tokens, p->offsets);
 }
 
-/* Row t's parameters as kl_sample reads them (NULL arrays off, 0). */
+/* Row t's entry of a table of n entries (n 0: the row's own), through an
+ * index array of `bits`-bit entries, or -1. */
+static int64_t entry(const diff_env *env, int which, int bits, int t, int n) {
+  if (!n) return t;
+  const void *rows = host_param(env, which);
+  const int64_t i = bits == 32 ? ((const int32_t *)rows)[t] : ((const int64_t *)rows)[t];
+  return i >= 0 && i < n ? i : -1;
+}
+
+/* Row t's parameters as kl_sample reads them (NULL arrays off, 0); 0 where
+ * they are outside the domain, or an index outside its table. */
 static int row_params(const case_run *run, int t, sample_args *a, uint64_t *seed,
                       uint64_t *offset) {
   const diff_env *env = run->env;
   const unsigned nulls = run->plan.nulls;
   const long long v = run->c->spec.vocab_size;
-  const int64_t k = (nulls & 1) ? 0 : ((int64_t *)host_param(env, P_TOP_K))[t];
-  a->temperature = ((float *)host_param(env, P_T))[t];
+  const step_plan *pl = &run->plan;
+  const int64_t s = entry(env, P_STATE_ROWS, pl->states_bits, t, pl->states);
+  const int64_t o = entry(env, P_OFFSET_ROWS, pl->offsets_bits, t, pl->offsets);
+  memset(a, 0, sizeof *a);
+  *seed = *offset = 0;
+  if (s < 0 || o < 0) return 0;
+  const int64_t k = (nulls & 1) ? 0 : ((int32_t *)host_param(env, P_TOP_K))[s];
+  a->temperature = ((float *)host_param(env, P_T))[s];
   a->top_k = k >= v ? 0 : k;
-  a->top_p = (nulls & 2) ? 1.f : ((float *)host_param(env, P_TOP_P))[t];
-  a->min_p = (nulls & 4) ? 0.f : ((float *)host_param(env, P_MIN_P))[t];
-  *seed = (nulls & 8) ? 0 : ((uint64_t *)host_param(env, P_SEED))[t];
-  *offset = (nulls & 16) ? 0 : ((uint64_t *)host_param(env, P_OFFSET))[t];
+  a->top_p = (nulls & 2) ? 1.f : ((float *)host_param(env, P_TOP_P))[s];
+  a->min_p = (nulls & 4) ? 0.f : ((float *)host_param(env, P_MIN_P))[s];
+  *seed = (nulls & 8) ? 0 : ((uint64_t *)host_param(env, P_SEED))[s];
+  *offset = (nulls & 16) ? 0 : ((uint64_t *)host_param(env, P_OFFSET))[o];
   return a->temperature >= 0.f && isfinite(a->temperature) && a->top_p > 0.f && a->top_p <= 1.f &&
          a->min_p >= 0.f && a->min_p <= 1.f && a->top_k >= 0 && a->top_k <= run->c->spec.topk;
 }

@@ -56,6 +56,12 @@ void diff_plan_step(case_run *run, rng *r, step_plan *p, int tokens, int allow_o
      * of its own: the knob came after seeds were replayed) */
     rng sr = rng_for(c->seed, 0x5a4d0000ull + (uint64_t)run->planned);
     if (rng_chance(&sr, 0.4)) p->nulls |= 7, p->n_top = 0;
+    /* per-request tables read through state_rows and offset_rows */
+    rng ir = rng_for(c->seed, 0x57a70000ull + (uint64_t)run->planned);
+    if (rng_chance(&ir, 0.3)) p->states = (int)rng_range(&ir, 1, DIFF_MAX_ROWS);
+    if (rng_chance(&ir, 0.3)) p->offsets = (int)rng_range(&ir, 1, DIFF_MAX_ROWS);
+    p->states_bits = rng_chance(&ir, 0.5) ? 32 : 64;
+    p->offsets_bits = rng_chance(&ir, 0.5) ? 32 : 64;
   }
   for (int i = p->nops - 1; i > 0; i--) { /* in any order */
     int j = (int)rng_below(r, (uint64_t)i + 1), t = p->ops[i];

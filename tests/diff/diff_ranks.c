@@ -44,12 +44,21 @@ static kl_result call_sample(case_run *run, kl_ctx *ctx, const diff_slot *s, CUs
   const diff_env *env = run->env;
   CUdeviceptr base = at(s, env->sample_area);
   /* bits of nulls: top_k, top_p, min_p, seed, offset */
-  kl_sampling sp = {(const float *)(base + param_at(P_T)),
-                    (p->nulls & 1) ? NULL : (const int64_t *)(base + param_at(P_TOP_K)),
-                    (p->nulls & 2) ? NULL : (const float *)(base + param_at(P_TOP_P)),
-                    (p->nulls & 4) ? NULL : (const float *)(base + param_at(P_MIN_P)),
-                    (p->nulls & 8) ? NULL : (const uint64_t *)(base + param_at(P_SEED)),
-                    (p->nulls & 16) ? NULL : (const uint64_t *)(base + param_at(P_OFFSET))};
+  kl_sampling sp = KL_SAMPLING_INIT;
+  sp.temperature = (const float *)(base + param_at(P_T));
+  sp.top_k = (p->nulls & 1) ? NULL : (const int32_t *)(base + param_at(P_TOP_K));
+  sp.top_p = (p->nulls & 2) ? NULL : (const float *)(base + param_at(P_TOP_P));
+  sp.min_p = (p->nulls & 4) ? NULL : (const float *)(base + param_at(P_MIN_P));
+  sp.seed = (p->nulls & 8) ? NULL : (const uint64_t *)(base + param_at(P_SEED));
+  sp.offset = (p->nulls & 16) ? NULL : (const uint64_t *)(base + param_at(P_OFFSET));
+  if (p->states) {
+    sp.state_rows = (const void *)(base + param_at(P_STATE_ROWS));
+    sp.states = p->states, sp.state_rows_bits = p->states_bits;
+  }
+  if (p->offsets) {
+    sp.offset_rows = (const void *)(base + param_at(P_OFFSET_ROWS));
+    sp.offsets = p->offsets, sp.offset_rows_bits = p->offsets_bits;
+  }
   return kl_sample(ctx, (const void *)at(s, p->in_at), &sp, (int64_t *)at(s, sample_out_at(env, 0)),
                    p->want_lp ? (float *)at(s, sample_out_at(env, 1)) : NULL,
                    p->n_top ? (int64_t *)at(s, sample_out_at(env, 2)) : NULL,

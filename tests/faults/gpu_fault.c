@@ -129,7 +129,8 @@ static kl_result call_n(shared *sh, kl_ctx *c, const bufs *b, int set, int token
   case SAMPLE_FILTERED:
   case SAMPLE_GATHERED:
   case SAMPLE_MARKS: { /* the token in index, its logprob in value (top-n: index after them) */
-    kl_sampling p = {(const float *)b->temperature, NULL, NULL, NULL, NULL, NULL};
+    kl_sampling p = KL_SAMPLING_INIT;
+    p.temperature = (const float *)b->temperature;
     if (sh->op == SAMPLE_FILTERED) p.top_p = (const float *)b->top_p;
     if (sh->op == SAMPLE_MARKS) p.top_p = (const float *)b->top_p_half;
     const int n_top = sh->op == SAMPLE_GATHERED;

@@ -271,10 +271,19 @@ def processing(b, which=("bitmask", "bias", "penalties", "bad_words")):
 
 
 def sampling(b):
+    """Each row's sampling parameters, gathered from vLLM's state."""
     idx = b["idx"]
     return dict(temperature=b["temperature"][idx], top_k=b["top_k"][idx].long(),
                 top_p=b["top_p"][idx], min_p=b["min_p"][idx], seed=b["seeds"][idx],
                 offset=b["pos"])
+
+
+def tables(b):
+    """The same as vLLM keeps them, per-request tables (int32 top_k, its
+    vocabulary for off) that the rows read through processing(b)'s
+    state_rows, as kl_sample reads them."""
+    return dict(temperature=b["temperature"], top_k=b["top_k"], top_p=b["top_p"],
+                min_p=b["min_p"], seed=b["seeds"], offset=b["pos"])
 
 
 def same_bits(a, b):
@@ -381,7 +390,7 @@ def test_logprobs_match_vllm(mode):
         b["min_p"] = torch.where((torch.rand(rows, generator=gen) < 0.3) & (b["temperature"] != 0),
                                  0.1, 0.0).to(F32)
         logits = (torch.randn(rows, vocab, generator=gen) * 3).to(dtype)
-        ours = reference.sample(logits, **sampling(b), logprobs=n, logprobs_mode=mode,
+        ours = reference.sample(logits, **tables(b), logprobs=n, logprobs_mode=mode,
                                 noise="vllm", **processing(b))
         raw = logits.clone()
         vllm_bitmask(raw, b["bitmask"])
@@ -493,7 +502,7 @@ def test_vllm_noise_draws_vllms_tokens():
         logits = torch.randn(rows, vocab, generator=gen) * 3
         want, _ = vllm_sample(logits, b, logprobs=None)
         args, kw = sampling(b), processing(b)
-        got = reference.sample(logits, **args, noise="vllm", **kw).tokens
+        got = reference.sample(logits, **tables(b), noise="vllm", **kw).tokens
         tie = near_ties(logits, args, kw)
         total += rows
         near += int(tie.sum())

@@ -15,13 +15,20 @@ G = SimpleNamespace(k=8, vocab_size=1000, device=torch.device("cpu"))
 ROWS = 4
 
 
-def args(temperature=1.0, top_k=None, top_p=None, min_p=None, seed=0, offset=0, logprobs=0):
-    return _torch._sampling_args(G, ROWS, temperature, top_k, top_p, min_p, seed, offset, logprobs)
+def args(temperature=1.0, top_k=None, top_p=None, min_p=None, seed=0, offset=0, state_rows=None,
+         offset_rows=None, logprobs=0):
+    """The six arrays, and the two index arrays only where one is given."""
+    out = _torch._sampling_args(G, ROWS, temperature, top_k, top_p, min_p, seed, offset,
+                                state_rows, offset_rows, logprobs)
+    if state_rows is None and offset_rows is None:
+        assert out[6:] == [None, None]
+        return out[:6]
+    return out
 
 
 def test_numbers_become_rows_of_the_kernels_dtypes():
     t, k, p, mp, s, o = args(0.7, 5, 0.9, 0.05, seed=2**64 - 1, offset=7)
-    assert [x.dtype for x in (t, k, p, mp, s, o)] == [torch.float32, torch.int64, torch.float32,
+    assert [x.dtype for x in (t, k, p, mp, s, o)] == [torch.float32, torch.int32, torch.float32,
                                                       torch.float32, torch.int64, torch.int64]
     assert all(x.shape == (ROWS,) for x in (t, k, p, mp, s, o))
     assert t[0].item() == pytest.approx(0.7) and k.tolist() == [5] * ROWS
@@ -80,11 +87,60 @@ def test_tensors_are_taken_per_row_in_the_kernels_dtypes():
                             torch.tensor([0, 1, 2, 3], dtype=torch.int32),
                             torch.full((ROWS,), 0.9, dtype=torch.bfloat16),
                             seed=torch.arange(ROWS))
-    assert (t.dtype, k.dtype, p.dtype, s.dtype) == (torch.float32, torch.int64, torch.float32,
+    assert (t.dtype, k.dtype, p.dtype, s.dtype) == (torch.float32, torch.int32, torch.float32,
                                                     torch.int64)
     assert t.tolist() == [0.0, 0.5, 1.0, 2.0] and k.tolist() == [0, 1, 2, 3]
     # values are the device's to check (a row outside the domain draws -1)
     assert args(torch.full((ROWS,), -1.0))[0].tolist() == [-1.0] * ROWS
+    # an int64 k beyond int32 keeps its meaning: negative stays negative, past
+    # the vocabulary stays off
+    big = torch.tensor([-2**40, -1, 2**40, 7], dtype=torch.int64)
+    assert args(1.0, big)[1].tolist() == [-1, -1, 1000, 7]
+    # an int32 k is taken as it is, not copied
+    k32 = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    assert args(1.0, k32)[1].data_ptr() == k32.data_ptr()
+
+
+def test_tables_through_state_rows_and_offset_rows():
+    rows, at = torch.tensor([2, 0, 2, 1]), torch.tensor([5, 4, 3, 2])
+    t, k, p, mp, s, o, sr, orows = args(torch.tensor([0.5, 1.0, 2.0]), 5, None, 0.1,
+                                        seed=torch.tensor([7, 8, 9]), offset=torch.arange(6),
+                                        state_rows=rows, offset_rows=at)
+    # the tables as given; a number fills a table of the same length
+    assert t.tolist() == [0.5, 1.0, 2.0] and k.tolist() == [5] * 3 and p is None
+    assert mp.shape == (3,) and s.tolist() == [7, 8, 9] and o.tolist() == list(range(6))
+    assert sr is rows and orows is at
+    # offset_rows alone: per-row parameters, the offsets a table
+    assert args(1.0, offset=torch.arange(9), offset_rows=at)[5].shape == (9,)
+    # int32 index arrays, as vLLM's logits_indices may be, are taken as they are
+    at32 = at.int()
+    assert args(1.0, offset=torch.arange(9), offset_rows=at32)[7] is at32
+
+
+@pytest.mark.parametrize("kw, error, words", [
+    (dict(state_rows=torch.tensor([0, 1, 2, 3], dtype=torch.int16)), TypeError,
+     "state_rows must be an int32 or int64 tensor, not torch.int16"),
+    (dict(state_rows=[0, 1, 2, 3]), TypeError,
+     "state_rows must be an int32 or int64 tensor, not list"),
+    (dict(state_rows=torch.zeros(ROWS + 1, dtype=torch.int64)), ValueError,
+     "state_rows has shape (5,), expected [4]"),
+    (dict(state_rows=torch.zeros(ROWS, dtype=torch.int64)), ValueError,
+     "state_rows indexes tables: pass temperature, top_k, top_p, min_p or seed as a tensor"),
+    (dict(temperature=torch.ones(3), top_p=torch.ones(2), state_rows=torch.zeros(ROWS, dtype=torch.int64)),
+     ValueError, "with state_rows, temperature, top_p must be 1-D tables of one length"),
+    (dict(temperature=torch.ones(0), state_rows=torch.zeros(ROWS, dtype=torch.int64)),
+     ValueError, "of one length >= 1"),
+    (dict(offset=3, offset_rows=torch.zeros(ROWS, dtype=torch.int64)), ValueError,
+     "offset_rows indexes tables: pass offset as a tensor"),
+    (dict(offset=torch.zeros(2, 2, dtype=torch.int64), offset_rows=torch.zeros(ROWS, dtype=torch.int64)),
+     ValueError, "must be 1-D tables"),
+    (dict(offset_rows=torch.zeros(ROWS, dtype=torch.int64, device="meta"), offset=torch.arange(3)),
+     ValueError, "offset_rows is on meta, expected cpu"),
+])
+def test_bad_tables(kw, error, words):
+    with pytest.raises(error) as e:
+        args(**kw)
+    assert words in str(e.value)
 
 
 def test_torch_backend_samples_as_the_definition(tmp_path):
@@ -106,6 +162,12 @@ def test_torch_backend_samples_as_the_definition(tmp_path):
                                 logprobs=2)
         assert torch.equal(got.tokens, want.tokens)
         assert torch.equal(got.top_logprobs.indices, want.top_indices)
+        # per-request tables and positions, read through state_rows and offset_rows
+        temp, pos = torch.tensor([0.0, 0.7, 1.3]), torch.arange(10, 20)
+        rows, at = torch.tensor([1, 2, 1]), torch.tensor([9, 0, 4], dtype=torch.int32)
+        got = g.sample(x, temp, seed=seed, offset=pos, state_rows=rows, offset_rows=at)
+        want = reference.sample(x[:, :100], temp[rows], seed=seed[rows], offset=pos[at])
+        assert torch.equal(got.tokens, want.tokens)
         assert g.sample(x, 1.0).top_logprobs is None
         with pytest.raises(ValueError, match="top_k must be at most 8"):
             g.sample(x, 1.0, top_k=9)

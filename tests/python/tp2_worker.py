@@ -179,6 +179,25 @@ def draw_params(tokens, k, step, device):
                 offset=torch.randint(0, 2**40, (tokens,), generator=gen).to(device))
 
 
+def as_tables(p, step):
+    """p's per-row parameters as per-request tables of a few more entries
+    (the rest garbage) that the rows read through state_rows, and their
+    offsets as a table read through offset_rows."""
+    gen = torch.Generator().manual_seed(step + 1)
+    rows = p["temperature"].shape[0]
+    device = p["temperature"].device
+    out = {}
+    for index, names in (("state_rows", ("temperature", "top_k", "top_p", "min_p", "seed")),
+                         ("offset_rows", ("offset",))):
+        at = torch.randperm(rows + 3, generator=gen)[:rows].to(device)
+        out[index] = at
+        for name in names:
+            if name in p:
+                table = torch.full((rows + 3,), -7, dtype=p[name].dtype, device=device)
+                out[name] = table.index_copy(0, at, p[name])
+    return out
+
+
 def check_draws(g, x, gathered, step, tp):
     """g.sample against klgen.reference.sample on the gathered logits: tokens
     bit for bit (the definition's noise on CUDA is the kernel's, Philox's or
@@ -207,6 +226,9 @@ def check_draws(g, x, gathered, step, tp):
     else:  # without the tokens' logprobs: the same tokens, no logprobs
         quiet = g.sample(x, token_logprobs=False, **p)
         ok = ok and quiet.logprobs is None and torch.equal(quiet.tokens, got.tokens)
+    if step % 3 == 0:  # the same parameters as tables, read through state_rows and offset_rows
+        tabled = g.sample(x, logprobs=n, **as_tables(p, step))
+        ok = ok and torch.equal(tabled.tokens, got.tokens) and same(tabled.logprobs, got.logprobs)
     if not ok:
         print(f"  {g.name} step {step}: sample {got.tokens.tolist()} want "
               f"{want.tokens.tolist()}", flush=True)

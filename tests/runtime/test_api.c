@@ -83,7 +83,7 @@ static void misuse(void) {
              "kl_argmax: ctx is NULL");
   EXPECT_ERR(kl_topk(NULL, (void *)1, (int64_t *)8, NULL, NULL, 1, NULL), KLRT_EINVAL,
              "kl_topk: ctx is NULL");
-  kl_sampling sp = {0};
+  kl_sampling sp = KL_SAMPLING_INIT;
   EXPECT_ERR(kl_sample(NULL, (void *)1, &sp, (int64_t *)8, NULL, NULL, NULL, 0, 1, NULL),
              KLRT_EINVAL, "kl_sample: ctx is NULL");
   EXPECT_ERR(kl_sample(bogus, (void *)1, &sp, (int64_t *)8, NULL, NULL, NULL, 0, 1, NULL),

@@ -347,13 +347,14 @@ static void check_counts(kl_ctx *c, uint64_t oneshot, uint64_t nccl, const char 
 
 /* ---- the cases ---- */
 
-/* kl_sample's parameter arrays are loaded as floats and 64-bit words: a
- * misaligned one is refused before anything is launched. */
+/* kl_sample's parameters: an array misaligned for its type, a size that is
+ * no version's, a table count without its index array (or the reverse), a
+ * table past its buffer: each refused before anything is launched. */
 static void sample_alignment(void) {
   kl_ctx *c = one_rank();
   if (!c) return;
   CUdeviceptr shard = device_buffer(1 << 16), token = device_buffer(4096), par = device_buffer(4096);
-  kl_sampling p = {.temperature = (const float *)(uintptr_t)par,
+  kl_sampling p = {.size = sizeof(kl_sampling), .temperature = (const float *)(uintptr_t)par,
                    .seed = (const uint64_t *)(uintptr_t)(par + 1024),
                    .offset = (const uint64_t *)(uintptr_t)(par + 2048)};
   int before = launches;
@@ -361,29 +362,88 @@ static void sample_alignment(void) {
                           NULL, 0, 2, NULL);
   CHECK_KL(r == KLRT_OK && launches > before, "aligned parameters: %s, %d launches",
            kl_result_name(r), launches - before);
-  const struct {
-    kl_sampling p;
-    const char *what;
-  } odd[] = {
-      {{(const float *)(uintptr_t)(par + 2), NULL, NULL, NULL, p.seed, p.offset},
-       "params->temperature is not 4-byte aligned"},
-      {{p.temperature, (const int64_t *)(uintptr_t)(par + 3076), NULL, NULL, p.seed, p.offset},
-       "params->top_k is not 8-byte aligned"},
-      {{p.temperature, NULL, (const float *)(uintptr_t)(par + 3073), NULL, p.seed, p.offset},
-       "params->top_p is not 4-byte aligned"},
-      {{p.temperature, NULL, NULL, NULL, (const uint64_t *)(uintptr_t)(par + 1028), p.offset},
-       "params->seed is not 8-byte aligned"},
-      {{p.temperature, NULL, NULL, NULL, p.seed, (const uint64_t *)(uintptr_t)(par + 2052)},
-       "params->offset is not 8-byte aligned"},
-  };
-  for (size_t i = 0; i < sizeof odd / sizeof *odd; i++) {
+  /* each a copy of p with one field wrong */
+  enum { N_ODD = 17 };
+  kl_sampling odd_p[N_ODD];
+  const char *what[N_ODD];
+  for (int i = 0; i < N_ODD; i++) odd_p[i] = p;
+  const uint64_t *rows = (const uint64_t *)(uintptr_t)(par + 3072); /* 128 int64 */
+  odd_p[0].temperature = (const float *)(uintptr_t)(par + 2);
+  what[0] = "params->temperature is not 4-byte aligned";
+  odd_p[1].top_k = (const int32_t *)(uintptr_t)(par + 3074);
+  what[1] = "params->top_k is not 4-byte aligned";
+  odd_p[2].top_p = (const float *)(uintptr_t)(par + 3073);
+  what[2] = "params->top_p is not 4-byte aligned";
+  odd_p[3].seed = (const uint64_t *)(uintptr_t)(par + 1028);
+  what[3] = "params->seed is not 8-byte aligned";
+  odd_p[4].offset = (const uint64_t *)(uintptr_t)(par + 2052);
+  what[4] = "params->offset is not 8-byte aligned";
+  odd_p[5].size = 0;
+  what[5] = "params->size is 0: initialize it with KL_SAMPLING_INIT";
+  odd_p[6].size = sizeof(kl_sampling) - 8;
+  what[6] = "less than sizeof(kl_sampling)";
+  odd_p[7].states = 3;
+  what[7] = "params->states is 3 without params->state_rows";
+  odd_p[8].state_rows = (const void *)rows, odd_p[8].states = 0;
+  what[8] = "params->states is 0 (must be >= 1 with params->state_rows)";
+  odd_p[9].offset_rows = (const void *)rows, odd_p[9].offsets = -1;
+  what[9] = "params->offsets is -1";
+  odd_p[10].state_rows = (const void *)(uintptr_t)(par + 3076), odd_p[10].states = 2;
+  what[10] = "params->state_rows is not 8-byte aligned";
+  odd_p[11].offset_rows = (const void *)(uintptr_t)(par + 4088), odd_p[11].offsets = 2;
+  what[11] = "offset_rows 0x"; /* past its allocation */
+  /* tables of `states` entries: temperature's reaches past its buffer */
+  odd_p[12].state_rows = (const void *)rows, odd_p[12].states = 2000;
+  what[12] = "(a table of params->states = 2000 entries)";
+  odd_p[13].offset_rows = (const void *)rows, odd_p[13].offsets = 1000;
+  what[13] = "(a table of params->offsets = 1000 entries)";
+  odd_p[14].state_rows = (const void *)rows, odd_p[14].states = 2, odd_p[14].state_rows_bits = 16;
+  what[14] = "params->state_rows_bits is 16 (must be 64, or 0, or 32 with params->state_rows)";
+  odd_p[15].offset_rows_bits = 32;
+  what[15] = "params->offset_rows_bits is 32";
+  /* 32-bit entries: 4-byte aligned is enough, 2 is not */
+  odd_p[16].offset_rows = (const void *)(uintptr_t)(par + 3074), odd_p[16].offsets = 2;
+  odd_p[16].offset_rows_bits = 32;
+  what[16] = "params->offset_rows is not 4-byte aligned";
+  for (int i = 0; i < N_ODD; i++) {
     before = launches;
-    r = kl_sample(c, (void *)(uintptr_t)shard, &odd[i].p, (int64_t *)(uintptr_t)token, NULL, NULL,
+    r = kl_sample(c, (void *)(uintptr_t)shard, &odd_p[i], (int64_t *)(uintptr_t)token, NULL, NULL,
                   NULL, 0, 2, NULL);
-    CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), odd[i].what) && launches == before,
-             "want EINVAL with \"%s\" and no launch: %s, %d launches", odd[i].what,
-             kl_result_name(r), launches - before);
+    CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), what[i]) && launches == before,
+             "want EINVAL with \"%s\" and no launch: %s (%s), %d launches", what[i],
+             kl_result_name(r), kl_last_error(), launches - before);
   }
+  /* a larger struct (a newer header) is taken when its extra bytes are 0 */
+  struct {
+    kl_sampling p;
+    uint64_t extra;
+  } newer = {p, 0};
+  newer.p.size = sizeof newer;
+  before = launches;
+  r = kl_sample(c, (void *)(uintptr_t)shard, &newer.p, (int64_t *)(uintptr_t)token, NULL, NULL,
+                NULL, 0, 2, NULL);
+  CHECK_KL(r == KLRT_OK && launches > before, "a larger params, extra 0: %s", kl_result_name(r));
+  newer.extra = 1;
+  r = kl_sample(c, (void *)(uintptr_t)shard, &newer.p, (int64_t *)(uintptr_t)token, NULL, NULL,
+                NULL, 0, 2, NULL);
+  CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), "does not know"),
+           "a larger params, extra set: %s", kl_result_name(r));
+  /* state_rows and offset_rows within their tables: taken */
+  kl_sampling indexed = p;
+  indexed.state_rows = (const void *)rows, indexed.states = 4;
+  indexed.offset_rows = (const void *)(rows + 2), indexed.offsets = 4;
+  before = launches;
+  r = kl_sample(c, (void *)(uintptr_t)shard, &indexed, (int64_t *)(uintptr_t)token, NULL, NULL,
+                NULL, 0, 2, NULL);
+  CHECK_KL(r == KLRT_OK && launches > before, "indexed parameters: %s (%s)", kl_result_name(r),
+           kl_last_error());
+  indexed.offset_rows = (const void *)(uintptr_t)(par + 3076); /* 4-byte aligned */
+  indexed.offset_rows_bits = indexed.state_rows_bits = 32;
+  before = launches;
+  r = kl_sample(c, (void *)(uintptr_t)shard, &indexed, (int64_t *)(uintptr_t)token, NULL, NULL,
+                NULL, 0, 2, NULL);
+  CHECK_KL(r == KLRT_OK && launches > before, "32-bit index arrays: %s (%s)", kl_result_name(r),
+           kl_last_error());
   kl_ctx_destroy(c);
 }
 
@@ -538,8 +598,8 @@ static void buffers_too_small(void) {
               lse = device_buffer(t * 4), top = device_buffer(t * 2 * 8), temp = device_buffer(t * 4),
               in_short = device_buffer((t - 1) * row), out_short = device_buffer((t - 1) * row),
               tiny = device_buffer(8);
-  kl_sampling p = {.temperature = PTR(const float, temp)};
-  kl_sampling p_short = {.temperature = PTR(const float, tiny + 4)};
+  kl_sampling p = {.size = sizeof(kl_sampling), .temperature = PTR(const float, temp)};
+  kl_sampling p_short = {.size = sizeof(kl_sampling), .temperature = PTR(const float, tiny + 4)};
   SMALL(kl_gather(c, PTR(void, in), PTR(void, out), t, NULL), NULL);
   SMALL(kl_gather(c, PTR(void, in_short), PTR(void, out), t, NULL), "shard");
   SMALL(kl_gather(c, PTR(void, in), PTR(void, out_short), t, NULL), "out");
@@ -585,7 +645,7 @@ static void rank_bufs_alloc(rank_bufs *b) {
 }
 static kl_result call_op(kl_ctx *c, op_id op, const rank_bufs *b, int tokens) {
   const void *in = PTR(const void, b->shard);
-  kl_sampling p = {.temperature = PTR(const float, b->temperature)};
+  kl_sampling p = {.size = sizeof(kl_sampling), .temperature = PTR(const float, b->temperature)};
   if (op == OP_SAMPLE_FILTERED) p.top_p = PTR(const float, b->top_p);
   const int n_top = op == OP_SAMPLE_TOP;
   switch (op) {
@@ -781,8 +841,8 @@ static void sample_size_rule(void) {
   CUdeviceptr shard = device_buffer((size_t)most * 163840 * 2), token = device_buffer(8 * most),
               lp = device_buffer(4 * most), par = device_buffer(64 * most),
               top_i = device_buffer(8 * most), top_v = device_buffer(4 * most);
-  const kl_sampling plain = {.temperature = (const float *)(uintptr_t)par};
-  const kl_sampling filtered = {.temperature = (const float *)(uintptr_t)par,
+  const kl_sampling plain = {.size = sizeof(kl_sampling), .temperature = (const float *)(uintptr_t)par};
+  const kl_sampling filtered = {.size = sizeof(kl_sampling), .temperature = (const float *)(uintptr_t)par,
                                 .top_p = (const float *)(uintptr_t)(par + 8 * most)};
   const int split = c->layout.topk_split, cap_sample = c->kern[KL_K_SAMPLE].cap;
   for (int t = 1; t <= most; t *= 2) {

@@ -42,7 +42,7 @@ typedef struct rows {
   long long vocab;
   uint32_t *bits;  /* [n, vocab] gathered element bits */
   float *temperature, *top_p, *min_p;
-  long long *top_k;
+  int32_t *top_k;
   uint64_t *seed, *offset;
   long long *token, *top_index; /* the kernel's */
   float *logprob, *top_logprob;
@@ -58,7 +58,7 @@ static void draw_params(rng *r, rows *w, int i) {
   const long long v = w->vocab, cap = w->topk;
   const long long ks[] = {0, 0, 0, 1, 2, 3, cap, cap, v, v + 5, cap + 1, v - 1};
   w->temperature[i] = PICK(r, temps);
-  w->top_k[i] = PICK(r, ks);
+  w->top_k[i] = (int32_t)PICK(r, ks);
   w->top_p[i] = PICK(r, top_ps);
   w->min_p[i] = PICK(r, min_ps);
   w->seed[i] = rng_next(r);
@@ -110,7 +110,7 @@ static void run_kernel(const dev *d, rows *w, int slices, long long cols, int de
     else ((uint16_t *)packed)[j] = (uint16_t)w->bits[j];
   kl_sample_args a = {0};
   CUdeviceptr lg = up(d, packed, n * (size_t)w->vocab * eb), T = up(d, w->temperature, 4 * n),
-              K = up(d, w->top_k, 8 * n), P = up(d, w->top_p, 4 * n), MP = up(d, w->min_p, 4 * n),
+              K = up(d, w->top_k, 4 * n), P = up(d, w->top_p, 4 * n), MP = up(d, w->min_p, 4 * n),
               S = up(d, w->seed, 8 * n), O = up(d, w->offset, 8 * n), tok = up(d, NULL, 8 * n),
               lp = up(d, NULL, 4 * n), ti = w->n_top ? up(d, NULL, 8 * n * (size_t)w->n_top) : 0,
               tl = w->n_top ? up(d, NULL, 4 * n * (size_t)w->n_top) : 0;
@@ -120,9 +120,10 @@ static void run_kernel(const dev *d, rows *w, int slices, long long cols, int de
   if (parts) CU_CHECK(d->cu, cuMemsetD32(parts, 0, part_bytes / 4 + n));
   CU_CHECK(d->cu, cuMemsetD32(tok, 0x5a5a5a5au, 2 * n)); /* a row left unwritten shows */
   free(packed);
-  a.logits = (const void *)lg, a.temperature = (const float *)T, a.top_k = (const long long *)K;
-  a.top_p = (const float *)P, a.min_p = (const float *)MP;
-  a.seed = (const unsigned long long *)S, a.offset = (const unsigned long long *)O;
+  a.logits = (const void *)lg, a.params.temperature = (const float *)T;
+  a.params.top_k = (const int *)K, a.params.top_p = (const float *)P;
+  a.params.min_p = (const float *)MP, a.params.seed = (const unsigned long long *)S;
+  a.params.offset = (const unsigned long long *)O;
   a.token = (long long *)tok, a.logprob = (float *)lp;
   a.top_index = (long long *)ti, a.top_logprob = (float *)tl;
   a.tokens = w->n, a.n_top = w->n_top;
@@ -277,7 +278,7 @@ static void alloc_rows(rows *w) {
   const size_t n = (size_t)w->n;
   w->bits = xmalloc(4 * n * (size_t)w->vocab);
   w->temperature = xmalloc(4 * n), w->top_p = xmalloc(4 * n), w->min_p = xmalloc(4 * n);
-  w->top_k = xmalloc(8 * n), w->seed = xmalloc(8 * n), w->offset = xmalloc(8 * n);
+  w->top_k = xmalloc(4 * n), w->seed = xmalloc(8 * n), w->offset = xmalloc(8 * n);
   w->token = xmalloc(8 * n), w->logprob = xmalloc(4 * n);
   w->top_index = xmalloc(8 * n * (size_t)w->n_top);
   w->top_logprob = xmalloc(4 * n * (size_t)w->n_top);
@@ -377,14 +378,17 @@ typedef struct api_bufs {
 static api_bufs api_upload(const dev *d, const rows *w, const uint16_t *shard, long long padded) {
   const size_t n = (size_t)w->n, top = n * (size_t)w->n_top;
   return (api_bufs){up(d, shard, 2 * n * (size_t)padded), up(d, w->temperature, 4 * n),
-                    up(d, w->top_k, 8 * n), up(d, w->top_p, 4 * n), up(d, w->min_p, 4 * n),
+                    up(d, w->top_k, 4 * n), up(d, w->top_p, 4 * n), up(d, w->min_p, 4 * n),
                     up(d, w->seed, 8 * n), up(d, w->offset, 8 * n), up(d, NULL, 8 * n),
                     up(d, NULL, 4 * n), up(d, NULL, 8 * top), up(d, NULL, 4 * top)};
 }
 
 static kl_sampling api_params(const api_bufs *b) {
-  return (kl_sampling){(const float *)b->T, (const int64_t *)b->K, (const float *)b->P,
-                       (const float *)b->MP, (const uint64_t *)b->S, (const uint64_t *)b->O};
+  kl_sampling p = KL_SAMPLING_INIT;
+  p.temperature = (const float *)b->T, p.top_k = (const int32_t *)b->K;
+  p.top_p = (const float *)b->P, p.min_p = (const float *)b->MP;
+  p.seed = (const uint64_t *)b->S, p.offset = (const uint64_t *)b->O;
+  return p;
 }
 
 static kl_result api_call(kl_ctx *ctx, const api_bufs *b, const kl_sampling *p, int n_top, int n,
@@ -414,7 +418,7 @@ static void refused(kl_result rc, const char *what) {
 
 /* Calls that must be refused, each with its message, the context unharmed. */
 static void api_misuse(kl_ctx *ctx, const api_bufs *b, int n) {
-  kl_sampling p = api_params(b), none = {0};
+  kl_sampling p = api_params(b), none = KL_SAMPLING_INIT;
   float host_t[1] = {1.f};
   kl_sampling host = p, over = p, odd_t = p, odd_seed = p;
   host.temperature = host_t;
@@ -440,7 +444,7 @@ static void api_misuse(kl_ctx *ctx, const api_bufs *b, int n) {
 
 /* The first 20 rows' filters, kept while a test puts its own in w. */
 typedef struct filters {
-  long long top_k[20];
+  int32_t top_k[20];
   float top_p[20], min_p[20];
 } filters;
 static filters keep_filters(const rows *w) {
@@ -457,7 +461,7 @@ static void put_filters(rows *w, const filters *f) {
 }
 /* w's first n filters to the device's parameter arrays. */
 static void upload_filters(const dev *d, const api_bufs *b, const rows *w, int n) {
-  CU_CHECK(d->cu, cuMemcpyHtoD(b->K, w->top_k, 8 * (size_t)n));
+  CU_CHECK(d->cu, cuMemcpyHtoD(b->K, w->top_k, 4 * (size_t)n));
   CU_CHECK(d->cu, cuMemcpyHtoD(b->P, w->top_p, 4 * (size_t)n));
   CU_CHECK(d->cu, cuMemcpyHtoD(b->MP, w->min_p, 4 * (size_t)n));
 }
@@ -725,14 +729,14 @@ static void *chi_rank_main(void *arg) {
   const size_t shard = (size_t)info.shard, rows = CHI_ROWS, calls = CHI_CALLS;
   float *x = xmalloc(4 * rows * shard), *T = xmalloc(4 * rows), *P = xmalloc(4 * rows),
         *MP = xmalloc(4 * rows);
-  int64_t *K = xmalloc(8 * rows);
+  int32_t *K = xmalloc(4 * rows);
   uint64_t *S = xmalloc(8 * rows), *O = xmalloc(8 * calls * rows);
   for (size_t i = 0; i < rows; i++) {
     for (size_t j = 0; j < shard; j++) {
       const size_t c = (size_t)r->rank * shard + j;
       x[i * shard + j] = c < CHI_VOCAB ? r->logits[c] : 0.f; /* padding: never read */
     }
-    T[i] = r->a.temperature, P[i] = r->a.top_p, MP[i] = r->a.min_p, K[i] = r->a.top_k;
+    T[i] = r->a.temperature, P[i] = r->a.top_p, MP[i] = r->a.min_p, K[i] = (int32_t)r->a.top_k;
     S[i] = i + 1;
   }
   for (size_t j = 0; j < calls * rows; j++) O[j] = j / rows;
@@ -740,7 +744,7 @@ static void *chi_rank_main(void *arg) {
   CUstream s; /* a stream of its own: the ranks' kernels wait for each other */
   CU_CHECK(cu, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   CUdeviceptr dx = up(&d, x, 4 * rows * shard), dT = up(&d, T, 4 * rows), dP = up(&d, P, 4 * rows),
-              dMP = up(&d, MP, 4 * rows), dK = up(&d, K, 8 * rows), dS = up(&d, S, 8 * rows),
+              dMP = up(&d, MP, 4 * rows), dK = up(&d, K, 4 * rows), dS = up(&d, S, 8 * rows),
               dO = up(&d, O, 8 * calls * rows), dtok = up(&d, NULL, 8 * (calls + 1) * rows),
               dtop = up(&d, NULL, 8 * rows);
   /* A stream's first work waits for the GPU's work before it: were that a
@@ -753,9 +757,10 @@ static void *chi_rank_main(void *arg) {
   rc = kl_ctx_create_string(&ctx, r->spec, NULL, &cfg);
   for (size_t j = 0; j <= calls && !rc; j++) {
     const size_t call = j < calls ? j : 0; /* the last: call 0's parameters again */
-    kl_sampling p = {(const float *)dT, (const int64_t *)dK, (const float *)dP,
-                     (const float *)dMP, (const uint64_t *)dS,
-                     (const uint64_t *)(dO + 8 * call * rows)};
+    kl_sampling p = KL_SAMPLING_INIT;
+    p.temperature = (const float *)dT, p.top_k = (const int32_t *)dK;
+    p.top_p = (const float *)dP, p.min_p = (const float *)dMP, p.seed = (const uint64_t *)dS;
+    p.offset = (const uint64_t *)(dO + 8 * call * rows);
     if (r->bare) p.top_k = NULL, p.top_p = NULL, p.min_p = NULL;
     rc = kl_sample(ctx, (const void *)dx, &p, (int64_t *)(dtok + 8 * j * rows), NULL,
                    r->gathered ? (int64_t *)dtop : NULL, NULL, r->gathered, CHI_ROWS, (kl_stream)s);

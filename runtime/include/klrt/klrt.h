@@ -11,11 +11,11 @@
  *   - Memory: strings and structs passed in are copied before the call
  *     returns, unless a function says they must outlive it. Output structs
  *     are written only on success.
- *   - Growth: kl_config, kl_stats and kl_info begin with `size`, which the
- *     caller sets to sizeof the struct it was compiled with (the KL_*_INIT
- *     initializers do). A library newer than the caller fills only that many
- *     bytes; an older one refuses a larger input struct whose extra bytes are
- *     not zero. kl_generated carries `abi`.
+ *   - Growth: kl_config, kl_sampling, kl_stats and kl_info begin with
+ *     `size`, which the caller sets to sizeof the struct it was compiled with
+ *     (the KL_*_INIT initializers do). A library newer than the caller fills
+ *     only that many bytes; an older one refuses a larger input struct whose
+ *     extra bytes are not zero. kl_generated carries `abi`.
  *   - Threads: different contexts may be used from different threads at
  *     once. One context is used by one thread at a time: a call made while
  *     another thread is inside a call on the same context returns KLRT_EBUSY
@@ -223,18 +223,37 @@ kl_result kl_argmax(kl_ctx *ctx, const void *shard, int64_t *index, float *value
 kl_result kl_topk(kl_ctx *ctx, const void *shard, int64_t *index, float *value, float *lse,
                   int tokens, kl_stream stream);
 
-/* kl_sample's parameters: per-row arrays in device memory on the context's
- * GPU, [tokens] each, aligned for their type (KLRT_EINVAL otherwise), read
- * when the sampler runs (a captured graph reads the values of each replay).
- * NULL but temperature: off (seed and offset 0). */
+/* kl_sample's parameters: arrays in device memory on the context's GPU,
+ * aligned for their type (KLRT_EINVAL otherwise), read when the sampler runs
+ * (a captured graph reads the values of each replay). NULL but temperature:
+ * off (seed and offset 0). Begins with `size` (KL_SAMPLING_INIT), as
+ * kl_config does.
+ *
+ * Row t's temperature, top_k, top_p, min_p and seed are entry t of each
+ * array ([tokens] each), or with state_rows entry state_rows[t] (per-request
+ * tables of `states` entries each, as an engine keeps them: vLLM's sampling
+ * states and its idx_mapping). Its offset is offset[t], or with offset_rows
+ * offset[offset_rows[t]] (`offsets` entries: vLLM's positions and its
+ * logits_indices). Index arrays hold int64 entries, or int32 with their
+ * `_bits` 32. An index outside its table is a row outside the domain; a
+ * table entry no row reads is never read. */
 typedef struct kl_sampling {
+  size_t size;              /* sizeof(kl_sampling) (KL_SAMPLING_INIT) */
   const float *temperature; /* 0: greedy (argmax); else finite, > 0 */
-  const int64_t *top_k;     /* 0 (or >= vocab_size): off; else at most the spec's topk */
+  const int32_t *top_k;     /* 0 (or >= vocab_size): off; else at most the spec's topk */
   const float *top_p;       /* in (0, 1]; 1: off */
   const float *min_p;       /* in [0, 1]; 0: off */
-  const uint64_t *seed;     /* the noise's 64-bit key, per row */
+  const uint64_t *seed;     /* the noise's 64-bit key */
   const uint64_t *offset;   /* and its 64-bit counter (e.g. the token's position) */
+  const void *state_rows;  /* [tokens], or NULL: row t reads entry t */
+  int64_t states;          /* with state_rows: the tables' entries */
+  const void *offset_rows; /* [tokens], or NULL: row t's offset is offset[t] */
+  int64_t offsets;         /* with offset_rows: offset's entries */
+  int state_rows_bits;     /* state_rows' entries: 64 (0 too) or 32 */
+  int offset_rows_bits;    /* offset_rows' entries: 64 (0 too) or 32 */
 } kl_sampling;
+#define KL_SAMPLING_INIT \
+  {sizeof(kl_sampling), NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 0, 0, 0}
 
 /* kl_sample, for a spec with `topk = K`: token[t] (int64) is row t's draw
  * from its logits after the spec's epilogue, the same on every rank, as
