@@ -253,7 +253,9 @@ def _sample(rank):
             assert args["seed"].tolist() == states.seeds.np[slots].tolist()
             assert [s for s, p in zip(args["seed"].tolist(), asked) if p.seed is not None] == \
                 [p.seed for p in asked if p.seed is not None]
-            assert torch.equal(args["offset"], batch.positions[batch.logits_indices])
+            # each row's position, read by kl_sample through the batch's logits_indices
+            assert args["offset"] is batch.positions
+            assert args["offset_rows"] is batch.logits_indices
             want = reference.sample(off(head, hidden[:n]), **args, noise="vllm").tokens
             assert torch.equal(got, want), (spec, slots, got, want)
             ranks = [torch.empty_like(got) for _ in range(TP)]

@@ -295,8 +295,9 @@ def sampling_args(sampler, input_batch, max_top_k):
     What a step's requests ask for changes only when a request is added, so
     it is worked out once per batch composition (the request slots of the
     rows, in order) and kept until the sampler adds a request: a step of a
-    known composition reads no request state and launches one index kernel
-    (the rows' positions). A step whose requests are all greedy is
+    known composition reads no request state and launches no kernel of its
+    own (kl_sample reads each row's position through the batch's
+    logits_indices, offset_rows). A step whose requests are all greedy is
     temperature 0.0 for every row and nothing else (GREEDY): its token is
     the argmax, which the glue takes with kl_argmax."""
     reason = _step_declines(sampler, input_batch)
@@ -311,7 +312,7 @@ def sampling_args(sampler, input_batch, max_top_k):
         plan = plans[key] = _plan(sampler, input_batch, max_top_k)
     if isinstance(plan, str) or plan is GREEDY:
         return plan
-    return dict(plan, offset=input_batch.positions[input_batch.logits_indices])
+    return dict(plan, offset=input_batch.positions, offset_rows=input_batch.logits_indices)
 
 
 # sampling_args of a step whose requests are all greedy: every filter, the
@@ -356,7 +357,7 @@ def _plan(sampler, input_batch, max_top_k):
         return GREEDY
     top_k = top_p = min_p = None
     if _used(states.top_k, requests, states.vocab_size):  # vLLM's off: its vocabulary
-        top_k = states.top_k.gpu[rows].long()
+        top_k = states.top_k.gpu[rows]  # int32, as kl_sample reads it
         top_k = top_k.masked_fill(top_k >= states.vocab_size, 0)  # klgen's off: 0
     if _used(states.top_p, requests, 1.0):
         top_p = states.top_p.gpu[rows]
