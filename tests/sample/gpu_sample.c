@@ -205,7 +205,8 @@ static void check_candidates(dev *d, const rows *w, int i, const float *t, const
   qsort(cand, (size_t)all, sizeof *cand, key_desc);
   const char *why = "";
   const int64_t from = sample_from_shards(sh, ns, v, a, K, e, g, -1, &why);
-  sample_row_args ra = {a->temperature, a->top_p, a->min_p, a->top_k, w->seed[i], w->offset[i]};
+  sample_row_args ra = {a->temperature, a->top_p, a->min_p, (int)a->top_k, w->seed[i],
+                        w->offset[i]};
   CUdeviceptr dc = up(d, cand, 8 * (size_t)n), dt = up(d, NULL, 8 * 32);
   void *args[] = {&dc, &best, &best_t, &ra, &dt};
   CU_CHECK(d->cu, cuLaunchKernel(d->decide, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL));

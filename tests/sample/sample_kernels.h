@@ -16,12 +16,14 @@
 
 extern const char sample_test_kernels[];
 
-/* templates/sample.cu.tmpl's RowArgs, as a kernel parameter. */
+/* templates/candidates.cuh.tmpl's RowArgs, as a kernel parameter (the
+ * same layout: the kernel reads it as RowArgs). */
 typedef struct sample_row_args {
   float temperature, top_p, min_p;
-  long long top_k; /* 0: off (the caller maps >= vocab to 0) */
+  int top_k; /* 0: off (the caller maps >= vocab to 0) */
   uint64_t seed, offset;
 } sample_row_args;
+_Static_assert(sizeof(sample_row_args) == 32, "RowArgs: three floats, an int, two u64");
 
 /* keys.cuh.tmpl's make_key on the host: value descending, NaN above +Inf,
  * -0 equal to +0, ties to the lowest column. */
