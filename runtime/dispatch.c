@@ -177,12 +177,24 @@ int kl_overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) {
   return a < b + bn && b < a + an;
 }
 
+/* Whether p is pinned host memory the context's GPU reads at the same
+ * address (mapped: cuMemHostAlloc's DEVICEMAP, any pinned allocation under
+ * unified addressing). */
+static int host_mapped(const kl_ctx *c, CUdeviceptr p) {
+  CUpointer_attribute attr = CU_POINTER_ATTRIBUTE_DEVICE_POINTER;
+  CUdeviceptr dp = 0;
+  void *data = &dp;
+  return c->cu->cuPointerGetAttributes(1, &attr, &data, p) == CUDA_SUCCESS && dp == p;
+}
+
 /* A pointer argument: memory of this context's GPU (the ordinal the driver
  * gives it), with the `bytes` the call reads or writes from p inside the
- * address range of its allocation. One driver query a pointer, every call,
- * never remembered: an address says nothing of the allocation behind it at
- * this call (one freed and made again there may be on another GPU, or
- * smaller). */
+ * address range of its allocation; kl_sample's parameter arrays may be
+ * mapped pinned host memory instead (engines keep per-request tables so,
+ * vLLM's UVA buffers: the sampler reads the few words it needs in place).
+ * One driver query a pointer, every call, never remembered: an address says
+ * nothing of the allocation behind it at this call (one freed and made
+ * again there may be on another GPU, or smaller). */
 kl_result kl_check_ptr(const kl_ctx *c, const kl_call *k, const void *p, size_t bytes, kl_arg arg) {
   unsigned type = 0; /* CUmemorytype; 0: not CUDA memory */
   int ordinal = -1;
@@ -195,10 +207,18 @@ kl_result kl_check_ptr(const kl_ctx *c, const kl_call *k, const void *p, size_t 
   const CUdeviceptr d = (CUdeviceptr)p;
   const char *fn = k->route->fn, *name = arg_names[arg];
   CUresult r = c->cu->cuPointerGetAttributes(4, attr, data, d);
+  const int table = arg >= KL_ARG_TEMPERATURE;
+  if (table && (r != CUDA_SUCCESS || type == CU_MEMORYTYPE_HOST) && host_mapped(c, d)) {
+    if (r != CUDA_SUCCESS) size = 0; /* no range to hold it to */
+    r = CUDA_SUCCESS, type = CU_MEMORYTYPE_HOST;
+    ordinal = c->ordinal; /* the context's GPU reads it where it is */
+  }
+  const char *what = table ? "CUDA device memory or mapped pinned host memory"
+                           : "CUDA device memory";
   if (r != CUDA_SUCCESS)
-    return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is not CUDA device memory (%s)", fn, name, p,
+    return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is not %s (%s)", fn, name, p, what,
                       kl_cu_errstr(r));
-  if (!type) return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is not CUDA device memory", fn, name, p);
+  if (!type) return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is not %s", fn, name, p, what);
   if (ordinal != c->ordinal)
     return kl_rt_fail(KLRT_EINVAL, "%s: %s %p is on GPU %d, but rank %d's context is on GPU %d",
                       fn, name, p, ordinal, c->rank, c->ordinal);

@@ -95,7 +95,12 @@ static void mem_forget(CUdeviceptr p) {
 static CUresult host_alloc(void **p, size_t n) { return (*p = calloc(1, n)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }
 static CUresult host_free(void *p) { return free(p), CUDA_SUCCESS; }
 /* As the driver: an address no allocation holds gets memory type 0 (and
- * every other attribute 0), with CUDA_SUCCESS. */
+ * every other attribute 0), with CUDA_SUCCESS. An allocation of device
+ * HOST_MAPPED is pinned host memory every GPU reads at its address (its
+ * device pointer is itself), one of HOST_UNMAPPED pinned memory no GPU
+ * maps (no device pointer). */
+#define HOST_MAPPED (-1)
+#define HOST_UNMAPPED (-2)
 static CUresult pointer_attributes(unsigned n, CUpointer_attribute *a, void **data, CUdeviceptr p) {
   pthread_mutex_lock(&mu);
   int hit = -1;
@@ -103,7 +108,16 @@ static CUresult pointer_attributes(unsigned n, CUpointer_attribute *a, void **da
     if (p >= allocs[i].p && p < allocs[i].p + allocs[i].n) hit = i;
   for (unsigned j = 0; j < n; j++) switch (a[j]) {
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-      *(unsigned *)data[j] = hit < 0 ? 0u : (unsigned)CU_MEMORYTYPE_DEVICE;
+      *(unsigned *)data[j] = hit < 0 ? 0u
+                             : allocs[hit].dev < 0 ? (unsigned)CU_MEMORYTYPE_HOST
+                                                   : (unsigned)CU_MEMORYTYPE_DEVICE;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      if (hit < 0 || allocs[hit].dev == HOST_UNMAPPED) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      *(CUdeviceptr *)data[j] = p;
       break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data[j] = hit < 0 ? 0 : allocs[hit].dev; break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
@@ -428,6 +442,30 @@ static void sample_alignment(void) {
                 NULL, 0, 2, NULL);
   CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), "does not know"),
            "a larger params, extra set: %s", kl_result_name(r));
+  /* tables in mapped pinned host memory (vLLM's UVA buffers): taken;
+   * unmapped: refused */
+  CUdeviceptr mapped = 0, unmapped = 0;
+  if (alloc_at(&mapped, 4096, HOST_MAPPED, 0) || alloc_at(&unmapped, 4096, HOST_UNMAPPED, 0))
+    abort();
+  kl_sampling in_host = p;
+  in_host.temperature = (const float *)(uintptr_t)mapped;
+  in_host.seed = (const uint64_t *)(uintptr_t)(mapped + 1024);
+  before = launches;
+  r = kl_sample(c, (void *)(uintptr_t)shard, &in_host, (int64_t *)(uintptr_t)token, NULL, NULL,
+                NULL, 0, 2, NULL);
+  CHECK_KL(r == KLRT_OK && launches > before, "tables in mapped host memory: %s (%s)",
+           kl_result_name(r), kl_last_error());
+  in_host.temperature = (const float *)(uintptr_t)(mapped + 4092); /* past its allocation */
+  r = kl_sample(c, (void *)(uintptr_t)shard, &in_host, (int64_t *)(uintptr_t)token, NULL, NULL,
+                NULL, 0, 2, NULL);
+  CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), "temperature") &&
+           strstr(kl_last_error(), "is too small"), "a mapped table past its end: %s (%s)",
+           kl_result_name(r), kl_last_error());
+  in_host.temperature = (const float *)(uintptr_t)unmapped;
+  r = kl_sample(c, (void *)(uintptr_t)shard, &in_host, (int64_t *)(uintptr_t)token, NULL, NULL,
+                NULL, 0, 2, NULL);
+  CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), "temperature"),
+           "a table in unmapped host memory: %s (%s)", kl_result_name(r), kl_last_error());
   /* state_rows and offset_rows within their tables: taken */
   kl_sampling indexed = p;
   indexed.state_rows = (const void *)rows, indexed.states = 4;

@@ -443,6 +443,33 @@ static void api_misuse(kl_ctx *ctx, const api_bufs *b, int n) {
   refused(api_call(ctx, b, &p, 8, 0, NULL), "tokens is 0");
 }
 
+/* w's first n rows' parameters as per-request tables in pinned host memory
+ * the GPU maps (vLLM's UVA buffers), in reverse order, read through 32-bit
+ * state_rows and offset_rows, themselves in that memory: the rows' tokens. */
+static void api_host_tables(dev *d, kl_ctx *ctx, const api_bufs *b, rows *w, int n) {
+  void *h = NULL;
+  CU_CHECK(d->cu, cuMemAllocHost(&h, 64 * (size_t)n));
+  float *T = h, *P = T + n, *MP = P + n;
+  int32_t *K = (int32_t *)(MP + n), *sr = K + n, *orow = sr + n;
+  uint64_t *S = (uint64_t *)((char *)h + 8 * (((size_t)24 * n + 7) / 8)), *O = S + n;
+  for (int i = 0; i < n; i++) {
+    const int j = n - 1 - i;
+    T[j] = w->temperature[i], P[j] = w->top_p[i], MP[j] = w->min_p[i], K[j] = w->top_k[i];
+    S[j] = w->seed[i], O[j] = w->offset[i], sr[i] = orow[i] = j;
+  }
+  kl_sampling p = KL_SAMPLING_INIT;
+  p.temperature = T, p.top_k = K, p.top_p = P, p.min_p = MP, p.seed = S, p.offset = O;
+  p.state_rows = sr, p.states = n, p.state_rows_bits = 32;
+  p.offset_rows = orow, p.offsets = n, p.offset_rows_bits = 32;
+  CHECK(api_call(ctx, b, &p, 0, n, NULL) == KLRT_OK, "kl_sample, tables in host memory: %s",
+        kl_last_error());
+  CU_CHECK(d->cu, cuCtxSynchronize());
+  w->n = n, w->n_top = 0;
+  api_results(d, w, b);
+  for (int i = 0; i < n; i++) check_row(d, w, i, "kl_sample, tables in mapped host memory", 0);
+  CU_CHECK(d->cu, cuMemFreeHost(h));
+}
+
 /* The first 20 rows' filters, kept while a test puts its own in w. */
 typedef struct filters {
   int32_t top_k[20];
@@ -651,6 +678,7 @@ static void api(dev *d) {
     for (int i = 0; i < steps[k]; i++)
       check_row(d, &w, i, k ? "kl_sample (NCCL)" : "kl_sample", n_top > 0);
   }
+  api_host_tables(d, ctx, &b, &w, 16);
   api_shards(d, ctx, &b, &w, &r);
   api_gathered(d, ctx, &b, &w);
   api_marks(d, ctx, &b);

@@ -23,7 +23,8 @@
  *   - Device buffers: every pointer a step call (kl_gather, kl_argmax,
  *     kl_topk, kl_sample) is given is checked before anything is enqueued,
  *     with one driver query each, every call: CUDA memory of the context's
- *     GPU (the device ordinal the driver reports for it), and every byte the
+ *     GPU (the device ordinal the driver reports for it; kl_sample's
+ *     parameters may be mapped pinned host memory), and every byte the
  *     call reads or writes from it, for its `tokens`, inside the address
  *     range the driver reports for its allocation; KLRT_EINVAL naming the
  *     argument otherwise. Not checked, since the driver cannot tell: a
@@ -223,7 +224,9 @@ kl_result kl_argmax(kl_ctx *ctx, const void *shard, int64_t *index, float *value
 kl_result kl_topk(kl_ctx *ctx, const void *shard, int64_t *index, float *value, float *lse,
                   int tokens, kl_stream stream);
 
-/* kl_sample's parameters: arrays in device memory on the context's GPU,
+/* kl_sample's parameters: arrays in device memory on the context's GPU, or
+ * in pinned host memory the GPU maps at the same address (vLLM's UVA
+ * buffers: the sampler reads the few entries it needs over the bus),
  * aligned for their type (KLRT_EINVAL otherwise), read when the sampler runs
  * (a captured graph reads the values of each replay). NULL but temperature:
  * off (seed and offset 0). Begins with `size` (KL_SAMPLING_INIT), as
