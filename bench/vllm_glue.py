@@ -8,7 +8,8 @@ the requests of each case, and klgen's glue on the torch backend with the LM
 head and the klgen call stubbed: the LM head returns a fixed shard and the
 gather's sample returns fixed tokens, so what is timed is the glue's Python
 and the torch work it launches, not a matmul or a kernel. Timed: the
-processor's sample(), and the whole step, GPUModelRunner.sample as the
+processor's sample() (and the same for a step whose batch composition is
+new, its verdict made again), and the whole step, GPUModelRunner.sample as the
 plugin wraps it (test_vllm's runner and tiny Llama), with vLLM's own count
 of sampled tokens (a Triton kernel its sampler launches too) stubbed. Both
 ranks make the gathers (collective); rank 0 times while rank 1 waits, and
@@ -80,11 +81,14 @@ def _run(rank):
         for g in on.klgen.specs.values():
             g.sample = lambda shard, **args: out
         us = _per_call(lambda: on.sample(head, hidden, sampler, batch, None))
+        plans = sampler.__dict__["_klgen_plans"]
+        # a step whose composition is new: its verdict and plan made again
+        fresh = _per_call(lambda: plans.clear() or on.sample(head, hidden, sampler, batch, None))
         assert on.klgen.stats()["declined"] == {}, on.klgen.stats()
         step = _runner_step(rows, logits, sampler)
         if rank == 0:
-            print(f"{name:36s} KlgenLogitsProcessor.sample {us:6.1f} us, "
-                  f"GPUModelRunner.sample {step:6.1f} us")
+            print(f"{name:36s} KlgenLogitsProcessor.sample {us:6.1f} us ({fresh:6.1f} us "
+                  f"a new composition), GPUModelRunner.sample {step:6.1f} us")
     data.leave_together()
 
 
