@@ -420,7 +420,7 @@ _NO_DRIVER_TORCH = '''
 import types
 class dtype: pass
 class Tensor: pass
-bfloat16, float16, float32, int64 = dtype(), dtype(), dtype(), dtype()
+bfloat16, float16, float32, int32, int64 = dtype(), dtype(), dtype(), dtype(), dtype()
 _C = types.SimpleNamespace()
 class _Op:
     def __init__(self, fn): self.fn = fn
