@@ -483,3 +483,67 @@ def test_engine_plugins(monkeypatch):
             plugin()
     assert "klgen.integrations.vllm" not in sys.modules
     assert "klgen.integrations.sglang" not in sys.modules
+
+
+# ---- _capi's structs against klrt.h ----
+
+_C_SIZES = {"size_t": 8, "int64_t": 8, "uint64_t": 8, "long long": 8, "int": 4, "int32_t": 4,
+            "float": 4, "char": 1, "kl_nccl_comm": 8, "kl_allgather_fn": 8}
+
+
+def _header_fields(header, struct):
+    """(name, bytes) of each field of `typedef struct struct {...} struct;` in
+    klrt.h, in order: comments dropped, a pointer 8 bytes, arrays counted."""
+    import re
+
+    body = re.search(r"typedef struct %s \{(.*?)\} %s;" % (struct, struct), header, re.S)
+    assert body, f"{struct} not found in klrt.h"
+    text = re.sub(r"/\*.*?\*/", "", body.group(1), flags=re.S)
+    consts = dict(re.findall(r"#define (\w+) (\d+)", header))
+    fields = []
+    for decl in filter(None, (d.strip() for d in text.split(";"))):
+        base = re.match(r"(?:const )?((?:unsigned )?(?:long long|\w+))\s*(.*)", decl, re.S)
+        for item in base.group(2).split(","):
+            item = item.strip()
+            pointer, name = item.startswith("*"), item.lstrip("*").strip()
+            count = 1
+            array = re.match(r"(\w+)\[(\w+)\]", name)
+            if array:
+                name, n = array.groups()
+                count = int(consts.get(n, n)) if not n.endswith("_COUNT") else \
+                    _enum_index(header, n)
+            size = 8 if pointer else _C_SIZES[base.group(1).replace("unsigned ", "")]
+            fields.append((name, size * count))
+    return fields
+
+
+def _enum_index(header, name):
+    """The value of enumerator `name` in klrt.h (its place in its enum)."""
+    import re
+
+    for body in re.findall(r"enum \w* ?\{(.*?)\}", header, re.S):
+        names = [re.match(r"\s*(\w+)", e).group(1)
+                 for e in re.sub(r"/\*.*?\*/", "", body, flags=re.S).split(",") if e.strip()]
+        if name in names:
+            return names.index(name)
+    raise AssertionError(f"{name} not found in klrt.h")
+
+
+@pytest.mark.parametrize("struct, cls", [("kl_config", "Config"), ("kl_sampling", "Sampling"),
+                                         ("kl_stats", "Stats"), ("kl_info", "Info")])
+def test_capi_structs_are_klrt_h(struct, cls):
+    """Each ctypes mirror has klrt.h's fields, in its order, of its sizes: a
+    field added to one and not the other would shift every field after it."""
+    import ctypes
+
+    from klgen import _capi
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "runtime",
+                        "include", "klrt", "klrt.h")
+    if not os.path.exists(path):
+        pytest.skip("not run from the source tree")
+    with open(path) as f:
+        want = _header_fields(f.read(), struct)
+    mirror = getattr(_capi, cls)
+    got = [(name, ctypes.sizeof(t)) for name, t in mirror._fields_]
+    assert got == want
