@@ -191,6 +191,18 @@ static int get_number(const ctx *c, const kl_spec *s, int t, kl_field f, double 
   return rc;
 }
 
+/* An optional string naming one of two choices: *out 0 for `first` (also
+ * its value when absent), 1 for `second`. */
+static int get_choice(const ctx *c, const kl_spec *s, int t, kl_field f, const char *first,
+                      const char *second, int *out) {
+  char d[16];
+  int rc = get_string(c, s, t, f, d, sizeof d, 1);
+  *out = 0;
+  if (rc || !d[0] || strcmp(d, first) == 0) return rc;
+  if (strcmp(d, second) == 0) return *out = 1, 0;
+  return kl_spec_fail(c->err, s, f, "'%s' is not \"%s\" or \"%s\"", d, first, second);
+}
+
 /* The epilogue's fields (all optional): out_dtype, softcap, scale, numerics. */
 static int parse_epilogue(const ctx *c, kl_spec *s, int t) {
   char d[16];
@@ -210,13 +222,10 @@ static int parse_epilogue(const ctx *c, kl_spec *s, int t) {
   if (!rc) rc = get_number(c, s, t, KL_F_SCALE, &s->scale, &given);
   if (!rc && given && s->scale == 0)
     return kl_spec_fail(c->err, s, KL_F_SCALE, "0 would make every logit 0");
-  if (!rc) rc = get_string(c, s, t, KL_F_NUMERICS, d, sizeof d, 1);
-  if (rc) return rc;
-  s->numerics = KL_NUMERICS_ENGINE;
-  if (strcmp(d, "fp32") == 0) s->numerics = KL_NUMERICS_FP32;
-  else if (d[0] && strcmp(d, "engine") != 0)
-    return kl_spec_fail(c->err, s, KL_F_NUMERICS, "'%s' is not \"engine\" or \"fp32\"", d);
-  return 0;
+  int fp32 = 0;
+  if (!rc) rc = get_choice(c, s, t, KL_F_NUMERICS, "engine", "fp32", &fp32);
+  s->numerics = fp32 ? KL_NUMERICS_FP32 : KL_NUMERICS_ENGINE;
+  return rc;
 }
 
 /* topk (optional): an integer; 0 stands for "not given" in kl_spec (get_int
@@ -234,14 +243,10 @@ static int parse_topk(const ctx *c, kl_spec *s, int t) {
 
 /* noise (optional): "philox" (the default) or "vllm". */
 static int parse_noise(const ctx *c, kl_spec *s, int t) {
-  char d[16];
-  int rc = get_string(c, s, t, KL_F_NOISE, d, sizeof d, 1);
-  if (rc) return rc;
-  s->noise = KL_NOISE_PHILOX;
-  if (strcmp(d, "vllm") == 0) s->noise = KL_NOISE_VLLM;
-  else if (d[0] && strcmp(d, "philox") != 0)
-    return kl_spec_fail(c->err, s, KL_F_NOISE, "'%s' is not \"philox\" or \"vllm\"", d);
-  return 0;
+  int vllm = 0;
+  int rc = get_choice(c, s, t, KL_F_NOISE, "philox", "vllm", &vllm);
+  s->noise = vllm ? KL_NOISE_VLLM : KL_NOISE_PHILOX;
+  return rc;
 }
 
 static int parse_dtype(const ctx *c, const kl_spec *s, int t, kl_dtype *out) {
