@@ -254,7 +254,7 @@ static void reference_kernels(grid *g) {
   load_module(g, floor_boundary_src, "klbench_floor", &g->floor_mod, NULL);
   if (kl_cu_get(NULL)->cuModuleGetFunction(&g->floor_fn, g->floor_mod, "kl_floor_empty"))
     die("floor", "no kl_floor_empty");
-  char *src = grid_noise_source(g->set[0].src[S_SAMPLE]);
+  char *src = grid_noise_source(g->set[0].src[S_SAMPLE], g->set[0].spec[S_SAMPLE].noise);
   kl_binary bin;
   load_module(g, src, "klbench_noise", NULL, &bin);
   free(src);

@@ -85,9 +85,10 @@ typedef struct grid_noise {
   int sms;
 } grid_noise;
 
-/* The noise section of a source klgen rendered, with the kernels after it
- * (free it); dies if the source has no noise.cuh.tmpl section. */
-char *grid_noise_source(const char *rendered);
+/* The noise section of a source klgen rendered for a spec of noise
+ * noise_id, with the kernels after it (free it); dies if the source has no
+ * noise.cuh.tmpl section. */
+char *grid_noise_source(const char *rendered, kl_noise noise_id);
 /* Loads the compiled source, for up to max_rows rows a launch. */
 void grid_noise_load(grid_noise *g, const kl_binary *bin, int max_rows, int sms);
 void grid_noise_release(grid_noise *g);

@@ -113,21 +113,14 @@ static int noise_section(const char *src, const char **start, size_t *len) {
   return 0;
 }
 
-/* The spec's noise (prelude.cuh.tmpl's NOISE), which the section reads. */
-static int spec_noise(const char *rendered) {
-  static const char key[] = "static constexpr int NOISE = ";
-  const char *p = strstr(rendered, key);
-  return p ? atoi(p + strlen(key)) : 0;
-}
-
-char *grid_noise_source(const char *rendered) {
+char *grid_noise_source(const char *rendered, kl_noise noise_id) {
   const char *sec;
   size_t n;
   if (noise_section(rendered, &sec, &n))
     die("noise reference", "the rendered source has no noise.cuh.tmpl section (#line ... "
                            "\"noise.cuh.tmpl\")");
   char noise[48];
-  snprintf(noise, sizeof noise, "static constexpr int NOISE = %d;\n", spec_noise(rendered));
+  snprintf(noise, sizeof noise, "static constexpr int NOISE = %d;\n", (int)noise_id);
   size_t total = strlen(head) + strlen(noise) + n + strlen(kernels) + 1;
   char *src = malloc(total);
   if (!src) die("noise reference", "out of memory");

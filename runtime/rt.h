@@ -154,7 +154,10 @@ typedef struct kl_kernel {
 
 /* ---- dispatch.c: what kl_gather, kl_argmax, kl_topk and kl_sample share ---- */
 enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
-/* The pointer arguments of the calls: each one's name in messages. */
+/* The pointer arguments of the calls: each one's name in messages.
+ * kl_sample's parameters come last, from KL_ARG_TEMPERATURE on, in
+ * kl_sampling's order (sample.c checks them in it; kl_check_ptr takes
+ * mapped host memory for them alone). */
 typedef enum kl_arg { KL_ARG_SHARD, KL_ARG_OUT, KL_ARG_INDEX, KL_ARG_VALUE, KL_ARG_LSE,
                       KL_ARG_TOKEN, KL_ARG_LOGPROB, KL_ARG_TOP_INDEX, KL_ARG_TOP_LOGPROB,
                       KL_ARG_TEMPERATURE, KL_ARG_TOP_K, KL_ARG_TOP_P, KL_ARG_MIN_P, KL_ARG_SEED,

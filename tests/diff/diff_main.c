@@ -347,7 +347,7 @@ static void load_noise(diff_env *env, const char *arch, int noise) {
   kl_spec_list list;
   kl_err err;
   char *all = NULL, spec[sizeof noise_spec + 8];
-  snprintf(spec, sizeof spec, noise_spec, noise == KL_NOISE_VLLM ? "vllm" : "philox");
+  snprintf(spec, sizeof spec, noise_spec, kl_noise_name((kl_noise)noise));
   if (kl_spec_load_string("noise", spec, strlen(spec), NULL, &list, &err) == 0) {
     all = spec_source_with(&list.v[0], noise_src, &err);
     kl_spec_list_free(&list);

@@ -388,7 +388,7 @@ static void spec_noise(const gpu *g) {
   }
   CHECK(bad == 0, "%d of %d columns: the spec's noise is not %s's", bad, n,
         g->noise ? "vLLM" : "Philox");
-  printf("spec noise: %s, %d columns\n", g->noise ? "vllm" : "philox", n);
+  printf("spec noise: %s, %d columns\n", kl_noise_name((kl_noise)g->noise), n);
   free(s), free(o), free(c), free(word), free(gv), free(bd), free(fg), free(fb);
 }
 
