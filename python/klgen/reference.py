@@ -317,21 +317,6 @@ def _index(rows_index, name, rows, device):
     return rows_index.to(torch.int64)
 
 
-def _read(value, name, index, index_name, device):
-    """value, a parameter given as a 1-D tensor, read at index (a row's entry
-    of its table); anything else as it is."""
-    if index is None or not isinstance(value, torch.Tensor):
-        return value
-    if value.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D tensor (a table {index_name} indexes), not of "
-                         f"shape {tuple(value.shape)}")
-    if value.device != device:
-        raise ValueError(f"{name} is on {value.device}, expected {device} (the logits')")
-    _refuse((index < 0) | (index >= value.shape[0]), index_name, index,
-            f"in [0, {value.shape[0]}) (the entries of {name})")
-    return value[index]
-
-
 def check_sampling_args(rows, vocab_size, device, temperature, top_k=None, top_p=None,
                         min_p=None, seed=0, offset=0, logprobs=0, *, max_top_k=None,
                         state_rows=None, offset_rows=None):
@@ -357,13 +342,12 @@ def check_sampling_args(rows, vocab_size, device, temperature, top_k=None, top_p
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size must be an int >= 1, not {vocab_size!r}")
     device = torch.device(device)
-    states = _index(state_rows, "state_rows", rows, device)
-    at = _index(offset_rows, "offset_rows", rows, device)
-    if at is not None and not isinstance(offset, torch.Tensor):
+    states = _Tables(state_rows, rows, device)
+    at = _Tables(offset_rows, rows, device, "offset_rows")
+    if at.index is not None and not isinstance(offset, torch.Tensor):
         raise ValueError("offset_rows indexes offset: pass offset as a tensor")
-    temperature, top_k, top_p, min_p = (
-        _read(v, n, states, "state_rows", device) for v, n in (
-            (temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (min_p, "min_p")))
+    temperature, top_k, top_p, min_p = (states.read(v, n) for v, n in (
+        (temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (min_p, "min_p")))
     f32 = torch.float32
     t = _per_row(temperature, "temperature", rows, device, f32, None)
     _refuse(~torch.isfinite(t) | (t < 0), "temperature", t, "finite and >= 0 (as a float32)")
@@ -377,11 +361,10 @@ def check_sampling_args(rows, vocab_size, device, temperature, top_k=None, top_p
     if max_top_k is not None:
         _refuse(k > max_top_k, "top_k", k, f"at most {max_top_k} (or 0, or >= the vocabulary)")
     seeds = []
-    for name, value, index, index_name in (("seed", seed, states, "state_rows"),
-                                           ("offset", offset, at, "offset_rows")):
+    for name, value, tables in (("seed", seed, states), ("offset", offset, at)):
         v = _u64(value, name, device)
         if isinstance(value, torch.Tensor):
-            v = _read(v, name, index, index_name, device)
+            v = tables.read(v, name)
         if v.dim() == 1 and v.shape[0] != rows:
             raise ValueError(f"{name} has shape {tuple(v.shape)}, expected [{rows}] (one per row)")
         if isinstance(value, torch.Tensor) and value.device != device:
@@ -569,13 +552,14 @@ def _tensor(value, name, dtype, shape, device):
 
 class _Tables:
     """Gathers per-request tables into per-row ones: row r reads row
-    state_rows[r] of each table (row r where state_rows is None)."""
+    index[r] of each table (row r where the index, state_rows or
+    offset_rows, is None)."""
 
-    def __init__(self, state_rows, rows, device):
-        self.rows, self.device = rows, device
-        self.index = _index(state_rows, "state_rows", rows, device)
+    def __init__(self, index, rows, device, name="state_rows"):
+        self.rows, self.device, self.name = rows, device, name
+        self.index = _index(index, name, rows, device)
         if self.index is not None:
-            _refuse(self.index < 0, "state_rows", self.index, ">= 0")
+            _refuse(self.index < 0, name, self.index, ">= 0")
 
     def gather(self, value, name, dtype, width=()):
         table = _tensor(value, name, dtype, (None,) + width, self.device)
@@ -585,9 +569,16 @@ class _Tables:
                                  f"per row; pass state_rows to index a table of requests)")
             return table
         if self.rows and int(self.index.max()) >= table.shape[0]:
-            raise ValueError(f"state_rows reaches row {int(self.index.max())} of {name}, which "
+            raise ValueError(f"{self.name} reaches row {int(self.index.max())} of {name}, which "
                              f"has {table.shape[0]}")
         return table[self.index]
+
+    def read(self, value, name):
+        """A sampling parameter: a 1-D tensor read at the index (as it is
+        without one, or when not a tensor)."""
+        if self.index is None or not isinstance(value, torch.Tensor):
+            return value
+        return self.gather(value, name, value.dtype)
 
     def penalty(self, value, name):
         """A penalty: a number (every row) or a floating tensor [states]; float32 [rows]."""
@@ -883,7 +874,7 @@ def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, o
     checked by check_sampling_args() and check_processing(); with
     state_rows, tensor temperature, top_k, top_p, min_p and seed are
     per-request tables as the processing's are, and with offset_rows
-    (int64 [tokens]) a tensor offset is a table row r reads at
+    (int32 or int64 [tokens]) a tensor offset is a table row r reads at
     offset_rows[r] (vLLM's positions and logits_indices).
     """
     _check_logits(logits)
