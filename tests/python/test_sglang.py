@@ -33,7 +33,8 @@ def _setup(rank, port):
     from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs
 
-    publish(ServerArgs(model_path="dummy", tp_size=TP, device="cpu", skip_tokenizer_init=True),
+    publish(ServerArgs(model_path="dummy", tp_size=TP, device="cpu", skip_tokenizer_init=True,
+                       sampling_backend="pytorch"),
             role="scheduler", ranks=SpawnRanks(world_rank=rank))
     parallel_state.init_model_parallel_group = functools.partial(
         parallel_state.init_model_parallel_group, use_pynccl=False)
@@ -189,6 +190,256 @@ def _softcap_gather_and_all_to_all(rank):
 
 def test_softcap_gather_and_all_to_all():
     data.spawn(_setup, _softcap_gather_and_all_to_all)
+
+
+class _Runner:
+    """What SGLang's ModelRunner.sample reads of its runner, around a real
+    Sampler; the runner's __init__ and load_model need a GPU and a
+    checkpoint, so the load hook is called as load_model would call it."""
+
+    def __init__(self, processor):
+        from sglang.srt.layers.sampler import create_sampler
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        self.model = torch.nn.Module()
+        self.model.logits_processor = processor
+        self.is_draft_worker, self.spec_algorithm = False, SpeculativeAlgorithm.from_string(None)
+        self.sampler, self.sampling_observer, self.watermark_state = create_sampler(), None, None
+        self.decoded = []
+        self.ngram_embedding_manager = types.SimpleNamespace(
+            update_after_decode=lambda next_token_ids, forward_batch:
+                self.decoded.append(next_token_ids))
+
+    def sample(self, logits_output, forward_batch):
+        from sglang.srt.model_executor.model_runner import ModelRunner
+
+        return ModelRunner.sample(self, logits_output, forward_batch)
+
+    def _preprocess_logits(self, *args, **kwargs):
+        from sglang.srt.model_executor.model_runner import ModelRunner
+
+        return ModelRunner._preprocess_logits(self, *args, **kwargs)
+
+
+def _requests(params):
+    """A ScheduleBatch's part that SamplingBatchInfo reads: requests with
+    SGLang's own SamplingParams (normalized as the tokenizer manager does)."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    reqs = []
+    for kw in params:
+        sp = SamplingParams(**kw)
+        sp.normalize(None)
+        reqs.append(types.SimpleNamespace(sampling_params=sp, custom_logit_processor=None,
+                                          return_sampling_mask=False,
+                                          sampling_logprobs_mode=None))
+    return _Batch(reqs=reqs, device="cpu", batch_is_full=False)
+
+
+class _Batch(types.SimpleNamespace):
+    """A ScheduleBatch stand-in SGLang's penalizers can hold a weak reference to."""
+
+
+def _step(runner, reqs, vocab, return_logprob=False):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    info = SamplingBatchInfo.from_schedule_batch(reqs, vocab)
+    return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, return_logprob=return_logprob,
+                                 sampling_info=info, positions=torch.arange(len(reqs.reqs)),
+                                 top_logprobs_nums=None, token_ids_logprobs=None)
+
+
+# Request mixes of SGLang's parameters: served on the shards, and not.
+SERVED = [
+    [dict(temperature=0.0)] * 3,
+    [dict(temperature=0.7), dict(temperature=0.0), dict(temperature=1.0, top_k=20, top_p=0.9),
+     dict(temperature=0.5, top_k=64)],
+    [dict(temperature=1.3, min_p=0.05), dict(temperature=0.0), dict(temperature=0.8, top_k=5)],
+]
+DECLINED = [
+    ([dict(temperature=0.7, frequency_penalty=0.5), dict(temperature=0.0)], "penalties"),
+    ([dict(temperature=0.7, logit_bias={"3": 5.0})], "logit bias"),
+    ([dict(temperature=0.7, top_k=100)], "top_k 100"),
+    ([dict(temperature=0.7, top_p=0.9), dict(temperature=0.7, min_p=0.1)], "top-p with min-p"),
+]
+
+
+def _sample_on_shards(rank):
+    """SGLang's decode step with the drop-in: forward leaves the logits on
+    the shards and the real ModelRunner.sample draws from them with klgen
+    (checked against klgen.reference on the gathered row, with the
+    parameters SGLang's requests ask for, and greedy rows against SGLang's
+    own sampler), or gathers them and runs SGLang's own sampler (the same
+    tokens as SGLang alone, same RNG), counted by reason."""
+    import klgen.reference as ref
+    from klgen.integrations import sglang as glue
+    from sglang.srt.sampling.sampling_params import TOP_K_ALL
+
+    lines = data.debug_lines("sglang.klgen")
+    stock, ours = _processors()
+    for i in (0, 1):  # bf16; bf16 soft-capped and scaled
+        vocab = HEADS[i][0]
+        on, off = ours[i], stock[i]
+        runner, sglangs = _Runner(on), _Runner(off)
+        glue._loaded(None, runner)
+        assert on.klgen_defer and runner.klgen_sampling is not None
+        gen = torch.Generator().manual_seed(i)
+        head, hidden = _head(vocab, 4, HEADS[i][1],
+                             (torch.randn(4, data.padded(vocab, TP), generator=gen) * 3)
+                             .to(HEADS[i][1]))
+        ids = torch.zeros(4, dtype=torch.long)
+        for mix in SERVED + [m for m, _ in DECLINED]:
+            n = len(mix)
+            out = on(ids[:n], hidden[:n].clone(), head, _metadata())
+            row = off(ids[:n], hidden[:n].clone(), head, _metadata())
+            shard = out.next_token_logits
+            local = shard.shape[1]
+            # in the head's dtype unless SGLang soft-caps it (in fp32)
+            assert shard.dtype == (torch.float32 if HEADS[i][2] else HEADS[i][1])
+            assert local < vocab, shard.shape
+            data.assert_same(shard.float()[:, :vocab - rank * local][:, :local],
+                             row.next_token_logits[:, rank * local:][:, :local],
+                             f"the deferred shard {HEADS[i]}")
+            gathered = row.next_token_logits.clone()  # SGLang's sampler works in place
+            declined = dict(on.klgen.stats()["declined"])
+            torch.manual_seed(5)
+            got = runner.sample(out, _step(runner, _requests(mix), vocab))
+            torch.manual_seed(5)
+            want_sglang = sglangs.sample(row, _step(sglangs, _requests(mix), vocab))
+            if mix in SERVED:
+                steps = runner.klgen_sampling.steps
+                temperature = torch.tensor([1.0 if m.get("temperature", 1.0) == 0 else
+                                            m.get("temperature", 1.0) for m in mix])
+                top_k = torch.tensor([1 if m.get("temperature", 1.0) == 0 else
+                                      m.get("top_k", TOP_K_ALL) for m in mix])
+                top_k = torch.where(top_k >= vocab, 0, top_k)
+                top_p = torch.tensor([m.get("top_p", 1.0) for m in mix])
+                min_p = torch.tensor([m.get("min_p", 0.0) for m in mix])
+                want = ref.sample(gathered, temperature, top_k, top_p, min_p,
+                                  seed=steps, offset=torch.arange(n)).tokens
+                assert torch.equal(got.long(), want.long()), (mix, got, want)
+                greedy = torch.tensor([m.get("temperature", 1.0) == 0 for m in mix])
+                # SGLang's greedy rows in a mixed step take any of the tied
+                # largest (its sort is not stable); klgen's the lowest column
+                best = gathered[greedy].max(dim=-1).values
+                assert torch.equal(gathered[greedy].gather(1, want_sglang[greedy].long()[:, None])
+                                   .view(-1), best), mix
+                assert on.klgen.stats()["declined"] == declined, mix
+                assert runner.decoded[-1] is got
+            else:
+                assert torch.equal(got, want_sglang), (mix, got, want_sglang)
+                assert sum(on.klgen.stats()["declined"].values()) == sum(declined.values()) + 1
+        stats = on.klgen.stats()
+        assert stats["calls"]["sample"] == len(SERVED) and stats["declined"]["sample"] == \
+            len(DECLINED), stats
+        _beam_capture(on, off, head, hidden, vocab)
+    for _, reason in DECLINED:
+        assert any(reason in line for line in lines), (reason, lines)
+
+
+def _beam_capture(on, off, head, hidden, vocab):
+    """A beam-search step's rows are captured by SGLang's own
+    capture_pre_sample_logits (as the TP worker calls it) from the gathered
+    row, not the shard."""
+    from sglang.srt.beam_search.batch_tail import BeamTail, BeamTailEntry
+    from sglang.srt.managers import tp_worker
+
+    ids = torch.zeros(4, dtype=torch.long)
+    out = on(ids, hidden.clone(), head, _metadata())
+    row = off(ids, hidden.clone(), head, _metadata()).next_token_logits
+    batch = types.SimpleNamespace(beam_tail=BeamTail(num_base_rows=2, entries=[
+        BeamTailEntry(group=None, leader_idx=1, start=0, end=2)]))
+    step = types.SimpleNamespace(positions=torch.arange(4))
+    declined = on.klgen.stats()["declined"]["sample"]
+    tp_worker.capture_pre_sample_logits(batch, step, out)
+    data.assert_same(out.next_token_logits, row[:2], "the base rows SGLang samples")
+    data.assert_same(out.beam.leader_logits, row[[1]], "the beam leaders' logits")
+    data.assert_same(out.beam.tail_logits, row[2:], "the beam tail's logits")
+    assert on.klgen.stats()["declined"]["sample"] == declined + 1
+
+
+def test_sample_on_shards():
+    data.spawn(_setup, _sample_on_shards)
+
+
+def _sampling_tables(rank):
+    """The requests' top_k follow SamplingBatchInfo as SGLang filters and
+    merges it (finished requests leave, new ones join), so a step whose
+    largest top_k drops to 64 or below is served again."""
+    from klgen.integrations import sglang as glue
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    _turn_on()
+    runner = _Runner(_processors()[1][0])
+    glue._loaded(None, runner)
+    shard = torch.zeros(3, 25152)
+    first = SamplingBatchInfo.from_schedule_batch(
+        _requests([dict(top_k=100), dict(temperature=0.5), dict(top_k=7)]), 50257)
+    step = types.SimpleNamespace(forward_mode=_step(runner, _requests([{}]), 50257).forward_mode,
+                                 return_logprob=False, sampling_info=first)
+    assert glue.sampling_args(runner, step, shard) == "top_k 100: above kl_sample's 64"
+    first.filter_batch([1, 2], torch.tensor([1, 2]))
+    assert first.top_ks.klgen_host == [glue_all(), 7]
+    assert isinstance(glue.sampling_args(runner, step, shard[:2]), dict)
+    first.merge_batch(SamplingBatchInfo.from_schedule_batch(_requests([dict(top_k=64)]), 50257))
+    assert first.top_ks.klgen_host == [glue_all(), 7, 64]
+    args = glue.sampling_args(runner, step, shard)
+    assert torch.equal(args["top_k"], torch.tensor([glue_all(), 7, 64], dtype=torch.int32))
+    # a SamplingBatchInfo whose top_ks were set some other way: unknown
+    first.top_ks = first.top_ks.clone()
+    assert glue.sampling_args(runner, step, shard) == \
+        "top_k: the requests' values are not known on the host"
+
+
+def glue_all():
+    from sglang.srt.sampling.sampling_params import TOP_K_ALL
+
+    return TOP_K_ALL
+
+
+def test_sampling_tables():
+    data.spawn(_setup, _sampling_tables)
+
+
+def _other_sglang(rank):
+    """Where SGLang's Sampler.forward is not 0.5.23's (here another function
+    put in its place before the plugin loads), nothing is deferred: every
+    decode step gathers in forward and samples on SGLang's path, counted as
+    a declined "sample"."""
+    from sglang.srt.layers.sampler import Sampler
+
+    sglangs = Sampler.forward
+
+    def forward(self, *args, **kwargs):
+        return sglangs(self, *args, **kwargs)
+
+    Sampler.forward = forward
+    from klgen.integrations import sglang as glue
+
+    lines = data.debug_lines("sglang.klgen")
+    stock, ours = _processors()
+    on, off, vocab = ours[0], stock[0], HEADS[0][0]
+    runner, theirs = _Runner(on), _Runner(off)
+    glue._loaded(None, runner)
+    assert not on.klgen_defer and not hasattr(runner, "klgen_sampling")
+    gen = torch.Generator().manual_seed(0)
+    head, hidden = _head(vocab, 2, HEADS[0][1], (torch.randn(2, data.padded(vocab, TP),
+                                                            generator=gen) * 3).to(HEADS[0][1]))
+    ids = torch.zeros(2, dtype=torch.long)
+    mix = [dict(temperature=0.7), dict(temperature=0.0)]
+    out, row = on(ids, hidden, head, _metadata()), off(ids, hidden, head, _metadata())
+    assert out.next_token_logits.shape == (2, vocab)
+    torch.manual_seed(3)
+    got = runner.sample(out, _step(runner, _requests(mix), vocab))
+    torch.manual_seed(3)
+    assert torch.equal(got, theirs.sample(row, _step(theirs, _requests(mix), vocab)))
+    assert on.klgen.stats()["declined"] == {"sample": 1}
+    assert any("Sampler.forward is not SGLang 0.5.23's" in line for line in lines), lines
+
+
+def test_other_sglang_keeps_its_path():
+    data.spawn(_setup, _other_sglang)
 
 
 def _device_error(rank):

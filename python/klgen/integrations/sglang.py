@@ -31,8 +31,25 @@ head, an empty batch, logits that are not [rows, local] on a GPU. stats() and
 the debug log (logger "sglang.klgen") say which calls klgen served.
 enable("torch") / install(p, "torch") run the same glue on TorchGather, the
 torch implementation of klgen's contract: for CPUs and tests.
+
+Sampling on the shards: the target model's processor (not a draft's, not
+with speculative decoding) leaves a decode step's logits ungathered (SGLang's
+own deferred-gather idea, is_deferred_shard, taken to decode): forward
+returns the fp32 shard [rows, local], scaled and capped as SGLang does, in
+and out of CUDA graphs. ModelRunner.sample, wrapped, draws the tokens from
+the shards with kl_sample (kl_argmax when every row is greedy), or finishes
+the gather and runs SGLang's own sample where the step needs it: penalties,
+logit bias, grammars, logprobs, custom logit processors, deterministic
+sampling, sampling masks, watermarks, observers, top_k above 64, top-p with
+min-p (SGLang applies them in another order). A beam-search batch gets its
+gathered row before SGLang captures it. The wrapped code is checked first
+(the source of ModelRunner.sample, Sampler.forward and
+LogitsProcessor._get_logits against SGLang 0.5.23's): where it differs,
+nothing is deferred and every step is SGLang's, counted.
 """
 
+import hashlib
+import inspect
 import logging
 import types
 
@@ -42,7 +59,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from . import _gathers, check_backend
-from ._gathers import Gathers
+from ._gathers import MAX_TOPK, Gathers
 
 log = logging.getLogger("sglang.klgen")
 
@@ -58,6 +75,7 @@ def enable(backend="klgen"):
     _backend = check_backend(backend, "enable")
     if first:
         HookRegistry.register(_INIT, _built, HookType.AFTER)
+        _register_sampling()
         HookRegistry.apply_hooks()  # what load_plugins does after its plugins
     log.debug("klgen: every new LogitsProcessor gathers on %s", backend)
 
@@ -84,6 +102,11 @@ def install(processor, backend="klgen"):
     processor._tp_lm_head_all_to_all = _counted(
         gathers, "the LM-head all-to-all: each rank's own rows, not a gather",
         processor._tp_lm_head_all_to_all)
+    processor._get_logits = types.MethodType(_get_logits(processor._get_logits), processor)
+    processor._copy_logits_to_buffer = types.MethodType(
+        _copy_logits_to_buffer(processor._copy_logits_to_buffer), processor)
+    processor.klgen_defer = False  # a ModelRunner's load_model turns it on (_defer)
+    processor.klgen_cap = None  # the soft-cap a deferred shard still needs
     return processor
 
 
@@ -109,7 +132,11 @@ class LogitsGatherer:
     def __init__(self, vocab_size, gathers, fallback):
         self.vocab_size, self.gathers, self.fallback = vocab_size, gathers, fallback
 
+    defer = False  # _get_logits sets it for a decode step whose gather waits
+
     def __call__(self, logits):
+        if self.defer:
+            return logits
         reason = _unfit(self.gathers, logits)
         if reason is not None:
             self.gathers.decline("gather", reason)
@@ -143,6 +170,9 @@ def _gather_softcap_fused(sglangs):
     does not fit."""
 
     def gather_softcap_fused(self, logits, logits_metadata, use_buffer):
+        if self._logits_gatherer.defer:
+            self.klgen_cap = self.final_logit_softcapping
+            return logits
         reason = _unfit(self.klgen, logits)
         if reason is not None:
             self.klgen.decline("softcap gather", reason)
@@ -167,3 +197,320 @@ def _counted(gathers, reason, sglangs):
         return sglangs(*args, **kwargs)
 
     return call
+
+
+def _get_logits(sglangs):
+    """_get_logits, its gather left to the sampler in a decode step of a
+    processor whose ModelRunner samples on the shards (klgen_defer)."""
+
+    def get_logits(self, hidden_states, lm_head, logits_metadata, *args, **kwargs):
+        self._logits_gatherer.defer = (self.klgen_defer
+                                       and logits_metadata.forward_mode.is_decode())
+        try:
+            return sglangs(hidden_states, lm_head, logits_metadata, *args, **kwargs)
+        finally:
+            self._logits_gatherer.defer = False
+
+    return get_logits
+
+
+def _copy_logits_to_buffer(sglangs):
+    """_copy_logits_to_buffer, which keeps a deferred shard in its dtype
+    where no soft-cap follows (the sampler reads half the bytes); SGLang's
+    fp32 copy otherwise, for its cap to work on."""
+
+    def copy_logits_to_buffer(self, logits, *args, **kwargs):
+        if self._logits_gatherer.defer and not self.final_logit_softcapping:
+            return logits
+        return sglangs(logits, *args, **kwargs)
+
+    return copy_logits_to_buffer
+
+
+# What the sampling hooks stand in for, as SGLang 0.5.23 writes it: the
+# sha256 of the source of ModelRunner.sample (whose steps the hook replays:
+# the preprocessing it declines, the n-gram update it keeps), Sampler.forward
+# (whose choices it makes) and LogitsProcessor._get_logits (whose gatherer
+# output it defers). Any other text is another SGLang, whose steps keep its
+# path.
+_KNOWN = {
+    "ModelRunner.sample": "ee4f0890d19d3f44027eef3341b9b590848ddbefb291999a2ce2d091644fc938",
+    "Sampler.forward": "f8d795ab811a696112153ed7b9b51d44c954ee10b547bb349a49744ca756ae0c",
+    "LogitsProcessor._get_logits":
+        "565c058034e5f7e225dec0613d65b592cb5b32dcff1dea39e65b4b919516358e"}
+_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
+_INFO = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo"
+_CAPTURE = "sglang.srt.beam_search.logits_capture.capture_pre_sample_logits"
+# Environment switches under which SGLang's sampler reads the gathered row
+# itself (its NaN probes and sanitizer).
+_NAN_SWITCHES = ("SGLANG_SANITIZE_NAN_LOGITS", "SGLANG_ENABLE_NAN_LOGITS_CHECK",
+                 "SGLANG_ENABLE_ASYNC_ASSERT")
+_unknown_code = None  # why the hooks cannot serve this SGLang, or None
+
+
+def _register_sampling():
+    global _unknown_code
+    from sglang.srt.layers.sampler import Sampler
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    _unknown_code = _unknown(("ModelRunner.sample", ModelRunner.sample),
+                             ("Sampler.forward", Sampler.forward),
+                             ("LogitsProcessor._get_logits", LogitsProcessor._get_logits))
+    HookRegistry.register(f"{_RUNNER}.load_model", _loaded, HookType.AFTER)
+    HookRegistry.register(f"{_RUNNER}.sample", _sample, HookType.AROUND)
+    HookRegistry.register(_CAPTURE, _capture, HookType.BEFORE)
+    HookRegistry.register(f"{_INFO}.from_schedule_batch", _info_made, HookType.AFTER)
+    HookRegistry.register(f"{_INFO}.filter_batch", _info_filtered, HookType.AROUND)
+    HookRegistry.register(f"{_INFO}.merge_batch", _info_merged, HookType.AROUND)
+
+
+def _unknown(*functions):
+    """Why one of (name, function) is not the code _KNOWN names, or None."""
+    for name, fn in functions:
+        try:
+            text = inspect.getsource(fn)
+        except (OSError, TypeError):
+            return f"SGLang's {name} has no source to check"
+        if hashlib.sha256(text.encode()).hexdigest() != _KNOWN[name]:
+            return f"SGLang's {name} is not SGLang 0.5.23's"
+    return None
+
+
+def _loaded(result, runner, *args, **kwargs):
+    """After ModelRunner.load_model, before its graphs are captured: the
+    target model's one installed processor defers its decode gathers to
+    runner.klgen_sampling, or runner.klgen_declines says why not."""
+    processors = [m for m in runner.model.modules()
+                  if isinstance(m, LogitsProcessor) and getattr(m, "klgen", None)]
+    reason = _unknown_code or _runner_declines(runner, processors)
+    if reason is not None:
+        runner.klgen_declines = (reason, processors[0].klgen if len(processors) == 1 else None)
+        log.debug("klgen: SGLang's ModelRunner samples the gathered row: %s", reason)
+        return result
+    global _deferring
+    processors[0].klgen_defer = True
+    runner.klgen_sampling = _deferring = Sampling(processors[0])
+    log.debug("klgen: SGLang's decode steps sample on the shards")
+    return result
+
+
+def _runner_declines(runner, processors):
+    from sglang.srt.environ import envs
+
+    if getattr(runner, "is_draft_worker", False):
+        return "a draft model's runner"
+    spec = getattr(runner, "spec_algorithm", None)
+    if spec is not None and not spec.is_none():
+        return "speculative decoding: drafts are verified on the gathered row"
+    for name in _NAN_SWITCHES:
+        if getattr(envs, name).get():
+            return f"{name}: SGLang's sampler probes the gathered row"
+    if len(processors) != 1:
+        return f"{len(processors)} LogitsProcessors that gather on klgen, not one"
+    if processors[0].do_tensor_parallel_all_gather_dp_attn:
+        return "data-parallel attention: the logits rows are scattered after the gather"
+    return None
+
+
+def _sample(sglangs, runner, logits_output, forward_batch, *args, **kwargs):
+    """ModelRunner.sample: a deferred decode step's tokens from the shards,
+    or its gather finished and SGLang's own sample."""
+    sampling = getattr(runner, "klgen_sampling", None)
+    if sampling is None:
+        reason, gathers = getattr(runner, "klgen_declines", (None, None))
+        if gathers is not None:
+            gathers.decline("sample", reason)
+        return sglangs(runner, logits_output, forward_batch, *args, **kwargs)
+    shard = logits_output.next_token_logits
+    if not sampling.deferred(shard):
+        return sglangs(runner, logits_output, forward_batch, *args, **kwargs)
+    tokens = sampling.sample(runner, shard, forward_batch)
+    if tokens is None:
+        logits_output.next_token_logits = sampling.gather(shard)
+        return sglangs(runner, logits_output, forward_batch, *args, **kwargs)
+    # what ModelRunner.sample does besides the sampler's work
+    logits_output.auxiliary_device_output = None
+    runner.ngram_embedding_manager.update_after_decode(next_token_ids=tokens,
+                                                       forward_batch=forward_batch)
+    return tokens
+
+
+def _capture(batch, forward_batch, logits_output, *args, **kwargs):
+    """Before capture_pre_sample_logits: a beam-search batch reads its rows'
+    logits, so a deferred shard is gathered first."""
+    if batch is not None and getattr(batch, "beam_tail", None) is not None \
+            and logits_output is not None:
+        sampling = _sampling_of(logits_output)
+        if sampling is not None:
+            sampling.decline("beam search: SGLang captures the rows' logits")
+            logits_output.next_token_logits = sampling.gather(logits_output.next_token_logits)
+    return None
+
+
+# The Sampling of the runner that defers, for _capture: a TP worker process
+# runs one target model, the last one loaded.
+_deferring = None
+
+
+def _sampling_of(logits_output):
+    if _deferring is not None and _deferring.deferred(logits_output.next_token_logits):
+        return _deferring
+    return None
+
+
+class Sampling:
+    """The shard sampler of one ModelRunner's deferring LogitsProcessor."""
+
+    def __init__(self, processor):
+        self.processor, self.gathers = processor, processor.klgen
+        self.vocab_size = processor.vocab_size
+        self.steps = 0  # the noise's seed: the same count on every rank
+        self.rows = None  # [0, 1, ...] on the device: each row's noise offset
+
+    def deferred(self, logits):
+        return (logits is not None and logits.dim() == 2
+                and logits.shape[-1] * self.gathers.tp >= self.vocab_size
+                and logits.shape[-1] < self.vocab_size)
+
+    def decline(self, reason):
+        self.gathers.decline("sample", reason)
+
+    def vocab(self, shard):
+        return min(self.vocab_size, self.gathers.tp * shard.shape[-1])
+
+    def gather(self, shard):
+        """The fp32 row SGLang's processor would have returned."""
+        cap = self.processor.klgen_cap
+        use = "softcap gather" if cap is not None else "gather"
+        return self.gathers.get(use, shard, vocab_size=self.vocab(shard), softcap=cap,
+                                out_dtype=torch.float32)(shard)
+
+    def sample(self, runner, shard, forward_batch):
+        """The step's tokens from the shards, or None (counted) for SGLang's
+        sample."""
+        self.steps += 1
+        args = sampling_args(runner, forward_batch, shard)
+        if isinstance(args, str):
+            self.decline(args)
+            return None
+        reason = _unfit(self.gathers, shard)
+        if reason is not None:
+            self.decline(reason)
+            return None
+        g = self.gathers.get("sample", shard, vocab_size=self.vocab(shard),
+                             softcap=self.processor.klgen_cap, topk=MAX_TOPK)
+        if args is GREEDY:
+            return g.argmax(shard)
+        rows = shard.shape[0]
+        if self.rows is None or self.rows.shape[0] < rows or self.rows.device != shard.device:
+            self.rows = torch.arange(max(rows, 64), dtype=torch.int64, device=shard.device)
+        return g.sample(shard, **args, seed=self.steps, offset=self.rows[:rows],
+                        token_logprobs=False).tokens
+
+
+GREEDY = types.MappingProxyType({})  # every row top_k 1: kl_argmax
+
+
+def sampling_args(runner, forward_batch, shard):
+    """kl_sample's parameters for a step of SGLang's (forward_batch's
+    SamplingBatchInfo, runner's sampler): a dict, GREEDY, or why the step
+    needs SGLang's sample. Host state only: nothing waits on the device."""
+    from sglang.srt.layers.sampler import Sampler
+
+    info = forward_batch.sampling_info
+    reason = _step_declines(runner, forward_batch, info, Sampler)
+    if reason is not None:
+        return reason
+    if info.is_all_greedy:
+        return GREEDY
+    if info.need_top_p_sampling and info.need_min_p_sampling:
+        return "top-p with min-p: SGLang filters top-p before min-p"
+    top_k = None
+    if info.need_top_k_sampling:
+        largest = _largest_top_k(info.top_ks)
+        if largest is None:
+            return "top_k: the requests' values are not known on the host"
+        if largest > MAX_TOPK:
+            return f"top_k {largest}: above kl_sample's {MAX_TOPK}"
+        top_k = info.top_ks
+    rows = shard.shape[0]
+    return dict(temperature=info.temperatures.view(-1)[:rows],
+                top_k=top_k[:rows] if top_k is not None else None,
+                top_p=info.top_ps[:rows] if info.need_top_p_sampling else None,
+                min_p=info.min_ps[:rows] if info.need_min_p_sampling else None)
+
+
+def _step_declines(runner, forward_batch, info, sampler_class):
+    if not forward_batch.forward_mode.is_decode():
+        return "not a decode step"
+    if forward_batch.return_logprob:
+        return "logprobs"
+    if info is None:
+        return "no sampling info"
+    sampler = runner.sampler
+    if type(sampler) is not sampler_class:
+        return f"a sampler of class {type(sampler).__name__}, not SGLang's Sampler"
+    if sampler.rl_on_policy_target is not None or sampler.enable_deterministic:
+        return "deterministic inference"
+    if sampler.use_ascend_backend:
+        return "the Ascend sampling backend"
+    observer = runner.sampling_observer
+    if observer is not None and observer.is_active(info):
+        return "a sampling observer"
+    checks = (
+        (info.has_custom_logit_processor, "a custom logit processor"),
+        (info.grammars is not None or info.grammar_mask is not None, "structured output"),
+        (info.logit_bias is not None, "logit bias"),
+        (_penalized(info), "penalties"),
+        (info.sampling_seed is not None, "sampling_seed"),
+        (info.sampling_mask_batch_indices is not None, "a sampling mask"),
+        (info.has_watermark_candidates, "a watermark"))
+    for on, reason in checks:
+        if on:
+            return reason
+    return None
+
+
+def _penalized(info):
+    orchestrator = info.penalizer_orchestrator
+    if orchestrator is not None and orchestrator.is_required:
+        return True
+    # copy_for_forward (overlap scheduling) folds them into these
+    return info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None
+
+
+# The requests' top_k on the host, kept on SamplingBatchInfo's top_ks tensor
+# as it is made, filtered and merged: SGLang's own max_top_k is None as soon
+# as one request samples from the whole vocabulary.
+def _largest_top_k(top_ks):
+    from sglang.srt.sampling.sampling_params import TOP_K_ALL
+
+    host = getattr(top_ks, "klgen_host", None)
+    if host is None:
+        return None
+    largest = getattr(top_ks, "klgen_largest", None)
+    if largest is None:
+        largest = top_ks.klgen_largest = max((k for k in host if k < TOP_K_ALL), default=0)
+    return largest
+
+
+def _info_made(info, cls, batch, *args, **kwargs):
+    info.top_ks.klgen_host = [r.sampling_params.top_k for r in batch.reqs]
+    return info
+
+
+def _info_filtered(sglangs, info, keep_indices, *args, **kwargs):
+    host = getattr(info.top_ks, "klgen_host", None)
+    result = sglangs(info, keep_indices, *args, **kwargs)
+    if host is not None:
+        info.top_ks.klgen_host = [host[i] for i in keep_indices]
+    return result
+
+
+def _info_merged(sglangs, info, other, *args, **kwargs):
+    mine = getattr(info.top_ks, "klgen_host", None)
+    theirs = getattr(other.top_ks, "klgen_host", None)
+    result = sglangs(info, other, *args, **kwargs)
+    if mine is not None and theirs is not None:
+        info.top_ks.klgen_host = mine + theirs
+    return result
