@@ -238,26 +238,40 @@ def _sample(rank):
         for slots in ([4], list(range(rows))[::-1], [7, 0, 9, 2, 5, 11, 1]):
             n, batch = len(slots), _batch(slots, seed=len(slots))
             got = on.sample(head, hidden[:n], sampler, batch, None)
-            args = sampling_args(sampler, batch, 64)
             states, asked = sampler.sampling_states, [kinds[i % len(kinds)] for i in slots]
-            assert args["temperature"].tolist() == pytest.approx([p.temperature for p in asked])
-            # a filter no request uses is None (kl_sample's shards then draw)
-            for name, unset in (("top_p", 1.0), ("min_p", 0.0)):
-                values, arg = [getattr(p, name) for p in asked], args[name]
-                assert (arg is None) == all(v == unset for v in values), (name, values)
-                assert arg is None or arg.tolist() == pytest.approx(values)
-            # vLLM's "off" top_k (its vocabulary) is 0; a row's seed is its request's
-            want_k = [max(p.top_k, 0) for p in asked]
-            assert (args["top_k"] is None) == (not any(want_k)), want_k
-            assert args["top_k"] is None or args["top_k"].tolist() == want_k, args["top_k"]
-            assert args["seed"].tolist() == states.seeds.np[slots].tolist()
-            assert [s for s, p in zip(args["seed"].tolist(), asked) if p.seed is not None] == \
-                [p.seed for p in asked if p.seed is not None]
-            # each row's position, read by kl_sample through the batch's logits_indices
-            assert args["offset"] is batch.positions
-            assert args["offset_rows"] is batch.logits_indices
-            want = reference.sample(off(head, hidden[:n]), **args, noise="vllm").tokens
-            assert torch.equal(got, want), (spec, slots, got, want)
+            # vLLM's tables as they are, read through its idx_mapping; and,
+            # where its vocabulary for "off" is below the spec's, rows gathered
+            tables = sampling_args(sampler, batch, 64, spec[0])
+            assert tables["temperature"] is states.temperature.gpu
+            assert tables["state_rows"] is batch.expanded_idx_mapping
+            gathered = sampling_args(sampler, batch, 64, states.vocab_size + 1)
+            assert "state_rows" not in gathered
+            for args in (tables, gathered):
+                def per_row(name):
+                    arg = args[name]
+                    return arg if arg is None or "state_rows" not in args else \
+                        arg[args["state_rows"]]
+                assert per_row("temperature").tolist() == \
+                    pytest.approx([p.temperature for p in asked])
+                # a filter no request uses is None (kl_sample's shards then draw)
+                for name, unset in (("top_p", 1.0), ("min_p", 0.0)):
+                    values, arg = [getattr(p, name) for p in asked], per_row(name)
+                    assert (arg is None) == all(v == unset for v in values), (name, values)
+                    assert arg is None or arg.tolist() == pytest.approx(values)
+                # vLLM's "off" top_k (its vocabulary) is off (0, or the table's
+                # vocabulary); a row's seed is its request's
+                want_k = [max(p.top_k, 0) for p in asked]
+                assert (args["top_k"] is None) == (not any(want_k)), want_k
+                k = per_row("top_k")
+                assert k is None or k.masked_fill(k >= states.vocab_size, 0).tolist() == want_k
+                assert per_row("seed").tolist() == states.seeds.np[slots].tolist()
+                assert [s for s, p in zip(per_row("seed").tolist(), asked) if p.seed is not None] \
+                    == [p.seed for p in asked if p.seed is not None]
+                # each row's position, read by kl_sample through the batch's logits_indices
+                assert args["offset"] is batch.positions
+                assert args["offset_rows"] is batch.logits_indices
+                want = reference.sample(off(head, hidden[:n]), **args, noise="vllm").tokens
+                assert torch.equal(got, want), (spec, slots, got, want)
             ranks = [torch.empty_like(got) for _ in range(TP)]
             dist.all_gather(ranks, got)
             assert all(torch.equal(r, got) for r in ranks), (spec, ranks)
@@ -283,8 +297,8 @@ def _sample(rank):
         assert isinstance(reason, str) and why in reason, (why, reason)
         assert on.sample(head, hidden[:2], sampler, _batch([0, 1]), None) is None
         # a step without that request is klgen's
-        assert sampling_args(sampler, _batch([0]), 64)["temperature"].tolist() == \
-            [pytest.approx(0.7)]
+        args = sampling_args(sampler, _batch([0]), 64)
+        assert args["temperature"][args["state_rows"]].tolist() == [pytest.approx(0.7)]
     sampler = _v2_sampler(vocab, kinds)
     assert on.sample(head, hidden[:2], sampler, _batch([0, 1], draft=1), None) is None
     assert on.sample(head, hidden[:2], sampler, _batch([0, 1]), object()) is None  # grammar
@@ -401,12 +415,13 @@ def _plans_per_composition(rank):
     sampler = _v2_sampler(1000, [SamplingParams(temperature=0.7, seed=3)] * 3)
     for slots in ([0, 1], [0, 1], [1, 0], [0, 1]):
         args = kv.sampling_args(sampler, _batch(slots), 64)
-        assert args["seed"].tolist() == [3, 3]
+        assert args["seed"][args["state_rows"]].tolist() == [3, 3]
     assert made == [[0, 1], [1, 0]]
     sampler.add_request(1, SamplingParams(temperature=1.0, presence_penalty=0.5))
     sampler.sampling_states.apply_staged_writes()  # (the processors' need Triton)
     assert "PenaltiesState" in kv.sampling_args(sampler, _batch([0, 1]), 64)
-    assert kv.sampling_args(sampler, _batch([0]), 64)["seed"].tolist() == [3]
+    args = kv.sampling_args(sampler, _batch([0]), 64)
+    assert args["seed"][args["state_rows"]].tolist() == [3]
     assert made == [[0, 1], [1, 0], [0, 1], [0]]
 
 

@@ -52,6 +52,7 @@ import inspect
 import logging
 import sys
 import types
+from typing import NamedTuple
 
 import torch
 from vllm.distributed import get_tp_group
@@ -281,38 +282,62 @@ _PROCESSOR_FLAGS = {"LogitBiasState": "use_logit_bias", "PenaltiesState": "use_p
                     "BadWordsState": "num_bad_words"}
 
 
-def sampling_args(sampler, input_batch, max_top_k):
+def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
     """LogitsGather.sample's parameters for the logits rows of `input_batch`
     (vLLM's InputBatch) from `sampler` (vLLM's v2 Sampler,
-    vllm.v1.worker.gpu.sample.sampler): per-row temperature, top_k, top_p,
-    min_p, the request's seed (vLLM draws one for a request without) and the
-    row's position as the offset, so a request's draws differ step by step
+    vllm.v1.worker.gpu.sample.sampler): each row's temperature, top_k,
+    top_p, min_p, its request's seed (vLLM draws one for a request without)
+    and its position as the offset, so a request's draws differ step by step
     and repeat with its seed. A filter no request of the step uses is None,
     as vLLM's sampler skips it (read from its host copies): a step without
     filters is sampled from the shards, never gathered. A str instead says
-    why the step needs vLLM's own sampler; max_top_k is the spec's topk.
+    why the step needs vLLM's own sampler; max_top_k is the spec's topk,
+    vocab_size its vocabulary.
 
-    What a step's requests ask for changes only when a request is added, so
-    it is worked out once per batch composition (the request slots of the
-    rows, in order) and kept until the sampler adds a request: a step of a
-    known composition reads no request state and launches no kernel of its
-    own (kl_sample reads each row's position through the batch's
-    logits_indices, offset_rows). A step whose requests are all greedy is
-    temperature 0.0 for every row and nothing else (GREEDY): its token is
-    the argmax, which the glue takes with kl_argmax."""
+    kl_sample reads vLLM's own tables where they are: the sampling states
+    through the batch's expanded_idx_mapping (state_rows), the positions
+    through its logits_indices (offset_rows). What a step's requests ask for
+    changes only when a request is added, so it is worked out once per batch
+    composition (the request slots of the rows, in order) and kept until the
+    sampler adds a request: a step of a known composition reads no request
+    state and launches no kernel of its own. Where vLLM's top_k for off (its
+    vocabulary) is not at least vocab_size (kl_sample's off), the rows'
+    parameters are gathered once per composition instead. A step whose
+    requests are all greedy is temperature 0.0 for every row and nothing
+    else (GREEDY): its token is the argmax, which the glue takes with
+    kl_argmax."""
     reason = _step_declines(sampler, input_batch)
     if reason is not None:
         return reason
     plans = _plans(sampler)
-    key = (max_top_k, input_batch.idx_mapping_np.tobytes())
+    key = (max_top_k, vocab_size, input_batch.idx_mapping_np.tobytes())
     plan = plans.get(key)
     if plan is None:
         if len(plans) >= _MAX_PLANS:
             plans.clear()
-        plan = plans[key] = _plan(sampler, input_batch, max_top_k)
+        plan = plans[key] = _plan(sampler, input_batch, max_top_k, vocab_size)
     if isinstance(plan, str) or plan is GREEDY:
         return plan
-    return dict(plan, offset=input_batch.positions, offset_rows=input_batch.logits_indices)
+    step = dict(offset=input_batch.positions, offset_rows=input_batch.logits_indices)
+    if isinstance(plan, _Tables):
+        # read each step: vLLM moves its tables between buffers as it writes them
+        states = sampler.sampling_states
+        step.update(temperature=states.temperature.gpu, seed=states.seeds.gpu,
+                    state_rows=input_batch.expanded_idx_mapping,
+                    top_k=states.top_k.gpu if plan.top_k else None,
+                    top_p=states.top_p.gpu if plan.top_p else None,
+                    min_p=states.min_p.gpu if plan.min_p else None)
+        return step
+    return dict(plan, **step)
+
+
+class _Tables(NamedTuple):
+    """A composition's plan that reads vLLM's tables each step: which
+    filters its requests use."""
+
+    top_k: bool
+    top_p: bool
+    min_p: bool
 
 
 # sampling_args of a step whose requests are all greedy: every filter, the
@@ -345,9 +370,9 @@ def _plans(sampler):
     return plans
 
 
-def _plan(sampler, input_batch, max_top_k):
-    """The per-row parameters but the offset, on the device, of the rows of
-    `input_batch`, or why its requests need vLLM's sampler."""
+def _plan(sampler, input_batch, max_top_k, vocab_size):
+    """_Tables, or the per-row parameters but the offset, on the device, of
+    the rows of `input_batch`, or why its requests need vLLM's sampler."""
     reason = _requests_decline(sampler, input_batch.idx_mapping_np, max_top_k)
     if reason is not None:
         return reason
@@ -355,13 +380,17 @@ def _plan(sampler, input_batch, max_top_k):
     requests = input_batch.idx_mapping_np
     if not states.temperature.np[requests].any():  # vLLM's greedy rows: temperature 0
         return GREEDY
+    used = _Tables(_used(states.top_k, requests, states.vocab_size),  # vLLM's off: its vocabulary
+                   _used(states.top_p, requests, 1.0), _used(states.min_p, requests, 0.0))
+    if vocab_size is None or states.vocab_size >= vocab_size:
+        return used
     top_k = top_p = min_p = None
-    if _used(states.top_k, requests, states.vocab_size):  # vLLM's off: its vocabulary
+    if used.top_k:
         top_k = states.top_k.gpu[rows]  # int32, as kl_sample reads it
         top_k = top_k.masked_fill(top_k >= states.vocab_size, 0)  # klgen's off: 0
-    if _used(states.top_p, requests, 1.0):
+    if used.top_p:
         top_p = states.top_p.gpu[rows]
-    if _used(states.min_p, requests, 0.0):
+    if used.min_p:
         min_p = states.min_p.gpu[rows]
     return dict(temperature=states.temperature.gpu[rows], top_k=top_k, top_p=top_p,
                 min_p=min_p, seed=states.seeds.gpu[rows])
@@ -563,7 +592,7 @@ class KlgenLogitsProcessor(LogitsProcessor):
         if reason is None and grammar_output is not None:
             reason = "structured output: its bitmask applies to the gathered logits"
         if reason is None:
-            args = sampling_args(sampler, input_batch, MAX_TOPK)
+            args = sampling_args(sampler, input_batch, MAX_TOPK, self.vocab_size)
             if not isinstance(args, str):
                 return args
             reason = args
