@@ -20,7 +20,6 @@ prints microseconds per call, the median of 7 timeit repeats.
 
 import os
 import sys
-import timeit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "python"))
@@ -30,22 +29,6 @@ import engine_util as data  # noqa: E402
 CASES = (("1 request, T 1", 1, {}), ("1 request, top-k 50, top-p 0.9", 1,
          dict(top_k=50, top_p=0.9)), ("64 requests, T 1", 64, {}),
          ("64 requests, top-k 50, top-p 0.9", 64, dict(top_k=50, top_p=0.9)))
-
-
-def _per_call(fn):
-    """Microseconds per fn() on rank 0, the other rank idle meanwhile."""
-    import torch.distributed as dist
-
-    fn()
-    dist.barrier()
-    if dist.get_rank() != 0:
-        dist.barrier()
-        return None
-    timer = timeit.Timer(fn)
-    number = max(1, int(0.2 / max(timer.timeit(10) / 10, 1e-9)))
-    us = sorted(timer.repeat(7, number))[3] / number * 1e6
-    dist.barrier()
-    return us
 
 
 def _stubbed(processor, head, rows):
@@ -83,10 +66,11 @@ def _run(rank):
         _, out = _stubbed(on, head, rows)
         for g in on.klgen.specs.values():
             g.sample = lambda shard, **args: out
-        us = _per_call(lambda: on.sample(head, hidden, sampler, batch, None))
+        us = data.per_call(lambda: on.sample(head, hidden, sampler, batch, None))
         plans = sampler.__dict__["_klgen_plans"]
         # a step whose composition is new: its verdict and plan made again
-        fresh = _per_call(lambda: plans.clear() or on.sample(head, hidden, sampler, batch, None))
+        fresh = data.per_call(
+            lambda: plans.clear() or on.sample(head, hidden, sampler, batch, None))
         assert on.klgen.stats()["declined"] == {}, on.klgen.stats()
         step, own = _runner_step(rows, logits, sampler)
         if told and rank == 0:
@@ -112,7 +96,7 @@ def _runner_step(rows, logits, sampler):
     _, out = _stubbed(processor, model.lm_head, rows)
     for g in processor.klgen.specs.values():
         g.sample = lambda shard, **args: out
-    us = _per_call(lambda: runner.sample(hidden, batch, None))
+    us = data.per_call(lambda: runner.sample(hidden, batch, None))
     assert processor.klgen.stats()["declined"] == {}, processor.klgen.stats()
     return us, _vllms_step(runner, model, hidden, batch, rows)
 
@@ -138,7 +122,7 @@ def _vllms_step(runner, model, hidden, batch, rows):
     model.compute_logits = lambda hidden_states: gathered
     try:
         vllms = type(runner).sample.klgen_wraps
-        return _per_call(lambda: vllms(runner, hidden, batch, None))
+        return data.per_call(lambda: vllms(runner, hidden, batch, None))
     finally:
         kernels.run, model.compute_logits = launch, compute_logits
 

@@ -11,6 +11,7 @@ import logging
 import socket
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 TP = 2
@@ -130,3 +131,20 @@ def assert_same(got, want, what):
         where = (~same).nonzero()[0].tolist()
         raise AssertionError(f"{what}: {int((~same).sum())} differ, first at {where}: "
                              f"{got[tuple(where)].item()!r}, want {want[tuple(where)].item()!r}")
+
+
+def per_call(fn):
+    """Microseconds per fn() on rank 0, the median of 7 timeit repeats, the
+    other ranks idle meanwhile (for the glue benches); None elsewhere."""
+    import timeit
+
+    fn()
+    dist.barrier()
+    if dist.get_rank() != 0:
+        dist.barrier()
+        return None
+    timer = timeit.Timer(fn)
+    number = max(1, int(0.2 / max(timer.timeit(10) / 10, 1e-9)))
+    us = sorted(timer.repeat(7, number))[3] / number * 1e6
+    dist.barrier()
+    return us

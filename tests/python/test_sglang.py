@@ -14,6 +14,7 @@ build of sgl-kernel, which PyPI does not have); the config is ServerArgs'
 
 import contextlib
 import functools
+import hashlib
 import os
 import types
 
@@ -227,10 +228,11 @@ def _requests(params):
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     reqs = []
-    for kw in params:
+    for i, kw in enumerate(params):
         sp = SamplingParams(**kw)
         sp.normalize(None)
-        reqs.append(types.SimpleNamespace(sampling_params=sp, custom_logit_processor=None,
+        reqs.append(types.SimpleNamespace(rid=f"request {i}", sampling_params=sp,
+                                          custom_logit_processor=None,
                                           return_sampling_mask=False,
                                           sampling_logprobs_mode=None))
     return _Batch(reqs=reqs, device="cpu", batch_is_full=False)
@@ -246,7 +248,8 @@ def _step(runner, reqs, vocab, return_logprob=False):
 
     info = SamplingBatchInfo.from_schedule_batch(reqs, vocab)
     return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, return_logprob=return_logprob,
-                                 sampling_info=info, positions=torch.arange(len(reqs.reqs)),
+                                 sampling_info=info,
+                                 positions=torch.arange(len(reqs.reqs)) * 7 + 1000,
                                  top_logprobs_nums=None, token_ids_logprobs=None)
 
 
@@ -308,7 +311,6 @@ def _sample_on_shards(rank):
             torch.manual_seed(5)
             want_sglang = sglangs.sample(row, _step(sglangs, _requests(mix), vocab))
             if mix in SERVED:
-                steps = runner.klgen_sampling.steps
                 temperature = torch.tensor([1.0 if m.get("temperature", 1.0) == 0 else
                                             m.get("temperature", 1.0) for m in mix])
                 top_k = torch.tensor([1 if m.get("temperature", 1.0) == 0 else
@@ -316,8 +318,12 @@ def _sample_on_shards(rank):
                 top_k = torch.where(top_k >= vocab, 0, top_k)
                 top_p = torch.tensor([m.get("top_p", 1.0) for m in mix])
                 min_p = torch.tensor([m.get("min_p", 0.0) for m in mix])
-                want = ref.sample(gathered, temperature, top_k, top_p, min_p,
-                                  seed=steps, offset=torch.arange(n)).tokens
+                # each request's seed a hash of its id; its position the offset
+                seed = torch.tensor([int.from_bytes(hashlib.blake2b(
+                    f"request {r}".encode(), digest_size=8).digest(), "little", signed=True)
+                    for r in range(n)])
+                want = ref.sample(gathered, temperature, top_k, top_p, min_p, seed=seed,
+                                  offset=torch.arange(n) * 7 + 1000).tokens
                 assert torch.equal(got.long(), want.long()), (mix, got, want)
                 greedy = torch.tensor([m.get("temperature", 1.0) == 0 for m in mix])
                 # SGLang's greedy rows in a mixed step take any of the tied
@@ -377,19 +383,22 @@ def _sampling_tables(rank):
     first = SamplingBatchInfo.from_schedule_batch(
         _requests([dict(top_k=100), dict(temperature=0.5), dict(top_k=7)]), 50257)
     step = types.SimpleNamespace(forward_mode=_step(runner, _requests([{}]), 50257).forward_mode,
-                                 return_logprob=False, sampling_info=first)
+                                 return_logprob=False, sampling_info=first,
+                                 positions=torch.arange(3))
     assert glue.sampling_args(runner, step, shard) == "top_k 100: above kl_sample's 64"
     first.filter_batch([1, 2], torch.tensor([1, 2]))
-    assert first.top_ks.klgen_host == [glue_all(), 7]
+    seeds = [glue.request_seed(f"request {i}") for i in range(3)]
+    assert first.top_ks.klgen_host == [(glue_all(), seeds[1]), (7, seeds[2])]
     assert isinstance(glue.sampling_args(runner, step, shard[:2]), dict)
     first.merge_batch(SamplingBatchInfo.from_schedule_batch(_requests([dict(top_k=64)]), 50257))
-    assert first.top_ks.klgen_host == [glue_all(), 7, 64]
+    assert first.top_ks.klgen_host == [(glue_all(), seeds[1]), (7, seeds[2]), (64, seeds[0])]
     args = glue.sampling_args(runner, step, shard)
     assert torch.equal(args["top_k"], torch.tensor([glue_all(), 7, 64], dtype=torch.int32))
+    assert torch.equal(args["seed"], torch.tensor([seeds[1], seeds[2], seeds[0]]))
     # a SamplingBatchInfo whose top_ks were set some other way: unknown
     first.top_ks = first.top_ks.clone()
     assert glue.sampling_args(runner, step, shard) == \
-        "top_k: the requests' values are not known on the host"
+        "the requests' top_k and seeds are not known on the host"
 
 
 def glue_all():

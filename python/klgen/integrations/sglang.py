@@ -56,6 +56,7 @@ import types
 import torch
 from sglang.srt.distributed.parallel_state import get_tp_group
 from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.sampler import Sampler
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from . import _gathers, check_backend
@@ -250,7 +251,6 @@ _unknown_code = None  # why the hooks cannot serve this SGLang, or None
 
 def _register_sampling():
     global _unknown_code
-    from sglang.srt.layers.sampler import Sampler
     from sglang.srt.model_executor.model_runner import ModelRunner
 
     _unknown_code = _unknown(("ModelRunner.sample", ModelRunner.sample),
@@ -364,8 +364,6 @@ class Sampling:
     def __init__(self, processor):
         self.processor, self.gathers = processor, processor.klgen
         self.vocab_size = processor.vocab_size
-        self.steps = 0  # the noise's seed: the same count on every rank
-        self.rows = None  # [0, 1, ...] on the device: each row's noise offset
 
     def deferred(self, logits):
         return (logits is not None and logits.dim() == 2
@@ -388,7 +386,6 @@ class Sampling:
     def sample(self, runner, shard, forward_batch):
         """The step's tokens from the shards, or None (counted) for SGLang's
         sample."""
-        self.steps += 1
         args = sampling_args(runner, forward_batch, shard)
         if isinstance(args, str):
             self.decline(args)
@@ -401,10 +398,8 @@ class Sampling:
                              softcap=self.processor.klgen_cap, topk=MAX_TOPK)
         if args is GREEDY:
             return g.argmax(shard)
-        rows = shard.shape[0]
-        if self.rows is None or self.rows.shape[0] < rows or self.rows.device != shard.device:
-            self.rows = torch.arange(max(rows, 64), dtype=torch.int64, device=shard.device)
-        return g.sample(shard, **args, seed=self.steps, offset=self.rows[:rows],
+        # each row's position, as SGLang's seeded sampler keys its noise
+        return g.sample(shard, **args, offset=forward_batch.positions[:shard.shape[0]],
                         token_logprobs=False).tokens
 
 
@@ -415,40 +410,62 @@ def sampling_args(runner, forward_batch, shard):
     """kl_sample's parameters for a step of SGLang's (forward_batch's
     SamplingBatchInfo, runner's sampler): a dict, GREEDY, or why the step
     needs SGLang's sample. Host state only: nothing waits on the device."""
-    from sglang.srt.layers.sampler import Sampler
-
     info = forward_batch.sampling_info
-    reason = _step_declines(runner, forward_batch, info, Sampler)
+    reason = _step_declines(runner, forward_batch, info)
     if reason is not None:
         return reason
+    return _composition_args(info, shard.shape[0])
+
+
+def _composition_args(info, rows):
+    """sampling_args' verdict and views of info's tensors for `rows` rows,
+    made once per batch composition: kept on info's temperatures, which
+    SGLang makes anew whenever requests join or leave."""
+    tensors = (info.top_ks, info.top_ps, info.min_ps)
+    flags = (rows, info.is_all_greedy, info.need_top_k_sampling, info.need_top_p_sampling,
+             info.need_min_p_sampling)
+    kept = getattr(info.temperatures, "klgen_args", None)
+    if kept is not None and kept[0] == flags and all(a is b for a, b in zip(kept[1], tensors)):
+        return kept[2]
+    args = _args(info, rows)
+    info.temperatures.klgen_args = (flags, tensors, args)
+    return args
+
+
+def _args(info, rows):
+    """The parameters of `rows` rows, GREEDY, or why SGLang's sample."""
     if info.is_all_greedy:
         return GREEDY
     if info.need_top_p_sampling and info.need_min_p_sampling:
         return "top-p with min-p: SGLang filters top-p before min-p"
+    host = getattr(info.top_ks, "klgen_host", None)
+    if host is None:
+        return "the requests' top_k and seeds are not known on the host"
     top_k = None
     if info.need_top_k_sampling:
         largest = _largest_top_k(info.top_ks)
-        if largest is None:
-            return "top_k: the requests' values are not known on the host"
         if largest > MAX_TOPK:
             return f"top_k {largest}: above kl_sample's {MAX_TOPK}"
-        top_k = info.top_ks
-    rows = shard.shape[0]
-    return dict(temperature=info.temperatures.view(-1)[:rows],
-                top_k=top_k[:rows] if top_k is not None else None,
+        top_k = info.top_ks[:rows]
+    device = info.temperatures.device
+    seed = torch.tensor([seed for _, seed in host[:rows]], dtype=torch.int64,
+                        pin_memory=device.type == "cuda").to(device, non_blocking=True)
+    return dict(temperature=info.temperatures.view(-1)[:rows], top_k=top_k,
                 top_p=info.top_ps[:rows] if info.need_top_p_sampling else None,
-                min_p=info.min_ps[:rows] if info.need_min_p_sampling else None)
+                min_p=info.min_ps[:rows] if info.need_min_p_sampling else None, seed=seed)
 
 
-def _step_declines(runner, forward_batch, info, sampler_class):
+def _step_declines(runner, forward_batch, info):
     if not forward_batch.forward_mode.is_decode():
         return "not a decode step"
     if forward_batch.return_logprob:
         return "logprobs"
+    if forward_batch.positions.dtype != torch.int64:
+        return f"positions of {forward_batch.positions.dtype}, not int64"
     if info is None:
         return "no sampling info"
     sampler = runner.sampler
-    if type(sampler) is not sampler_class:
+    if type(sampler) is not Sampler:
         return f"a sampler of class {type(sampler).__name__}, not SGLang's Sampler"
     if sampler.rl_on_policy_target is not None or sampler.enable_deterministic:
         return "deterministic inference"
@@ -479,23 +496,27 @@ def _penalized(info):
     return info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None
 
 
-# The requests' top_k on the host, kept on SamplingBatchInfo's top_ks tensor
-# as it is made, filtered and merged: SGLang's own max_top_k is None as soon
-# as one request samples from the whole vocabulary.
+# Each request's (top_k, seed) on the host, kept on SamplingBatchInfo's
+# top_ks tensor as it is made, filtered and merged: SGLang's own max_top_k is
+# None as soon as one request samples from the whole vocabulary, and it keeps
+# no per-request seed unless deterministic inference is on.
 def _largest_top_k(top_ks):
     from sglang.srt.sampling.sampling_params import TOP_K_ALL
 
-    host = getattr(top_ks, "klgen_host", None)
-    if host is None:
-        return None
-    largest = getattr(top_ks, "klgen_largest", None)
-    if largest is None:
-        largest = top_ks.klgen_largest = max((k for k in host if k < TOP_K_ALL), default=0)
-    return largest
+    return max((k for k, _ in top_ks.klgen_host if k < TOP_K_ALL), default=0)
+
+
+def request_seed(rid):
+    """The noise seed of SGLang's request `rid`: a hash of its id, the same
+    on every rank (Python's own str hash is not), different for the
+    parallel samples of one prompt, and the same again for a request of
+    the same id."""
+    digest = hashlib.blake2b(str(rid).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 def _info_made(info, cls, batch, *args, **kwargs):
-    info.top_ks.klgen_host = [r.sampling_params.top_k for r in batch.reqs]
+    info.top_ks.klgen_host = [(r.sampling_params.top_k, request_seed(r.rid)) for r in batch.reqs]
     return info
 
 
