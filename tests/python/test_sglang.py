@@ -198,12 +198,14 @@ class _Runner:
     Sampler; the runner's __init__ and load_model need a GPU and a
     checkpoint, so the load hook is called as load_model would call it."""
 
-    def __init__(self, processor):
+    def __init__(self, processor=None, model=None):
         from sglang.srt.layers.sampler import create_sampler
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-        self.model = torch.nn.Module()
-        self.model.logits_processor = processor
+        if model is None:
+            model = torch.nn.Module()
+            model.logits_processor = processor
+        self.model = model
         self.is_draft_worker, self.spec_algorithm = False, SpeculativeAlgorithm.from_string(None)
         self.sampler, self.sampling_observer, self.watermark_state = create_sampler(), None, None
         self.decoded = []
@@ -281,16 +283,19 @@ def _sample_on_shards(rank):
 
     lines = data.debug_lines("sglang.klgen")
     stock, ours = _processors()
-    for i in (0, 1):  # bf16; bf16 soft-capped and scaled
+    for i in (0, 1):  # bf16 (in SGLang's own Llama); bf16 soft-capped and scaled
         vocab = HEADS[i][0]
-        on, off = ours[i], stock[i]
-        runner, sglangs = _Runner(on), _Runner(off)
-        glue._loaded(None, runner)
-        assert on.klgen_defer and runner.klgen_sampling is not None
         gen = torch.Generator().manual_seed(i)
         head, hidden = _head(vocab, 4, HEADS[i][1],
                              (torch.randn(4, data.padded(vocab, TP), generator=gen) * 3)
                              .to(HEADS[i][1]))
+        on, off = ours[i], stock[i]
+        runner, sglangs = _Runner(on), _Runner(off)
+        if i == 0:
+            model = _tiny_llama(vocab, head)
+            on, head, runner = model.logits_processor, model.lm_head, _Runner(model=model)
+        glue._loaded(None, runner)
+        assert on.klgen_defer and runner.klgen_sampling is not None
         ids = torch.zeros(4, dtype=torch.long)
         for mix in SERVED + [m for m, _ in DECLINED]:
             n = len(mix)
@@ -342,6 +347,28 @@ def _sample_on_shards(rank):
         _beam_capture(on, off, head, hidden, vocab)
     for _, reason in DECLINED:
         assert any(reason in line for line in lines), (reason, lines)
+
+
+def _tiny_llama(vocab, head):
+    """SGLang's LlamaForCausalLM built from a config (no download), its LM
+    head `head`'s weights; its decoder layers left out (they need CUDA
+    kernels, and the LM head's input is given here)."""
+    from sglang.srt.models import llama
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=vocab, hidden_size=head.weight.shape[1],
+                         intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, tie_word_embeddings=False)
+    layers, dtype = llama.make_pp_layers, torch.get_default_dtype()
+    llama.make_pp_layers = lambda *args, **kwargs: (torch.nn.ModuleList(), 0, 0)
+    torch.set_default_dtype(head.weight.dtype)
+    try:
+        model = llama.LlamaForCausalLM(config)
+    finally:
+        llama.make_pp_layers = layers
+        torch.set_default_dtype(dtype)
+    model.lm_head.weight.copy_(head.weight)
+    return model
 
 
 def _beam_capture(on, off, head, hidden, vocab):
