@@ -229,6 +229,12 @@ def check_draws(g, x, gathered, step, tp):
     if step % 3 == 0:  # the same parameters as tables, read through state_rows and offset_rows
         tabled = g.sample(x, logprobs=n, **as_tables(p, step))
         ok = ok and torch.equal(tabled.tokens, got.tokens) and same(tabled.logprobs, got.logprobs)
+    if step % 4 == 2:  # SGLang's forms: int32 top_k, 1 << 30 for off; one seed; row offsets
+        forms = dict(p, top_k=torch.where(p["top_k"] == 0, 1 << 30, p["top_k"]).int(),
+                     seed=step, offset=torch.arange(x.shape[0], device=x.device))
+        engine = g.sample(x, token_logprobs=False, **forms)
+        ok = ok and torch.equal(engine.tokens,
+                                definition.sample(gathered, noise=g.noise, **forms).tokens)
     if not ok:
         print(f"  {g.name} step {step}: sample {got.tokens.tolist()} want "
               f"{want.tokens.tolist()}", flush=True)
