@@ -24,10 +24,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import engine_util as data  # noqa: E402
 
-CASES = (("1 request, T 1", 1, {}), ("1 request, top-k 50, top-p 0.9", 1,
-         dict(top_k=50, top_p=0.9)), ("1 request, greedy", 1, dict(temperature=0.0)),
-         ("64 requests, T 1", 64, {}),
-         ("64 requests, top-k 50, top-p 0.9", 64, dict(top_k=50, top_p=0.9)))
+CASES = (("1 request, T 1", 1, {}), ("1 request, top-k 50", 1, dict(top_k=50)),
+         ("1 request, top-p 0.9", 1, dict(top_p=0.9)),
+         ("1 request, greedy", 1, dict(temperature=0.0)), ("64 requests, T 1", 64, {}),
+         ("64 requests, top-k 50", 64, dict(top_k=50)))
 
 
 def _run(rank):

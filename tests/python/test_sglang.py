@@ -249,16 +249,18 @@ def _step(runner, reqs, vocab, return_logprob=False):
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
     info = SamplingBatchInfo.from_schedule_batch(reqs, vocab)
+    n = len(reqs.reqs)
     return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, return_logprob=return_logprob,
+                                 top_logprobs_nums=[0] * n if return_logprob else None,
+                                 token_ids_logprobs=[None] * n if return_logprob else None,
                                  sampling_info=info,
-                                 positions=torch.arange(len(reqs.reqs)) * 7 + 1000,
-                                 top_logprobs_nums=None, token_ids_logprobs=None)
+                                 positions=torch.arange(n) * 7 + 1000)
 
 
 # Request mixes of SGLang's parameters: served on the shards, and not.
 SERVED = [
     [dict(temperature=0.0)] * 3,
-    [dict(temperature=0.7), dict(temperature=0.0), dict(temperature=1.0, top_k=20, top_p=0.9),
+    [dict(temperature=0.7), dict(temperature=0.0), dict(temperature=1.0, top_p=0.9),
      dict(temperature=0.5, top_k=64)],
     [dict(temperature=1.3, min_p=0.05), dict(temperature=0.0), dict(temperature=0.8, top_k=5)],
 ]
@@ -267,6 +269,7 @@ DECLINED = [
     ([dict(temperature=0.7, logit_bias={"3": 5.0})], "logit bias"),
     ([dict(temperature=0.7, top_k=100)], "top_k 100"),
     ([dict(temperature=0.7, top_p=0.9), dict(temperature=0.7, min_p=0.1)], "top-p with min-p"),
+    ([dict(temperature=1.0, top_k=20, top_p=0.9)], "top-p with top-k"),
 ]
 
 
@@ -345,6 +348,8 @@ def _sample_on_shards(rank):
         assert stats["calls"]["sample"] == len(SERVED) and stats["declined"]["sample"] == \
             len(DECLINED), stats
         _beam_capture(on, off, head, hidden, vocab)
+        _other_steps(runner, sglangs, on, off, head, hidden, vocab)
+    _hooks_applied()
     for _, reason in DECLINED:
         assert any(reason in line for line in lines), (reason, lines)
 
@@ -371,6 +376,51 @@ def _tiny_llama(vocab, head):
     return model
 
 
+def _other_steps(runner, sglangs, on, off, head, hidden, vocab):
+    """An extend step is gathered in forward (only decode steps defer); a
+    decode step asking for logprobs is SGLang's, counted; a composition's
+    tensors are freed once SGLang drops them."""
+    import gc
+    import weakref
+
+    from sglang.srt.layers.logits_processor import LogitsMetadata
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    extend = LogitsMetadata(forward_mode=ForwardMode.EXTEND)
+    data.assert_same(on._get_logits(hidden.clone(), head, extend),
+                     off._get_logits(hidden.clone(), head, extend), "an extend step's logits")
+    mix = [dict(temperature=0.7), dict(temperature=0.0)]
+    ids = torch.zeros(2, dtype=torch.long)
+    out, row = (p(ids, hidden[:2].clone(), head, _metadata()) for p in (on, off))
+    declined = on.klgen.stats()["declined"]["sample"]
+    torch.manual_seed(9)
+    got = runner.sample(out, _step(runner, _requests(mix), vocab, return_logprob=True))
+    torch.manual_seed(9)
+    want = sglangs.sample(row, _step(sglangs, _requests(mix), vocab, return_logprob=True))
+    assert torch.equal(got, want) and out.next_token_logprobs is not None
+    assert on.klgen.stats()["declined"]["sample"] == declined + 1
+    step = _step(runner, _requests(mix), vocab)
+    # tensors of SGLang's own making, as its filter_batch makes them (not views)
+    step.sampling_info.filter_batch([0, 1], torch.tensor([0, 1]))
+    runner.sample(on(ids, hidden[:2].clone(), head, _metadata()), step)
+    gone = weakref.ref(step.sampling_info.temperatures)
+    runner.sample(on(ids, hidden[:1].clone(), head, _metadata()),
+                  _step(runner, _requests(mix[:1]), vocab))  # a new composition
+    del step
+    gc.collect()
+    assert gone() is None, "a composition's tensors outlive it"
+
+
+def _hooks_applied():
+    """Every hook the sampling needs is in place (a wrong target would only
+    be logged by SGLang)."""
+    from klgen.integrations import sglang as glue
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    for target, _, _ in glue._SAMPLING_HOOKS:
+        assert target in HookRegistry._patched, target
+
+
 def _beam_capture(on, off, head, hidden, vocab):
     """A beam-search step's rows are captured by SGLang's own
     capture_pre_sample_logits (as the TP worker calls it) from the gathered
@@ -383,7 +433,8 @@ def _beam_capture(on, off, head, hidden, vocab):
     row = off(ids, hidden.clone(), head, _metadata()).next_token_logits
     batch = types.SimpleNamespace(beam_tail=BeamTail(num_base_rows=2, entries=[
         BeamTailEntry(group=None, leader_idx=1, start=0, end=2)]))
-    step = types.SimpleNamespace(positions=torch.arange(4))
+    step = types.SimpleNamespace(positions=torch.arange(4),
+                                 forward_mode=_step(on, _requests([{}]), vocab).forward_mode)
     declined = on.klgen.stats()["declined"]["sample"]
     tp_worker.capture_pre_sample_logits(batch, step, out)
     data.assert_same(out.next_token_logits, row[:2], "the base rows SGLang samples")
@@ -394,6 +445,51 @@ def _beam_capture(on, off, head, hidden, vocab):
 
 def test_sample_on_shards():
     data.spawn(_setup, _sample_on_shards)
+
+
+def test_served_filters_are_sglangs():
+    """For each filter the glue serves, kl_sample's kept columns
+    (klgen.reference.keep_mask) are the columns SGLang's pytorch sampler
+    can draw; top-p with top-k, which the glue declines, differs (SGLang
+    measures top-p over the whole row)."""
+    from klgen import reference as ref
+    from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
+    from sglang.srt.sampling.sampling_params import TOP_K_ALL
+
+    logits = torch.randn(16, 300, generator=torch.Generator().manual_seed(4)) * 2
+    rows, t = logits.shape[0], 0.8
+
+    def kept(top_k, top_p, min_p):
+        full = lambda v, dtype=torch.float32: torch.full((rows,), v, dtype=dtype)
+        probs = torch.softmax(logits / t, dim=-1)
+        _, weights, columns, _ = top_k_top_p_min_p_sampling_from_probs_torch(
+            probs, full(top_k, torch.int32), full(top_p), full(min_p), min_p > 0, None, None,
+            return_filtered_probs=True)
+        theirs = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, columns.long(),
+                                                                    weights > 0)
+        ours = ref.keep_mask(logits, full(t), full(0 if top_k >= 300 else top_k, torch.int64),
+                             full(top_p), full(min_p))
+        return ours, theirs
+
+    for top_k, top_p, min_p in ((5, 1.0, 0.0), (TOP_K_ALL, 0.7, 0.0), (TOP_K_ALL, 1.0, 0.1),
+                                (20, 1.0, 0.1), (1, 1.0, 0.0), (TOP_K_ALL, 1.0, 0.0)):
+        ours, theirs = kept(top_k, top_p, min_p)
+        assert torch.equal(ours, theirs), (top_k, top_p, min_p)
+    ours, theirs = kept(20, 0.7, 0.0)
+    assert not torch.equal(ours, theirs)
+
+
+def test_models_that_read_the_logits_keep_them_gathered():
+    """A model whose own code works on next_token_logits (Gemma 4's unified
+    model masks vocabulary ids after its processor) is not deferred; a
+    plain one (Llama) is."""
+    from klgen.integrations import sglang as glue
+    from sglang.srt.models.gemma4_unified import Gemma4UnifiedForConditionalGeneration as gemma
+    from sglang.srt.models.llama import LlamaForCausalLM as llama
+
+    assert glue._model_declines(gemma.__new__(gemma)) == \
+        "Gemma4UnifiedForConditionalGeneration works on the gathered logits itself"
+    assert glue._model_declines(llama.__new__(llama)) is None
 
 
 def _sampling_tables(rank):
@@ -415,17 +511,18 @@ def _sampling_tables(rank):
     assert glue.sampling_args(runner, step, shard) == "top_k 100: above kl_sample's 64"
     first.filter_batch([1, 2], torch.tensor([1, 2]))
     seeds = [glue.request_seed(f"request {i}") for i in range(3)]
-    assert first.top_ks.klgen_host == [(glue_all(), seeds[1]), (7, seeds[2])]
+    assert first.top_ks.klgen_host == [(glue_all(), 1.0, seeds[1]), (7, 1.0, seeds[2])]
     assert isinstance(glue.sampling_args(runner, step, shard[:2]), dict)
     first.merge_batch(SamplingBatchInfo.from_schedule_batch(_requests([dict(top_k=64)]), 50257))
-    assert first.top_ks.klgen_host == [(glue_all(), seeds[1]), (7, seeds[2]), (64, seeds[0])]
+    assert first.top_ks.klgen_host == [(glue_all(), 1.0, seeds[1]), (7, 1.0, seeds[2]),
+                                       (64, 1.0, seeds[0])]
     args = glue.sampling_args(runner, step, shard)
     assert torch.equal(args["top_k"], torch.tensor([glue_all(), 7, 64], dtype=torch.int32))
     assert torch.equal(args["seed"], torch.tensor([seeds[1], seeds[2], seeds[0]]))
     # a SamplingBatchInfo whose top_ks were set some other way: unknown
     first.top_ks = first.top_ks.clone()
     assert glue.sampling_args(runner, step, shard) == \
-        "the requests' top_k and seeds are not known on the host"
+        "the requests' parameters and seeds are not known on the host"
 
 
 def glue_all():
@@ -438,19 +535,27 @@ def test_sampling_tables():
     data.spawn(_setup, _sampling_tables)
 
 
-def _other_sglang(rank):
+def _other_sglang(rank, how):
     """Where SGLang's Sampler.forward is not 0.5.23's (here another function
-    put in its place before the plugin loads), nothing is deferred: every
-    decode step gathers in forward and samples on SGLang's path, counted as
-    a declined "sample"."""
+    put in its place before the plugin loads), or another plugin hooks
+    ModelRunner.sample, nothing is deferred: every decode step gathers in
+    forward and samples on SGLang's path, counted as a declined "sample"."""
     from sglang.srt.layers.sampler import Sampler
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     sglangs = Sampler.forward
 
     def forward(self, *args, **kwargs):
         return sglangs(self, *args, **kwargs)
 
-    Sampler.forward = forward
+    if how == "replaced":
+        Sampler.forward = forward
+        said = "Sampler.forward is not SGLang 0.5.23's"
+    else:  # as another plugin would, before klgen's entry point runs
+        HookRegistry.register("sglang.srt.model_executor.model_runner.ModelRunner.sample",
+                              lambda original, *args, **kwargs: original(*args, **kwargs),
+                              HookType.AROUND)
+        said = "another plugin hooks ModelRunner.sample"
     from klgen.integrations import sglang as glue
 
     lines = data.debug_lines("sglang.klgen")
@@ -471,11 +576,12 @@ def _other_sglang(rank):
     torch.manual_seed(3)
     assert torch.equal(got, theirs.sample(row, _step(theirs, _requests(mix), vocab)))
     assert on.klgen.stats()["declined"] == {"sample": 1}
-    assert any("Sampler.forward is not SGLang 0.5.23's" in line for line in lines), lines
+    assert any(said in line for line in lines), lines
 
 
-def test_other_sglang_keeps_its_path():
-    data.spawn(_setup, _other_sglang)
+@pytest.mark.parametrize("how", ["replaced", "hooked"])
+def test_other_sglang_keeps_its_path(how):
+    data.spawn(_setup, functools.partial(_other_sglang, how=how))
 
 
 def _device_error(rank):

@@ -35,17 +35,18 @@ torch implementation of klgen's contract: for CPUs and tests.
 Sampling on the shards: the target model's processor (not a draft's, not
 with speculative decoding) leaves a decode step's logits ungathered (SGLang's
 own deferred-gather idea, is_deferred_shard, taken to decode): forward
-returns the fp32 shard [rows, local], scaled and capped as SGLang does, in
-and out of CUDA graphs. ModelRunner.sample, wrapped, draws the tokens from
-the shards with kl_sample (kl_argmax when every row is greedy), or finishes
-the gather and runs SGLang's own sample where the step needs it: penalties,
-logit bias, grammars, logprobs, custom logit processors, deterministic
-sampling, sampling masks, watermarks, observers, top_k above 64, top-p with
-min-p (SGLang applies them in another order). A beam-search batch gets its
-gathered row before SGLang captures it. The wrapped code is checked first
-(the source of ModelRunner.sample, Sampler.forward and
-LogitsProcessor._get_logits against SGLang 0.5.23's): where it differs,
-nothing is deferred and every step is SGLang's, counted.
+returns the shard [rows, local] (in the head's dtype, or fp32 where SGLang
+soft-caps it), scaled and capped as SGLang does, in and out of CUDA graphs.
+ModelRunner.sample, wrapped, draws the tokens from the shards with kl_sample
+(kl_argmax when every row is greedy), or finishes the gather and runs
+SGLang's own sample where the step needs it: penalties, logit bias,
+grammars, logprobs, custom logit processors, deterministic sampling,
+sampling masks, watermarks, observers, top_k above 64, top-p with top-k or
+min-p (SGLang measures top-p otherwise). A beam-search batch gets its
+gathered row before SGLang captures it. Nothing is deferred where the code
+the hooks rely on is not SGLang 0.5.23's (compared by the sha256 of its
+source), another plugin hooks it, or the model's own code works on the
+gathered logits: every step is SGLang's there, counted.
 """
 
 import hashlib
@@ -57,6 +58,7 @@ import torch
 from sglang.srt.distributed.parallel_state import get_tp_group
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.sampler import Sampler
+from sglang.srt.plugins import hook_registry
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from . import _gathers, check_backend
@@ -77,7 +79,11 @@ def enable(backend="klgen"):
     if first:
         HookRegistry.register(_INIT, _built, HookType.AFTER)
         _register_sampling()
-        HookRegistry.apply_hooks()  # what load_plugins does after its plugins
+        if hook_registry._current_plugin_source.get() is None:
+            # outside SGLang's load_plugins, which applies every plugin's
+            # hooks itself after the last one (a target applied early
+            # would skip the later plugins' hooks)
+            HookRegistry.apply_hooks()
     log.debug("klgen: every new LogitsProcessor gathers on %s", backend)
 
 
@@ -106,7 +112,7 @@ def install(processor, backend="klgen"):
     processor._get_logits = types.MethodType(_get_logits(processor._get_logits), processor)
     processor._copy_logits_to_buffer = types.MethodType(
         _copy_logits_to_buffer(processor._copy_logits_to_buffer), processor)
-    processor.klgen_defer = False  # a ModelRunner's load_model turns it on (_defer)
+    processor.klgen_defer = False  # a ModelRunner's load_model turns it on (_loaded)
     processor.klgen_cap = None  # the soft-cap a deferred shard still needs
     return processor
 
@@ -134,9 +140,11 @@ class LogitsGatherer:
         self.vocab_size, self.gathers, self.fallback = vocab_size, gathers, fallback
 
     defer = False  # _get_logits sets it for a decode step whose gather waits
+    deferred_width = None  # the shard width a deferred step leaves
 
     def __call__(self, logits):
         if self.defer:
+            self.deferred_width = logits.shape[-1]
             return logits
         reason = _unfit(self.gathers, logits)
         if reason is not None:
@@ -173,6 +181,7 @@ def _gather_softcap_fused(sglangs):
     def gather_softcap_fused(self, logits, logits_metadata, use_buffer):
         if self._logits_gatherer.defer:
             self.klgen_cap = self.final_logit_softcapping
+            self._logits_gatherer.deferred_width = logits.shape[-1]
             return logits
         reason = _unfit(self.klgen, logits)
         if reason is not None:
@@ -256,12 +265,35 @@ def _register_sampling():
     _unknown_code = _unknown(("ModelRunner.sample", ModelRunner.sample),
                              ("Sampler.forward", Sampler.forward),
                              ("LogitsProcessor._get_logits", LogitsProcessor._get_logits))
-    HookRegistry.register(f"{_RUNNER}.load_model", _loaded, HookType.AFTER)
-    HookRegistry.register(f"{_RUNNER}.sample", _sample, HookType.AROUND)
-    HookRegistry.register(_CAPTURE, _capture, HookType.BEFORE)
-    HookRegistry.register(f"{_INFO}.from_schedule_batch", _info_made, HookType.AFTER)
-    HookRegistry.register(f"{_INFO}.filter_batch", _info_filtered, HookType.AROUND)
-    HookRegistry.register(f"{_INFO}.merge_batch", _info_merged, HookType.AROUND)
+    for target, hook, kind in _SAMPLING_HOOKS:
+        HookRegistry.register(target, hook, kind)
+
+
+def _foreign_hooks():
+    """Why another plugin's hooks change what the sampling hooks rely on, or
+    None (inspect.getsource sees through a wrapper, so _unknown cannot)."""
+    ours = {hook for _, hook, _ in _SAMPLING_HOOKS} | {_built}
+    for target in _RELIED_ON:
+        if any(hook not in ours for _, hook, _ in HookRegistry._hooks.get(target, ())):
+            return f"another plugin hooks {target.rsplit('.', 2)[-2]}.{target.rsplit('.', 1)[1]}"
+    return None
+
+
+def _model_declines(model):
+    """Why `model`'s own code would see a deferred shard, or None: a class
+    of SGLang's models that reads or changes next_token_logits itself (as
+    Gemma 4's unified model masks vocabulary ids after its processor)."""
+    for cls in type(model).__mro__:
+        if not cls.__module__.startswith("sglang.srt.models."):
+            continue
+        try:
+            text = inspect.getsource(cls)
+        except (OSError, TypeError):
+            return f"{cls.__name__}'s source cannot be read"
+        if "next_token_logits" in text:
+            return f"{cls.__name__} works on the gathered logits itself"
+    return None
+
 
 
 def _unknown(*functions):
@@ -282,7 +314,8 @@ def _loaded(result, runner, *args, **kwargs):
     runner.klgen_sampling, or runner.klgen_declines says why not."""
     processors = [m for m in runner.model.modules()
                   if isinstance(m, LogitsProcessor) and getattr(m, "klgen", None)]
-    reason = _unknown_code or _runner_declines(runner, processors)
+    reason = (_unknown_code or _foreign_hooks() or _runner_declines(runner, processors)
+              or _model_declines(runner.model))
     if reason is not None:
         runner.klgen_declines = (reason, processors[0].klgen if len(processors) == 1 else None)
         log.debug("klgen: SGLang's ModelRunner samples the gathered row: %s", reason)
@@ -322,7 +355,7 @@ def _sample(sglangs, runner, logits_output, forward_batch, *args, **kwargs):
             gathers.decline("sample", reason)
         return sglangs(runner, logits_output, forward_batch, *args, **kwargs)
     shard = logits_output.next_token_logits
-    if not sampling.deferred(shard):
+    if not sampling.deferred(shard, forward_batch):
         return sglangs(runner, logits_output, forward_batch, *args, **kwargs)
     tokens = sampling.sample(runner, shard, forward_batch)
     if tokens is None:
@@ -340,8 +373,9 @@ def _capture(batch, forward_batch, logits_output, *args, **kwargs):
     logits, so a deferred shard is gathered first."""
     if batch is not None and getattr(batch, "beam_tail", None) is not None \
             and logits_output is not None:
-        sampling = _sampling_of(logits_output)
-        if sampling is not None:
+        sampling = _deferring
+        if sampling is not None and sampling.deferred(logits_output.next_token_logits,
+                                                      forward_batch):
             sampling.decline("beam search: SGLang captures the rows' logits")
             logits_output.next_token_logits = sampling.gather(logits_output.next_token_logits)
     return None
@@ -352,12 +386,6 @@ def _capture(batch, forward_batch, logits_output, *args, **kwargs):
 _deferring = None
 
 
-def _sampling_of(logits_output):
-    if _deferring is not None and _deferring.deferred(logits_output.next_token_logits):
-        return _deferring
-    return None
-
-
 class Sampling:
     """The shard sampler of one ModelRunner's deferring LogitsProcessor."""
 
@@ -365,10 +393,13 @@ class Sampling:
         self.processor, self.gathers = processor, processor.klgen
         self.vocab_size = processor.vocab_size
 
-    def deferred(self, logits):
-        return (logits is not None and logits.dim() == 2
-                and logits.shape[-1] * self.gathers.tp >= self.vocab_size
-                and logits.shape[-1] < self.vocab_size)
+    def deferred(self, logits, forward_batch):
+        """Whether `logits` of forward_batch's step are a deferred shard: a
+        decode step (its processor defers every one, in and out of graphs)
+        whose logits have the width the deferred step left."""
+        return (forward_batch.forward_mode.is_decode() and logits is not None
+                and logits.dim() == 2
+                and logits.shape[-1] == self.processor._logits_gatherer.deferred_width)
 
     def decline(self, reason):
         self.gathers.decline("sample", reason)
@@ -417,18 +448,23 @@ def sampling_args(runner, forward_batch, shard):
     return _composition_args(info, shard.shape[0])
 
 
+# The last composition's (flags, tensors, args): SGLang makes its tensors
+# anew whenever requests join or leave. Kept here, not on the tensors: the
+# views in args would keep those alive for ever.
+_kept = None
+
+
 def _composition_args(info, rows):
     """sampling_args' verdict and views of info's tensors for `rows` rows,
-    made once per batch composition: kept on info's temperatures, which
-    SGLang makes anew whenever requests join or leave."""
-    tensors = (info.top_ks, info.top_ps, info.min_ps)
+    made once per batch composition."""
+    global _kept
+    tensors = (info.temperatures, info.top_ks, info.top_ps, info.min_ps)
     flags = (rows, info.is_all_greedy, info.need_top_k_sampling, info.need_top_p_sampling,
              info.need_min_p_sampling)
-    kept = getattr(info.temperatures, "klgen_args", None)
-    if kept is not None and kept[0] == flags and all(a is b for a, b in zip(kept[1], tensors)):
-        return kept[2]
+    if _kept is not None and _kept[0] == flags and all(a is b for a, b in zip(_kept[1], tensors)):
+        return _kept[2]
     args = _args(info, rows)
-    info.temperatures.klgen_args = (flags, tensors, args)
+    _kept = (flags, tensors, args)
     return args
 
 
@@ -440,15 +476,17 @@ def _args(info, rows):
         return "top-p with min-p: SGLang filters top-p before min-p"
     host = getattr(info.top_ks, "klgen_host", None)
     if host is None:
-        return "the requests' top_k and seeds are not known on the host"
+        return "the requests' parameters and seeds are not known on the host"
     top_k = None
     if info.need_top_k_sampling:
-        largest = _largest_top_k(info.top_ks)
-        if largest > MAX_TOPK:
-            return f"top_k {largest}: above kl_sample's {MAX_TOPK}"
+        cut = [k for k, _, _ in host if 1 < k < info.vocab_size]
+        if cut and max(cut) > MAX_TOPK:
+            return f"top_k {max(cut)}: above kl_sample's {MAX_TOPK}"
+        if any(1 < k < info.vocab_size and p < 1 for k, p, _ in host):
+            return "top-p with top-k: SGLang measures top-p over the whole row"
         top_k = info.top_ks[:rows]
     device = info.temperatures.device
-    seed = torch.tensor([seed for _, seed in host[:rows]], dtype=torch.int64,
+    seed = torch.tensor([seed for _, _, seed in host[:rows]], dtype=torch.int64,
                         pin_memory=device.type == "cuda").to(device, non_blocking=True)
     return dict(temperature=info.temperatures.view(-1)[:rows], top_k=top_k,
                 top_p=info.top_ps[:rows] if info.need_top_p_sampling else None,
@@ -496,16 +534,11 @@ def _penalized(info):
     return info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None
 
 
-# Each request's (top_k, seed) on the host, kept on SamplingBatchInfo's
-# top_ks tensor as it is made, filtered and merged: SGLang's own max_top_k is
-# None as soon as one request samples from the whole vocabulary, and it keeps
-# no per-request seed unless deterministic inference is on.
-def _largest_top_k(top_ks):
-    from sglang.srt.sampling.sampling_params import TOP_K_ALL
-
-    return max((k for k, _ in top_ks.klgen_host if k < TOP_K_ALL), default=0)
-
-
+# Each request's (top_k, top_p, seed) on the host, kept on
+# SamplingBatchInfo's top_ks tensor (a list of numbers: no reference back) as
+# it is made, filtered and merged: SGLang's own max_top_k is None as soon as
+# one request samples from the whole vocabulary, and it keeps no per-request
+# seed unless deterministic inference is on.
 def request_seed(rid):
     """The noise seed of SGLang's request `rid`: a hash of its id, the same
     on every rank (Python's own str hash is not), different for the
@@ -516,7 +549,10 @@ def request_seed(rid):
 
 
 def _info_made(info, cls, batch, *args, **kwargs):
-    info.top_ks.klgen_host = [(r.sampling_params.top_k, request_seed(r.rid)) for r in batch.reqs]
+    reqs = batch.reqs
+    if all(getattr(r, "rid", None) is not None for r in reqs):
+        info.top_ks.klgen_host = [(r.sampling_params.top_k, r.sampling_params.top_p,
+                                   request_seed(r.rid)) for r in reqs]
     return info
 
 
@@ -535,3 +571,19 @@ def _info_merged(sglangs, info, other, *args, **kwargs):
     if mine is not None and theirs is not None:
         info.top_ks.klgen_host = mine + theirs
     return result
+
+
+# Every hook the sampling needs, and the targets whose code it relies on
+# (another plugin's hook on one of them keeps SGLang's path).
+_SAMPLING_HOOKS = (
+    (f"{_RUNNER}.load_model", _loaded, HookType.AFTER),
+    (f"{_RUNNER}.sample", _sample, HookType.AROUND),
+    (_CAPTURE, _capture, HookType.BEFORE),
+    (f"{_INFO}.from_schedule_batch", _info_made, HookType.AFTER),
+    (f"{_INFO}.filter_batch", _info_filtered, HookType.AROUND),
+    (f"{_INFO}.merge_batch", _info_merged, HookType.AROUND))
+_PROCESSOR = f"{LogitsProcessor.__module__}.LogitsProcessor"
+_RELIED_ON = (f"{_RUNNER}.sample", f"{_RUNNER}._preprocess_logits",
+              f"{Sampler.__module__}.Sampler.forward", f"{_PROCESSOR}.forward",
+              f"{_PROCESSOR}._get_logits", f"{_PROCESSOR}._copy_logits_to_buffer",
+              f"{_INFO}.from_schedule_batch", f"{_INFO}.filter_batch", f"{_INFO}.merge_batch")
