@@ -295,7 +295,6 @@ def _model_declines(model):
     return None
 
 
-
 def _unknown(*functions):
     """Why one of (name, function) is not the code _KNOWN names, or None."""
     for name, fn in functions:
