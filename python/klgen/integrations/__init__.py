@@ -7,6 +7,8 @@ The engines run their plugins in every process they start: vllm_plugin (the
 turn the drop-in on when KLGEN_VLLM / KLGEN_SGLANG asks for it, and import
 nothing otherwise."""
 
+import hashlib
+import inspect
 import os
 
 # "klgen": libklrt on the GPU; "torch": TorchGather, the same contract in torch
@@ -18,6 +20,21 @@ def check_backend(backend, where):
     if backend not in BACKENDS:
         raise ValueError(f"{where}: backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     return backend
+
+
+def unknown_code(engine, version, known, *functions, unwrap=False):
+    """Why one of (name, function) is not the code `known` names (the sha256
+    of each one's source as `engine` `version` ships it), or None. unwrap:
+    a function's source is that of what it wraps (functools.wraps), for an
+    engine whose glue checks for other wrappers itself."""
+    for name, fn in functions:
+        try:
+            text = inspect.getsource((inspect.unwrap(fn) if unwrap else fn).__code__)
+        except (AttributeError, OSError, TypeError):
+            return f"{engine}'s {name} has no source to check"
+        if hashlib.sha256(text.encode()).hexdigest() != known[name]:
+            return f"{engine}'s {name} is not {engine} {version}'s"
+    return None
 
 
 def backend_from_env(variable):

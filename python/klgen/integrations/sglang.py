@@ -61,7 +61,7 @@ from sglang.srt.layers.sampler import Sampler
 from sglang.srt.plugins import hook_registry
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import _gathers, check_backend
+from . import _gathers, check_backend, unknown_code
 from ._gathers import MAX_TOPK, Gathers
 
 log = logging.getLogger("sglang.klgen")
@@ -262,16 +262,18 @@ def _register_sampling():
     global _unknown_code
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-    _unknown_code = _unknown(("ModelRunner.sample", ModelRunner.sample),
-                             ("Sampler.forward", Sampler.forward),
-                             ("LogitsProcessor._get_logits", LogitsProcessor._get_logits))
+    _unknown_code = unknown_code("SGLang", "0.5.23", _KNOWN,
+                                 ("ModelRunner.sample", ModelRunner.sample),
+                                 ("Sampler.forward", Sampler.forward),
+                                 ("LogitsProcessor._get_logits", LogitsProcessor._get_logits),
+                                 unwrap=True)
     for target, hook, kind in _SAMPLING_HOOKS:
         HookRegistry.register(target, hook, kind)
 
 
 def _foreign_hooks():
     """Why another plugin's hooks change what the sampling hooks rely on, or
-    None (inspect.getsource sees through a wrapper, so _unknown cannot)."""
+    None (unknown_code sees through a wrapper, so it cannot)."""
     ours = {hook for _, hook, _ in _SAMPLING_HOOKS} | {_built}
     for target in _RELIED_ON:
         if any(hook not in ours for _, hook, _ in HookRegistry._hooks.get(target, ())):
@@ -292,18 +294,6 @@ def _model_declines(model):
             return f"{cls.__name__}'s source cannot be read"
         if "next_token_logits" in text:
             return f"{cls.__name__} works on the gathered logits itself"
-    return None
-
-
-def _unknown(*functions):
-    """Why one of (name, function) is not the code _KNOWN names, or None."""
-    for name, fn in functions:
-        try:
-            text = inspect.getsource(fn)
-        except (OSError, TypeError):
-            return f"SGLang's {name} has no source to check"
-        if hashlib.sha256(text.encode()).hexdigest() != _KNOWN[name]:
-            return f"SGLang's {name} is not SGLang 0.5.23's"
     return None
 
 

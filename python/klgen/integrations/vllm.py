@@ -47,8 +47,6 @@ torch implementation of klgen's contract: for CPUs and tests.
 
 import dis
 import functools
-import hashlib
-import inspect
 import logging
 import sys
 import types
@@ -59,7 +57,7 @@ from vllm.distributed import get_tp_group
 from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 
-from . import _gathers, check_backend
+from . import _gathers, check_backend, unknown_code
 from ._gathers import MAX_TOPK, Gathers
 
 # Under vLLM's "vllm" logger: its handler, and its level (VLLM_LOGGING_LEVEL).
@@ -172,7 +170,8 @@ def _hook_runner():
     from vllm.v1.worker.gpu.sample.sampler import Sampler
 
     vllms = runner.sample
-    unknown = _unknown(("GPUModelRunner.sample", vllms), ("Sampler.__call__", Sampler.__call__))
+    unknown = unknown_code("vLLM", "0.33.0", _KNOWN, ("GPUModelRunner.sample", vllms),
+                           ("Sampler.__call__", Sampler.__call__))
 
     def sample(self, hidden_states, input_batch, grammar_output):
         reason = unknown
@@ -196,21 +195,6 @@ def _hook_runner():
     runner.sample = sample
     log.debug("klgen: GPUModelRunner.sample wrapped%s",
               f"; every step stays with vLLM: {unknown}" if unknown else "")
-
-
-def _unknown(*functions):
-    """Why one of (name, function) is not the code _KNOWN names, or None."""
-    for name, fn in functions:
-        code = getattr(fn, "__code__", None)
-        try:
-            text = inspect.getsource(code) if code is not None else None
-        except OSError:
-            text = None
-        if text is None:
-            return f"vLLM's {name} has no source to check"
-        if hashlib.sha256(text.encode()).hexdigest() != _KNOWN[name]:
-            return f"vLLM's {name} is not vLLM 0.33.0's"
-    return None
 
 
 # What a plain compute_logits does -- `return self.logits_processor(self.lm_head,
