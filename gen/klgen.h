@@ -115,6 +115,9 @@ typedef struct kl_layout {
    * on its own (the runtime's group_subparts, within this and every rank's
    * KLGEN_SHARD_SUBPARTS) and each call takes its own within that */
   int shard_subparts;
+  /* kl_sample's shard sampler without filters: the CTAs a multiprocessor
+   * its launch bounds promise (its registers a thread follow from it) */
+  int shard_ctas;
   int argmax_thread_chunks; /* kl_argmax: 16-byte input chunks per thread */
   int argmax_split;         /* kl_argmax: CTAs (records) per rank row */
   int rec_split;        /* records per rank row the region holds: the larger split */

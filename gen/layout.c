@@ -43,6 +43,13 @@
  * in two passes of its warp (shards_merge.cuh.tmpl). */
 #define SHARD_SUBPARTS_MAX 4
 #define SHARD_MERGE_RECORDS 64
+/* ... and the CTAs a multiprocessor its launch bounds promise: at many
+ * tokens its grid is at its cap, a wave of CTAs that each scan part after
+ * part, so the bytes in flight a multiprocessor are these CTAs' loads. A
+ * thread of one chunk a part keeps its scan within the registers of four;
+ * more chunks a thread would spill there, and take two. */
+#define SHARD_CTAS_NARROW 4
+#define SHARD_CTAS_WIDE 2
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 static int64_t gcd64(int64_t a, int64_t b) {
@@ -155,6 +162,7 @@ static void derive_select(const kl_spec *s, kl_layout *l) {
   l->argmax_split = (int)((l->row_chunks + cta_chunks - 1) / cta_chunks);
   l->rec_split = l->topk_split > l->argmax_split ? l->topk_split : l->argmax_split;
   l->shard_subparts = s->topk > 0 ? subparts_bound(s, l) : 1;
+  l->shard_ctas = l->topk_thread_chunks == 1 ? SHARD_CTAS_NARROW : SHARD_CTAS_WIDE;
   l->sel_offset = l->total_bytes;
   l->sel_slot_bytes = s->max_tokens * l->rec_split * l->rec_chunks * CHUNK;
   l->sel_buffer_bytes = l->sel_slot_bytes * s->tp;

@@ -144,6 +144,7 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_int(L, "TOPK_THREAD_CHUNKS", l->topk_thread_chunks);
   set_int(L, "TOPK_SPLIT", l->topk_split);
   set_int(L, "SHARD_SUBPARTS", l->shard_subparts);
+  set_int(L, "SHARD_CTAS", l->shard_ctas);
   set_int(L, "ARGMAX_THREAD_CHUNKS", l->argmax_thread_chunks);
   set_int(L, "ARGMAX_SPLIT", l->argmax_split);
   set_int(L, "REC_SPLIT", l->rec_split);

@@ -578,6 +578,27 @@ static void shard_subparts(void) {
   }
 }
 
+/* The shard sampler's launch bounds: four CTAs a multiprocessor where a
+ * thread scans one chunk of a part, two where it scans more (Kimi-K3's TP8
+ * shard at tp 1: one; at tp 8, whose merge bounds the split: two; its whole
+ * row: five). */
+static void shard_ctas(void) {
+  static const struct { long long vocab; int tp; const char *dtype; int chunks, want; } cases[] = {
+      {20480, 1, "bf16", 1, 4}, {163840, 8, "bf16", 2, 2}, {163840, 1, "bf16", 5, 2},
+      {64128, 1, "bf16", 2, 2}, {20480, 1, "fp32", 2, 2},  {1000, 1, "fp32", 1, 4}};
+  for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+    char src[200];
+    kl_spec s;
+    kl_layout l;
+    snprintf(src, sizeof src, "return { name = 'k', vocab_size = %lld, tp = %d, dtype = '%s', "
+             "max_tokens = 64, topk = 64 }", cases[i].vocab, cases[i].tp, cases[i].dtype);
+    if (load_layout(src, &s, &l) != 0) continue;
+    CHECK(l.topk_thread_chunks == cases[i].chunks && l.shard_ctas == cases[i].want,
+          "vocab %lld tp %d %s: %d chunks a thread, shard_ctas %d", cases[i].vocab, cases[i].tp,
+          cases[i].dtype, l.topk_thread_chunks, l.shard_ctas);
+  }
+}
+
 /* topk: an integer 1..64, at most the vocabulary; it shapes the records. */
 static void topk(void) {
   kl_spec s;
@@ -647,6 +668,7 @@ static void topk(void) {
     CHECK(lay.rec_chunks == 34 && lay.topk_split == 1 && 64 * 33 * 16 <= 40960,
           "tp 64 top-64: split %d rec %d", lay.topk_split, lay.rec_chunks);
   shard_subparts();
+  shard_ctas();
   bad(SPEC(", topk = 0"), "t.lua:1: topk:", "out of range");
   bad(SPEC(", topk = -1"), "t.lua:1: topk:", "out of range");
   bad(SPEC(", topk = 65"), "t.lua:1: topk:", "65 is out of range (1..64)");
