@@ -169,7 +169,7 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
 static const char *const arg_names[KL_ARG_COUNT] = {
     "shard",       "out",    "index", "value", "lse",  "token", "logprob", "top_index",
     "top_logprob", "temperature", "top_k", "top_p", "min_p", "seed", "offset", "state_rows",
-    "offset_rows"};
+    "offset_rows", "bitmask"};
 
 const char *kl_arg_name(kl_arg a) { return arg_names[a]; }
 

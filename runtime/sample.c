@@ -25,6 +25,9 @@ static size_t row_bytes(const kl_ctx *c) {
   return (size_t)c->spec.vocab_size * (size_t)c->layout.out_elem_bytes;
 }
 
+/* A bitmask row's int32 words: a bit for each column of the vocabulary. */
+static int64_t mask_words(const kl_ctx *c) { return ((int64_t)c->spec.vocab_size + 31) / 32; }
+
 /* token [tokens] int64, logprob [tokens] fp32, top_index and top_logprob
  * [tokens, n_top] int64 and fp32. Before check: an n_top it refuses sizes
  * nothing here. */
@@ -90,7 +93,8 @@ static kl_result check_array(kl_ctx *c, const kl_call *k, const void *p, size_t 
 
 /* n_top and its outputs agree; the parameter arrays: temperature required,
  * the others NULL or checked by check_array, the per-request ones for
- * `states` entries with state_rows, offset for `offsets` with offset_rows. */
+ * `states` entries with state_rows, offset for `offsets` with offset_rows,
+ * the bitmask for a row of words a token. */
 static kl_result check(kl_ctx *c, const kl_call *k) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = &x->p;
@@ -117,8 +121,9 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
                 {p->top_p, 4, per_state, st},       {p->min_p, 4, per_state, st},
                 {p->seed, 8, per_state, st},        {p->offset, 8, per_offset, of},
                 {p->state_rows, p->state_rows_bits == 32 ? 4 : 8, k->tokens, NULL},
-                {p->offset_rows, p->offset_rows_bits == 32 ? 4 : 8, k->tokens, NULL}};
-  for (int i = 0; i < 8 && !res; i++)
+                {p->offset_rows, p->offset_rows_bits == 32 ? 4 : 8, k->tokens, NULL},
+                {p->bitmask, 4, k->tokens * mask_words(c), NULL}};
+  for (int i = 0; i < (int)(sizeof arrays / sizeof arrays[0]) && !res; i++)
     if (arrays[i].p)
       res = check_array(c, k, arrays[i].p, arrays[i].elem, arrays[i].entries, arrays[i].count,
                         (kl_arg)(KL_ARG_TEMPERATURE + i));

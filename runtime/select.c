@@ -34,7 +34,8 @@ kl_row_params kl_row_params_of(const kl_sampling *p) {
                          (long long)p->states,
                          (long long)p->offsets,
                          p->state_rows_bits == 32 ? 32 : 64,
-                         p->offset_rows_bits == 32 ? 32 : 64};
+                         p->offset_rows_bits == 32 ? 32 : 64,
+                         (const unsigned *)p->bitmask};
 }
 
 /* The call's args in kernel id's parameter, for mode; no step state (the

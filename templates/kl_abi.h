@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 13
+#define KL_ABI_VERSION 14
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -84,7 +84,9 @@ typedef struct kl_relayout_args {
  * or state_rows[t] of `states` entries; its offset at t, or offset_rows[t]
  * of `offsets` entries (index arrays of 32- or 64-bit entries, as their
  * `_bits` say); an index outside its table makes the row's parameters
- * outside the domain. NULL but temperature: off. */
+ * outside the domain. NULL but temperature: off. bitmask: row t's grammar
+ * mask at words t * ceil(VOCAB / 32) on (column c kept where bit c % 32 of
+ * word c / 32 is set, else -inf before anything else reads it). */
 typedef struct kl_row_params {
   const float *temperature;
   const int *top_k;
@@ -93,6 +95,7 @@ typedef struct kl_row_params {
   const void *state_rows, *offset_rows;
   long long states, offsets;
   int state_rows_bits, offset_rows_bits; /* 32 or 64 */
+  const unsigned *bitmask;
 } kl_row_params;
 
 /* The select kernels' parameter (kl_argmax, kl_topk, and kl_sample's shard
@@ -183,9 +186,9 @@ KL_ABI_ASSERT(sizeof(kl_state) == 64, "kl_state is 64 bytes: the step slots foll
 KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit ABI");
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
-KL_ABI_ASSERT(sizeof(kl_row_params) == 88, "kl_row_params layout");
-KL_ABI_ASSERT(sizeof(kl_select_args) == 184, "peers[] follow kl_select_args at byte 184");
+KL_ABI_ASSERT(sizeof(kl_row_params) == 96, "kl_row_params layout");
+KL_ABI_ASSERT(sizeof(kl_select_args) == 192, "peers[] follow kl_select_args at byte 192");
 KL_ABI_ASSERT(sizeof(kl_slice_result) == 32, "kl_slice_result layout");
-KL_ABI_ASSERT(sizeof(kl_sample_args) == 176, "kl_sample_args layout");
+KL_ABI_ASSERT(sizeof(kl_sample_args) == 184, "kl_sample_args layout");
 
 #endif

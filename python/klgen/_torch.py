@@ -257,7 +257,8 @@ class LogitsGather:
     # ---- sampling: the vocabulary's rows drawn, as klgen.reference.sample ----
 
     def sample(self, shard, temperature, top_k=None, top_p=None, min_p=None, *, seed=0,
-               offset=0, state_rows=None, offset_rows=None, logprobs=0, token_logprobs=True):
+               offset=0, state_rows=None, offset_rows=None, bitmask=None, logprobs=0,
+               token_logprobs=True):
         """A Sample of each row: temperature, min-p, top-k, top-p and a
         Gumbel-max draw keyed by (seed, offset, column), as
         klgen.reference.sample defines it (a spec with topk = K), with the
@@ -275,7 +276,10 @@ class LogitsGather:
         kernel a step). Numbers are checked here (but float ones under
         torch.compile); a tensor's values are checked on the device, where a
         row outside the domain (or an index outside its table) gets token -1
-        and NaN logprobs. logprobs: n
+        and NaN logprobs. bitmask: a structured-output grammar's mask,
+        int32 [tokens, ceil(vocab_size / 32)] as vLLM and xgrammar pack it
+        (column c of row t kept where bit c % 32 of word [t, c // 32] is
+        set, else -inf, the logprobs' logits included), or None. logprobs: n
         top logprobs, 0..K. token_logprobs=False: no logprob of the tokens
         (Sample.logprobs is None), and the sampler skips the sums it needs."""
         if not self.k:
@@ -283,6 +287,7 @@ class LogitsGather:
         self._check(shard, None)
         params = _sampling_args(self, shard.shape[0], temperature, top_k, top_p, min_p, seed,
                                 offset, state_rows, offset_rows, logprobs)
+        params.append(_bitmask(bitmask, shard.shape[0], self))
         want = bool(token_logprobs)
         if not torch.compiler.is_compiling():
             token, lp, values, indices = self._sample(shard, *params, logprobs, want)
@@ -293,7 +298,7 @@ class LogitsGather:
                       TopLogprobs(values, indices) if logprobs else None)
 
     def _sample(self, shard, temperature, top_k, top_p, min_p, seed, offset, state_rows,
-                offset_rows, n, want=True):
+                offset_rows, bitmask, n, want=True):
         shard = shard.contiguous()
         tokens = shard.shape[0]
         token = torch.empty((tokens,), dtype=torch.int64, device=self.device)
@@ -307,7 +312,8 @@ class LogitsGather:
         p = _capi.Sampling(ctypes.sizeof(_capi.Sampling), *ptrs,
                            0 if state_rows is None else temperature.shape[0],
                            None if offset_rows is None else offset_rows.data_ptr(),
-                           0 if offset_rows is None else offset.shape[0], *bits)
+                           0 if offset_rows is None else offset.shape[0], *bits,
+                           None if bitmask is None else bitmask.data_ptr())
         _capi.check(_capi.lib.kl_sample(
             self._ctx, shard.data_ptr(), ctypes.byref(p), token.data_ptr(),
             lp.data_ptr() if want else None,
@@ -556,6 +562,23 @@ def _sampling_args(g, tokens, *values):
     return out + [state_rows, offset_rows]
 
 
+def _bitmask(t, tokens, g):
+    """g.sample's bitmask: None, or an int32 tensor [tokens, ceil(vocab_size
+    / 32)] on g's device, contiguous as kl_sample reads it."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+        kind = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"bitmask must be an int32 tensor, not {kind}")
+    words = (g.vocab_size + 31) // 32
+    if t.dim() != 2 or tuple(t.shape) != (tokens, words):
+        raise ValueError(f"bitmask has shape {tuple(t.shape)}, expected [{tokens}, {words}] "
+                         f"(a row of ceil({g.vocab_size} / 32) words per token)")
+    if t.device != g.device:
+        raise ValueError(f"bitmask is on {t.device}, expected {g.device} (the shard's)")
+    return t.contiguous()
+
+
 def _index_tensor(t, name, tokens, device):
     """state_rows or offset_rows: None, or an int32 or int64 tensor [tokens]
     on device (kl_sample reads either as it is)."""
@@ -611,17 +634,17 @@ def _sample_op(shard: torch.Tensor, temperature: torch.Tensor, top_k: Optional[t
                top_p: Optional[torch.Tensor], min_p: Optional[torch.Tensor],
                seed: Optional[torch.Tensor], offset: Optional[torch.Tensor],
                state_rows: Optional[torch.Tensor], offset_rows: Optional[torch.Tensor],
-               logprobs: int, token_logprobs: bool,
+               bitmask: Optional[torch.Tensor], logprobs: int, token_logprobs: bool,
                handle: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = _gather(handle)
     g._check(shard, None)
     return g._sample(shard, temperature, top_k, top_p, min_p, seed, offset, state_rows,
-                     offset_rows, logprobs, token_logprobs)
+                     offset_rows, bitmask, logprobs, token_logprobs)
 
 
 @_sample_op.register_fake
-def _(shard, temperature, top_k, top_p, min_p, seed, offset, state_rows, offset_rows, logprobs,
-      token_logprobs, handle):
+def _(shard, temperature, top_k, top_p, min_p, seed, offset, state_rows, offset_rows, bitmask,
+      logprobs, token_logprobs, handle):
     _fake_check(shard, _gather(handle))
     tokens = shard.shape[0]
     return (shard.new_empty((tokens,), dtype=torch.int64),

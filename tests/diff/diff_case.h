@@ -35,6 +35,7 @@ typedef struct step_plan {
   /* kl_sampling's tables: states (0: no state_rows, T..seed per row) and
    * offsets (0: no offset_rows) entries, their index arrays' bits (32, 64) */
   int states, offsets, states_bits, offsets_bits;
+  int masked;       /* kl_sample gets a bitmask (the arena's mask area) */
   /* one rank's host late by late_us before its op at index late_at (eager
    * steps; late_rank -1: none): its peers run ahead into later calls, whose
    * kernels may spin while the late rank's earlier ones still need room */
@@ -118,6 +119,11 @@ static inline void *host_param(const diff_env *env, int which) {
 static inline size_t sample_out_at(const diff_env *env, int which) {
   static const size_t at_[] = {0, 8, 12, 12 + 8 * 64};
   return env->sample_area + DIFF_SAMPLE_OUT_AT + at_[which] * DIFF_MAX_ROWS;
+}
+
+/* A bitmask row's words. */
+static inline size_t mask_words(const case_run *run) {
+  return ((size_t)run->c->spec.vocab_size + 31) / 32;
 }
 
 static inline int has_op(const step_plan *p, int op) {

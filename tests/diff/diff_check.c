@@ -214,6 +214,7 @@ void diff_compare(case_run *run, const ref_step *ref, long long crossover, const
       env->cov.sampled += op == OP_SAMPLE;
       env->cov.by_shards += op == OP_SAMPLE && sample_by_shards(p, want_path);
       env->cov.filtered_shards += op == OP_SAMPLE && sample_by_shards(p, want_path) && (p->nulls & 7) != 7;
+      env->cov.masked += op == OP_SAMPLE && p->masked;
       env->cov.calls++;
       env->cov.path[want_path]++;
       int excused = (run->dead && poison == bad && want_path == PATH_ONESHOT) ||

@@ -24,6 +24,8 @@
 #define DIFF_SAMPLE_PARAM_BYTES ((size_t)DIFF_MAX_ROWS * 48)
 #define DIFF_SAMPLE_OUT_AT 8192
 #define DIFF_SAMPLE_BYTES (DIFF_SAMPLE_OUT_AT + (size_t)DIFF_MAX_ROWS * (12 + 64 * 12))
+/* kl_sample's bitmask: a row of ceil(vocab / 32) int32 words a token */
+#define DIFF_MASK_BYTES (((size_t)DIFF_ELEM_BUDGET / 32 + DIFF_MAX_ROWS) * 4)
 #define DIFF_DETAIL_LINES 12 /* failure lines printed per case */
 
 typedef struct diff_slot {
@@ -44,6 +46,7 @@ typedef struct diff_coverage {
   long cases_run, invalid, steps, calls, replays, graphs, wrap, disabled, topk, sampled;
   long by_shards; /* kl_sample calls the shard sampler served */
   long filtered_shards; /* of them, with a filter array (its candidates, staged rows) */
+  long masked;          /* kl_sample calls with a bitmask */
   long path[2]; /* calls by path: one-shot, NCCL */
   long tp[DIFF_MAX_RANKS + 1];
 } diff_coverage;
@@ -66,6 +69,7 @@ typedef struct diff_ref_bufs {
   sample_args sargs[DIFF_MAX_ROWS];
   float sm[DIFF_MAX_ROWS];
   int sok[DIFF_MAX_ROWS];
+  float *svals; /* the values it samples: vals with the step's bitmask applied */
 } diff_ref_bufs;
 
 typedef struct diff_env {
@@ -93,6 +97,8 @@ typedef struct diff_env {
    * reference's noise and expf from the device (diff_device_noise) */
   void *h_params;
   size_t sample_area;
+  uint32_t *h_mask; /* the step's bitmask (pinned), uploaded to mask_area */
+  size_t mask_area;
   CUmodule smod[2];
   CUfunction noise_fn[2]; /* by the spec's noise: Philox's, vLLM's */
   CUdeviceptr tg, srow;

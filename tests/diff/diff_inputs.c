@@ -137,6 +137,48 @@ static int row_params(const case_run *run, int t, sample_args *a, uint64_t *seed
          a->min_p >= 0.f && a->min_p <= 1.f && a->top_k >= 0 && a->top_k <= run->c->spec.topk;
 }
 
+/* The step's bitmask, row by row (diff_env's h_mask): no grammar (all
+ * ones), nothing kept, a few columns, half of them, nearly all; the bits
+ * past the vocabulary random (kl_sample must not read them). */
+static void draw_mask(case_run *run, int tokens) {
+  const int64_t vocab = run->c->spec.vocab_size;
+  const size_t words = mask_words(run);
+  rng mr = rng_for(run->c->seed, 0x6d61736c0000ull + (uint64_t)run->planned);
+  for (int t = 0; t < tokens; t++) {
+    uint32_t *w = run->env->h_mask + (size_t)t * words;
+    const double u = rng_unit(&mr);
+    const int kind = u < 0.2 ? 0 : u < 0.3 ? 1 : u < 0.55 ? 2 : u < 0.8 ? 3 : 4;
+    for (size_t i = 0; i < words; i++)
+      w[i] = kind == 0 ? 0xffffffffu : kind == 3 ? (uint32_t)(rng_next(&mr) >> 32) : 0;
+    if (kind == 2)
+      for (int64_t k = rng_range(&mr, 1, vocab < 40 ? vocab : 40); k > 0; k--) {
+        const uint64_t c = rng_below(&mr, (uint64_t)vocab);
+        w[c / 32] |= 1u << (c % 32);
+      }
+    if (kind == 4)
+      for (int64_t c = 0; c < vocab; c++)
+        if (!rng_chance(&mr, 0.03)) w[c / 32] |= 1u << (c % 32);
+    if (vocab % 32) w[words - 1] |= (uint32_t)(rng_next(&mr) >> 32) << (vocab % 32);
+  }
+}
+
+/* The values kl_sample draws from: the gathered ones, with the step's
+ * bitmask -inf where a bit is clear. */
+static const float *sampled_values(const case_run *run, const ref_step *ref) {
+  return run->plan.masked ? ref->svals : ref->vals;
+}
+
+static void mask_values(case_run *run, ref_step *ref, int tokens) {
+  const int64_t vocab = run->c->spec.vocab_size;
+  const size_t words = mask_words(run);
+  for (int t = 0; t < tokens; t++) {
+    const uint32_t *w = run->env->h_mask + (size_t)t * words;
+    const size_t o = (size_t)t * (size_t)vocab;
+    for (int64_t c = 0; c < vocab; c++)
+      ref->svals[o + (size_t)c] = w[c / 32] >> (c % 32) & 1u ? ref->vals[o + (size_t)c] : -INFINITY;
+  }
+}
+
 /* kl_sample's reference inputs, before the ranks start (the main thread
  * makes no CUDA call while they run: an error of theirs must reach compare,
  * not end the run here): each row's parameters, its tempered values t (in
@@ -145,9 +187,14 @@ static void sample_inputs(case_run *run, ref_step *ref, int tokens) {
   diff_env *env = run->env;
   const int64_t vocab = run->c->spec.vocab_size;
   diff_noise_row *rows = env->h_srow;
+  if (run->plan.masked) {
+    draw_mask(run, tokens);
+    mask_values(run, ref, tokens);
+  }
+  const float *vals = sampled_values(run, ref);
   for (int r = 0; r < tokens; r++) {
     ref->sok[r] = row_params(run, r, &ref->sargs[r], &rows[r].seed, &rows[r].offset);
-    ref->sm[r] = sample_tempered(ref->vals + (size_t)r * (size_t)vocab, vocab,
+    ref->sm[r] = sample_tempered(vals + (size_t)r * (size_t)vocab, vocab,
                                  ref->sargs[r].temperature, env->h_targ + (size_t)r * (size_t)vocab);
     rows[r].m = isfinite(ref->sm[r]) ? ref->sm[r] : 0.f;
   }
@@ -160,8 +207,9 @@ static void reference_samples(case_run *run, ref_step *ref, int tokens) {
   const int64_t vocab = run->c->spec.vocab_size;
   const int n = run->plan.n_top;
   int64_t top[64];
+  const float *vals = sampled_values(run, ref);
   for (int r = 0; r < tokens; r++) {
-    const float *x = ref->vals + (size_t)r * (size_t)vocab;
+    const float *x = vals + (size_t)r * (size_t)vocab;
     const size_t o = (size_t)r * (size_t)vocab;
     const int ok = ref->sok[r];
     double mx;

@@ -62,6 +62,9 @@ void diff_plan_step(case_run *run, rng *r, step_plan *p, int tokens, int allow_o
     if (rng_chance(&ir, 0.3)) p->offsets = (int)rng_range(&ir, 1, DIFF_MAX_ROWS);
     p->states_bits = rng_chance(&ir, 0.5) ? 32 : 64;
     p->offsets_bits = rng_chance(&ir, 0.5) ? 32 : 64;
+    /* a grammar's bitmask, from a stream of its own */
+    rng mr = rng_for(c->seed, 0x6d61736b0000ull + (uint64_t)run->planned);
+    p->masked = rng_chance(&mr, 0.35);
   }
   for (int i = p->nops - 1; i > 0; i--) { /* in any order */
     int j = (int)rng_below(r, (uint64_t)i + 1), t = p->ops[i];

@@ -59,6 +59,7 @@ static kl_result call_sample(case_run *run, kl_ctx *ctx, const diff_slot *s, CUs
     sp.offset_rows = (const void *)(base + param_at(P_OFFSET_ROWS));
     sp.offsets = p->offsets, sp.offset_rows_bits = p->offsets_bits;
   }
+  if (p->masked) sp.bitmask = (const int32_t *)at(s, env->mask_area);
   return kl_sample(ctx, (const void *)at(s, p->in_at), &sp, (int64_t *)at(s, sample_out_at(env, 0)),
                    p->want_lp ? (float *)at(s, sample_out_at(env, 1)) : NULL,
                    p->n_top ? (int64_t *)at(s, sample_out_at(env, 2)) : NULL,
@@ -101,6 +102,9 @@ static void canary(case_run *run, const diff_slot *s, rank_report *rep) {
     /* the step's parameters (a replay reads them where its capture pointed) */
     cu_ok(rep, diff_move(run->env, at(s, run->env->sample_area), run->env->h_params, 0,
                          DIFF_SAMPLE_PARAM_BYTES, s->s), "parameters");
+    if (p->masked)
+      cu_ok(rep, diff_move(run->env, at(s, run->env->mask_area), run->env->h_mask, 0,
+                           4 * mask_words(run) * (size_t)p->tokens, s->s), "bitmask");
   }
 }
 

@@ -175,3 +175,28 @@ def test_torch_backend_samples_as_the_definition(tmp_path):
             g.sample(x, 1.0, logprobs=9)
     finally:
         dist.destroy_process_group()
+
+
+def test_bitmask_is_an_int32_row_of_words_a_token():
+    words = (G.vocab_size + 31) // 32
+    m = torch.zeros((ROWS, words), dtype=torch.int32)
+    assert _torch._bitmask(None, ROWS, G) is None
+    assert _torch._bitmask(m, ROWS, G) is m
+    # a transposed view is taken as a contiguous copy of the same values
+    t = torch.zeros((words, ROWS), dtype=torch.int32).t()
+    got = _torch._bitmask(t, ROWS, G)
+    assert got.is_contiguous() and torch.equal(got, t)
+
+
+@pytest.mark.parametrize("value, error, words", [
+    ([[-1] * 32] * ROWS, TypeError, "bitmask must be an int32 tensor, not list"),
+    (torch.zeros((ROWS, 32), dtype=torch.int64), TypeError, "not torch.int64"),
+    (torch.zeros((ROWS, 31), dtype=torch.int32), ValueError, "expected [4, 32]"),
+    (torch.zeros((ROWS + 1, 32), dtype=torch.int32), ValueError, "expected [4, 32]"),
+    (torch.zeros((ROWS * 32,), dtype=torch.int32), ValueError, "ceil(1000 / 32) words"),
+    (torch.zeros((ROWS, 32), dtype=torch.int32, device="meta"), ValueError, "is on meta"),
+])
+def test_bad_bitmask(value, error, words):
+    with pytest.raises(error) as e:
+        _torch._bitmask(value, ROWS, G)
+    assert words in str(e.value)

@@ -179,6 +179,28 @@ def draw_params(tokens, k, step, device):
                 offset=torch.randint(0, 2**40, (tokens,), generator=gen).to(device))
 
 
+def draw_bitmask(tokens, vocab, step, device):
+    """A grammar's bitmask, int32 [tokens, ceil(vocab / 32)], the same on
+    every rank: by row, no grammar (all ones), nothing kept, a few columns,
+    half of them, nearly all; the bits past the vocabulary random."""
+    gen = torch.Generator().manual_seed(step + 5)
+    words = (vocab + 31) // 32
+    bits = torch.zeros((tokens, words * 32), dtype=torch.bool)
+    for t in range(tokens):
+        kind = (step + t) % 5
+        if kind == 0:
+            bits[t] = True
+        elif kind == 2:
+            bits[t, torch.randint(vocab, (int(torch.randint(1, 40, (1,), generator=gen)),),
+                                  generator=gen)] = True
+        elif kind in (3, 4):
+            bits[t] = torch.rand(words * 32, generator=gen) < (0.5 if kind == 3 else 0.97)
+        bits[t, vocab:] = torch.rand(words * 32 - vocab, generator=gen) < 0.5
+    weights = torch.tensor([1 << i for i in range(32)], dtype=torch.int64)
+    packed = (bits.view(tokens, words, 32).long() * weights).sum(-1)
+    return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).int().to(device)
+
+
 def as_tables(p, step):
     """p's per-row parameters as per-request tables of a few more entries
     (the rest garbage) that the rows read through state_rows, and their
@@ -229,6 +251,19 @@ def check_draws(g, x, gathered, step, tp):
     if step % 3 == 0:  # the same parameters as tables, read through state_rows and offset_rows
         tabled = g.sample(x, logprobs=n, **as_tables(p, step))
         ok = ok and torch.equal(tabled.tokens, got.tokens) and same(tabled.logprobs, got.logprobs)
+    if step % 3 != 0:  # a grammar's bitmask: the columns whose bit is clear -inf
+        m = draw_bitmask(x.shape[0], g.vocab_size, step, x.device)
+        masked = g.sample(x, logprobs=n, bitmask=m, **p)
+        wm = definition.sample(gathered, logprobs=n, noise=g.noise, bitmask=m, **p)
+        ok_m = torch.equal(masked.tokens, wm.tokens) and close(masked.logprobs, wm.logprob)
+        if not bare:
+            ok_m = ok_m and (torch.equal(masked.top_logprobs.indices, wm.top_indices) and
+                             close(masked.top_logprobs.values, wm.top_logprobs))
+        if not ok_m:
+            print(f"  {g.name} step {step}: with a bitmask {masked.tokens.tolist()} "
+                  f"{masked.logprobs.tolist()}, want {wm.tokens.tolist()} "
+                  f"{wm.logprob.tolist()}", flush=True)
+        ok = ok and ok_m
     if step % 4 == 2:  # SGLang's forms: int32 top_k, 1 << 30 for off; one seed; row offsets
         forms = dict(p, top_k=torch.where(p["top_k"] == 0, 1 << 30, p["top_k"]).int(),
                      seed=step, offset=torch.arange(x.shape[0], device=x.device))
@@ -249,10 +284,12 @@ def sample_graph_and_compile(rank, tp):
         tokens = 3
         x = torch.zeros((tokens, g.shard), dtype=g.dtype, device="cuda")
         p = draw_params(tokens, g.k, 1, "cuda")
+        m = draw_bitmask(tokens, g.vocab_size, 1, "cuda")
         g.sample(x, logprobs=2, **p)  # eager first, as engines warm up
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = g.sample(x, logprobs=2, **p)
+            masked = g.sample(x, logprobs=2, bitmask=m, **p)
         ok = True
         for step in range(5):
             # finite: a NaN row would draw its NaN whatever the parameters
@@ -260,11 +297,16 @@ def sample_graph_and_compile(rank, tp):
                     .nan_to_num(0.0, 0.0, 0.0))
             for k, v in draw_params(tokens, g.k, 100 + step, "cuda").items():
                 p[k].copy_(v)
+            m.copy_(draw_bitmask(tokens, g.vocab_size, 100 + step, "cuda"))
             graph.replay()
-            want = definition.sample(reference(x, tp, g.vocab_size), logprobs=2, **p)
+            gathered = reference(x, tp, g.vocab_size)
+            want = definition.sample(gathered, logprobs=2, **p)
             ok &= torch.equal(out.tokens, want.tokens) and torch.equal(
                 out.top_logprobs.indices, want.top_indices)
-        say(ok, "sample: 5 replays of a captured draw, new data and parameters each")
+            want = definition.sample(gathered, logprobs=2, bitmask=m, **p)
+            ok &= torch.equal(masked.tokens, want.tokens) and torch.equal(
+                masked.top_logprobs.indices, want.top_indices)
+        say(ok, "sample: 5 replays of a captured draw, new data, parameters and bitmask each")
 
         def draw(x, t, s):
             return g.sample(x * 2, t, top_p=0.9, seed=s, token_logprobs=False).tokens

@@ -377,7 +377,7 @@ static void sample_alignment(void) {
   CHECK_KL(r == KLRT_OK && launches > before, "aligned parameters: %s, %d launches",
            kl_result_name(r), launches - before);
   /* each a copy of p with one field wrong */
-  enum { N_ODD = 17 };
+  enum { N_ODD = 19 };
   kl_sampling odd_p[N_ODD];
   const char *what[N_ODD];
   for (int i = 0; i < N_ODD; i++) odd_p[i] = p;
@@ -419,6 +419,11 @@ static void sample_alignment(void) {
   odd_p[16].offset_rows = (const void *)(uintptr_t)(par + 3074), odd_p[16].offsets = 2;
   odd_p[16].offset_rows_bits = 32;
   what[16] = "params->offset_rows is not 4-byte aligned";
+  /* the grammar's words: a row of 1024 / 32 a token, int32 */
+  odd_p[17].bitmask = (const int32_t *)(uintptr_t)(par + 3074);
+  what[17] = "params->bitmask is not 4-byte aligned";
+  odd_p[18].bitmask = (const int32_t *)(uintptr_t)(par + 3968); /* 128 of the 256 bytes */
+  what[18] = "bitmask 0x";
   for (int i = 0; i < N_ODD; i++) {
     before = launches;
     r = kl_sample(c, (void *)(uintptr_t)shard, &odd_p[i], (int64_t *)(uintptr_t)token, NULL, NULL,
@@ -466,6 +471,14 @@ static void sample_alignment(void) {
                 NULL, 0, 2, NULL);
   CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), "temperature"),
            "a table in unmapped host memory: %s (%s)", kl_result_name(r), kl_last_error());
+  /* a bitmask within its buffer: taken */
+  kl_sampling masked = p;
+  masked.bitmask = (const int32_t *)(uintptr_t)(par + 3072);
+  before = launches;
+  r = kl_sample(c, (void *)(uintptr_t)shard, &masked, (int64_t *)(uintptr_t)token, NULL, NULL,
+                NULL, 0, 2, NULL);
+  CHECK_KL(r == KLRT_OK && launches > before, "a bitmask: %s (%s)", kl_result_name(r),
+           kl_last_error());
   /* state_rows and offset_rows within their tables: taken */
   kl_sampling indexed = p;
   indexed.state_rows = (const void *)rows, indexed.states = 4;

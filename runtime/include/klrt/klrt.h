@@ -254,9 +254,20 @@ typedef struct kl_sampling {
   int64_t offsets;         /* with offset_rows: offset's entries */
   int state_rows_bits;     /* state_rows' entries: 64 (0 too) or 32 */
   int offset_rows_bits;    /* offset_rows' entries: 64 (0 too) or 32 */
+  /* A structured-output grammar's mask, as vLLM and xgrammar pack it:
+   * int32 [tokens, ceil(vocab_size / 32)], row-major and contiguous, one
+   * row per token (not a table: state_rows does not index it). Column c of
+   * row t is kept where bit c % 32 (least significant first) of word
+   * t * ceil(vocab_size / 32) + c / 32 is set; the others are -inf before
+   * anything reads them: the draw, every filter and the logprobs (the raw
+   * logits with the grammar applied, as vLLM's runner hands its sampler).
+   * A row without a grammar is all ones; bits past vocab_size are not
+   * read. A row with every bit clear keeps nothing: its token is column 0,
+   * as for a row of -inf logits. NULL: no row has a grammar. */
+  const int32_t *bitmask;
 } kl_sampling;
 #define KL_SAMPLING_INIT \
-  {sizeof(kl_sampling), NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 0, 0, 0}
+  {sizeof(kl_sampling), NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 0, 0, 0, NULL}
 
 /* kl_sample, for a spec with `topk = K`: token[t] (int64) is row t's draw
  * from its logits after the spec's epilogue, the same on every rank, as
