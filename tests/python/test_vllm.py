@@ -207,7 +207,7 @@ def _batch(slots, draft=0, seed=0):
     return types.SimpleNamespace(
         idx_mapping_np=np.array(slots), expanded_idx_mapping=torch.tensor(slots),
         positions=torch.randint(0, 2**20, (int(ends[-1]),), generator=gen),
-        logits_indices=ends - 1, num_draft_tokens=draft)
+        logits_indices=ends - 1, num_draft_tokens=draft, req_ids=[f"r{s}" for s in slots])
 
 
 def _bad_words(token_ids):
@@ -301,7 +301,7 @@ def _sample(rank):
         assert args["temperature"][args["state_rows"]].tolist() == [pytest.approx(0.7)]
     sampler = _v2_sampler(vocab, kinds)
     assert on.sample(head, hidden[:2], sampler, _batch([0, 1], draft=1), None) is None
-    assert on.sample(head, hidden[:2], sampler, _batch([0, 1]), object()) is None  # grammar
+    _grammar_steps(on, stock[0], head, hidden, vocab, sampler)
     # what the user asked of vLLM's sampler that klgen's draws would skip
     for flag, why in (("compute_nans", "NaNs"), ("use_fp64_gumbel", "fp64")):
         setattr(sampler, flag, True)
@@ -312,6 +312,50 @@ def _sample(rank):
     assert "GPUWatermarkSampler" in sampling_args(sampler, _batch([0, 1]), 64)
     assert on.klgen.stats()["declined"] == {"sample": len(declined) + 2}
     _sample_models(on, head, hidden, vocab, kinds)
+
+
+def _grammar_steps(on, off, head, hidden, vocab, sampler):
+    """Structured output on kl_sample: each grammar request's row masked by
+    the first of its mask_stride bitmask rows (GrammarOutput's layout), the
+    other rows as they are, sampled and greedy alike (request 0 is greedy)."""
+    import types
+
+    import numpy as np
+
+    from klgen import reference
+    from klgen.integrations.vllm import grammar_bitmask, sampling_args
+
+    words = (vocab + 31) // 32
+    masks = np.random.default_rng(3).integers(-2**31, 2**31, (3 * 2, words)).astype(np.int32)
+    masks[2] = 0
+    masks[2, 0] = 1 << 5  # request r1's first row: column 5 alone
+    # requests 1 and 0 have grammars, 9 is not in the step: mask_stride 2
+    grammar = types.SimpleNamespace(structured_output_request_ids=["r9", "r1", "r0"],
+                                    grammar_bitmask=masks, num_acceptable_drafts=None)
+    for slots in ([0, 1], [1, 2], [0]):  # the last all greedy
+        n, batch = len(slots), _batch(slots, seed=4)
+        args = sampling_args(sampler, batch, 64)
+        dense = torch.full((n, words), -1, dtype=torch.int32)
+        for row, slot in enumerate(slots):
+            if slot in (0, 1):
+                dense[row] = torch.from_numpy(masks[4 if slot == 0 else 2])
+        got = on.sample(head, hidden[:n], sampler, batch, grammar)
+        want = reference.sample(off(head, hidden[:n]), **args, bitmask=dense, noise="vllm").tokens
+        assert torch.equal(got, want), (slots, got, want)
+        if 1 in slots:
+            assert got[slots.index(1)].item() == 5, got
+    # no request of the step has a grammar: as without one
+    batch = _batch([0, 1], seed=4)
+    none = types.SimpleNamespace(structured_output_request_ids=["r9"], grammar_bitmask=masks[:2],
+                                 num_acceptable_drafts=None)
+    assert torch.equal(on.sample(head, hidden[:2], sampler, batch, none),
+                       on.sample(head, hidden[:2], sampler, batch, None))
+    # a bitmask of another layout: vLLM's step, the reason said
+    odd = types.SimpleNamespace(structured_output_request_ids=["r1"],
+                                grammar_bitmask=masks[:1, :-1], num_acceptable_drafts=None)
+    assert on.sample(head, hidden[:2], sampler, batch, odd) is None
+    assert "structured output: a bitmask of shape" in str(
+        grammar_bitmask(odd, batch, 2, vocab, torch.device("cpu")))
 
 
 def _model(compute_logits, **attrs):

@@ -33,8 +33,8 @@ when vLLM has imported the runner and before the model is built. A decode
 step whose requests kl_sample serves draws each logits row's token from the
 shards, with the parameters vLLM's v2 Sampler keeps per request
 (sampling_args), and returns the SamplerOutput vLLM's sampler would; any
-other step is vLLM's own (batch-sharded sampling, draft tokens, structured
-output, logprobs, penalties and the rest: KlgenLogitsProcessor.sample and
+other step is vLLM's own (batch-sharded sampling, draft tokens, logprobs,
+penalties and the rest: KlgenLogitsProcessor.sample and
 sampling_args say which), counted as a declined "sample". The wrapper
 checks first that GPUModelRunner.sample and Sampler.__call__ are vLLM
 0.33.0's code; where they are not, every step keeps vLLM's path, counted
@@ -395,6 +395,35 @@ _SAMPLER_PARTS = ("sampling_states", "logits_processors", "thinking_budget_state
 _sampler_class = []  # vLLM's v2 Sampler, imported on first use
 
 
+def grammar_bitmask(grammar_output, input_batch, rows, vocab_size, device):
+    """The runner's grammar bitmask as kl_sample takes it, int32 [rows,
+    ceil(vocab_size / 32)] on device: the row of each structured-output
+    request its mask (GrammarOutput.grammar_bitmask holds mask_stride rows a
+    request, in structured_output_request_ids' order, of which a step
+    without drafts uses the first), every other row all ones; None when no
+    request of the batch has a grammar; a reason to decline for a mask of
+    another layout."""
+    ids = list(grammar_output.structured_output_request_ids)
+    masks = grammar_output.grammar_bitmask
+    words = (vocab_size + 31) // 32
+    if not ids:
+        return None
+    if (getattr(masks, "ndim", 0) != 2 or masks.shape[1] != words
+            or masks.shape[0] % len(ids) or str(masks.dtype) != "int32"):
+        return (f"structured output: a bitmask of shape {getattr(masks, 'shape', None)}, not "
+                f"int32 [requests x k, {words}]")
+    where = {req: i for i, req in enumerate(input_batch.req_ids)}
+    found = [(where[req], i) for i, req in enumerate(ids) if where.get(req, rows) < rows]
+    if not found:
+        return None
+    at, picked = zip(*found)
+    stride = masks.shape[0] // len(ids)
+    out = torch.full((rows, words), -1, dtype=torch.int32, device=device)
+    own = torch.from_numpy(masks[[i * stride for i in picked]]).to(device, non_blocking=True)
+    out[torch.tensor(at, device=device)] = own
+    return out
+
+
 def _step_declines(sampler, input_batch):
     """Why vLLM must sample this step itself, from what can change between
     two steps of one composition (the sampler's own settings), or None."""
@@ -561,8 +590,8 @@ class KlgenLogitsProcessor(LogitsProcessor):
         hidden_states are the rows' ([rows, hidden]: the runner's
         hidden_states[input_batch.logits_indices]); the logits are those
         forward returns (soft-capped, scaled). grammar_output: the runner's,
-        None or not (its bitmask applies to gathered logits: a step with one
-        is vLLM's)."""
+        None or its GrammarOutput, whose bitmask kl_sample applies
+        (grammar_bitmask)."""
         args = self._sample_args(_rows(hidden_states), hidden_states.device, lm_head, sampler,
                                  input_batch, grammar_output)
         if args is None:
@@ -573,10 +602,15 @@ class KlgenLogitsProcessor(LogitsProcessor):
         """sample's parameters for `rows` rows on `device`, or None with the
         step's decline counted: decided before the hidden rows are indexed."""
         reason = self._select_declines(rows, device, lm_head)
-        if reason is None and grammar_output is not None:
-            reason = "structured output: its bitmask applies to the gathered logits"
         if reason is None:
             args = sampling_args(sampler, input_batch, MAX_TOPK, self.vocab_size)
+            mask = None
+            if not isinstance(args, str) and grammar_output is not None:
+                mask = grammar_bitmask(grammar_output, input_batch, rows, self.vocab_size, device)
+            if isinstance(mask, str):
+                args = mask
+            elif mask is not None:  # a grammar's step: kl_sample, greedy rows too
+                args = dict(args, bitmask=mask)
             if not isinstance(args, str):
                 return args
             reason = args
