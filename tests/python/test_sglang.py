@@ -347,11 +347,75 @@ def _sample_on_shards(rank):
         stats = on.klgen.stats()
         assert stats["calls"]["sample"] == len(SERVED) and stats["declined"]["sample"] == \
             len(DECLINED), stats
+        _grammar_steps(runner, sglangs, on, off, head, hidden, vocab)
         _beam_capture(on, off, head, hidden, vocab)
         _other_steps(runner, sglangs, on, off, head, hidden, vocab)
     _hooks_applied()
     for _, reason in DECLINED:
         assert any(reason in line for line in lines), (reason, lines)
+
+
+def _grammar(vocab, cls=None):
+    """An xgrammar grammar of SGLang's (XGrammarGrammar, or the subclass
+    cls) for the regex [ab]+ over a vocabulary whose tokens 5, 9 and 17 are
+    "a", "b" and "ab": those three its first tokens."""
+    import xgrammar as xgr
+    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
+
+    words = [f"t{i}" for i in range(vocab)]
+    words[5], words[9], words[17] = "a", "b", "ab"
+    info = xgr.TokenizerInfo(words, vocab_size=vocab, stop_token_ids=[0])
+    ctx = xgr.GrammarCompiler(info).compile_regex("[ab]+")
+    return (cls or XGrammarGrammar)(xgr.GrammarMatcher(ctx), vocab, ctx, None,
+                                    ("regex", "[ab]+"), None)
+
+
+def _grammar_steps(runner, sglangs, on, off, head, hidden, vocab):
+    """Structured output (xgrammar) on kl_sample: each grammar row masked by
+    its matcher's bitmask, the rows without one as they are, sampled and
+    greedy alike; SGLang's own greedy rows agree. A grammar of another
+    backend is SGLang's, counted."""
+    import klgen.reference as ref
+    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
+
+    mixes = [[dict(temperature=0.7), dict(temperature=0.0), dict(temperature=1.0, top_p=0.9)],
+             [dict(temperature=0.0)] * 3]
+    ids = torch.zeros(3, dtype=torch.long)
+    for mix in mixes:
+        out = on(ids, hidden[:3].clone(), head, _metadata())
+        row = off(ids, hidden[:3].clone(), head, _metadata())
+        gathered = row.next_token_logits.clone()
+        grammars = [_grammar(vocab), _grammar(vocab), None]
+        step, theirs = (_step(r, _requests(mix), vocab) for r in (runner, sglangs))
+        step.sampling_info.grammars = theirs.sampling_info.grammars = grammars
+        served = on.klgen.stats()["calls"]["sample"]
+        got = runner.sample(out, step)
+        want_sglang = sglangs.sample(row, theirs)
+        assert on.klgen.stats()["calls"]["sample"] == served + 1, mix
+        assert step.sampling_info.grammar_mask is None  # dropped once applied, as SGLang does
+        mask = grammars[0].allocate_vocab_mask(vocab, 3, "cpu")
+        for r in (0, 1):
+            grammars[r].fill_vocab_mask(mask, r)
+        temperature = torch.tensor([m.get("temperature", 1.0) for m in mix])
+        top_p = torch.tensor([m.get("top_p", 1.0) for m in mix])
+        seed = torch.tensor([int.from_bytes(hashlib.blake2b(
+            f"request {r}".encode(), digest_size=8).digest(), "little", signed=True)
+            for r in range(3)])
+        want = ref.sample(gathered, temperature, top_p=top_p, seed=seed,
+                          offset=torch.arange(3) * 7 + 1000, bitmask=mask).tokens
+        assert torch.equal(got.long(), want.long()), (mix, got, want)
+        assert set(got[:2].tolist()) <= {5, 9, 17}, got
+        greedy = torch.tensor([m.get("temperature", 1.0) == 0 for m in mix])
+        assert torch.equal(got[greedy].long(), want_sglang[greedy].long()), (got, want_sglang)
+    # another backend's grammar: SGLang's sample, the reason said
+    other = type("OtherGrammar", (XGrammarGrammar,), {})
+    out = on(ids, hidden[:3].clone(), head, _metadata())
+    step = _step(runner, _requests(mixes[0]), vocab)
+    step.sampling_info.grammars = [_grammar(vocab, other), None, None]
+    declined = on.klgen.stats()["declined"].get("sample", 0)
+    got = runner.sample(out, step)
+    assert got[0].item() in (5, 9, 17), got
+    assert on.klgen.stats()["declined"]["sample"] == declined + 1
 
 
 def _tiny_llama(vocab, head):

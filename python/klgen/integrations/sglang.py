@@ -38,9 +38,10 @@ own deferred-gather idea, is_deferred_shard, taken to decode): forward
 returns the shard [rows, local] (in the head's dtype, or fp32 where SGLang
 soft-caps it), scaled and capped as SGLang does, in and out of CUDA graphs.
 ModelRunner.sample, wrapped, draws the tokens from the shards with kl_sample
-(kl_argmax when every row is greedy), or finishes the gather and runs
-SGLang's own sample where the step needs it: penalties, logit bias,
-grammars, logprobs, custom logit processors, deterministic sampling,
+(kl_argmax when every row is greedy; an xgrammar grammar's bitmask applied
+by kl_sample, grammar_bitmask), or finishes the gather and runs SGLang's
+own sample where the step needs it: penalties, logit bias, grammars of
+other backends, logprobs, custom logit processors, deterministic sampling,
 sampling masks, watermarks, observers, top_k above 64, top-p with top-k or
 min-p (SGLang measures top-p otherwise). A beam-search batch gets its
 gathered row before SGLang captures it. Nothing is deferred where the code
@@ -57,6 +58,7 @@ import types
 import torch
 from sglang.srt.distributed.parallel_state import get_tp_group
 from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.plugins import hook_registry
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -407,6 +409,13 @@ class Sampling:
         """The step's tokens from the shards, or None (counted) for SGLang's
         sample."""
         args = sampling_args(runner, forward_batch, shard)
+        if not isinstance(args, str):
+            mask = grammar_bitmask(forward_batch.sampling_info, shard.shape[0],
+                                   self.vocab(shard), shard.device)
+            if isinstance(mask, str):
+                args = mask
+            elif mask is not None:  # greedy rows too: kl_sample at T 0
+                args = dict(args or dict(temperature=0.0), bitmask=mask)
         if isinstance(args, str):
             self.decline(args)
             return None
@@ -503,7 +512,6 @@ def _step_declines(runner, forward_batch, info):
         return "a sampling observer"
     checks = (
         (info.has_custom_logit_processor, "a custom logit processor"),
-        (info.grammars is not None or info.grammar_mask is not None, "structured output"),
         (info.logit_bias is not None, "logit bias"),
         (_penalized(info), "penalties"),
         (info.sampling_seed is not None, "sampling_seed"),
@@ -513,6 +521,34 @@ def _step_declines(runner, forward_batch, info):
         if on:
             return reason
     return None
+
+
+def grammar_bitmask(info, rows, vocab_size, device):
+    """The step's grammar mask as kl_sample takes it, int32 [rows,
+    ceil(vocab_size / 32)] on device: xgrammar's bitmask, which SGLang makes
+    as _preprocess_logits would (update_regex_vocab_mask: a grammar
+    request's row its matcher's next-token mask, every other row all ones)
+    and then drops (applied, as SGLang drops it); None when no row has a
+    grammar; why SGLang's sample, for another backend's mask or a mask of
+    another width."""
+    grammars = [g for g in info.grammars or () if g]
+    if not grammars:
+        return None
+    if type(grammars[0]) is not XGrammarGrammar:
+        return f"structured output by {type(grammars[0]).__name__}, not xgrammar's bitmask"
+    words = (vocab_size + 31) // 32
+    if (info.vocab_size + 31) // 32 != words:
+        return (f"structured output over a vocabulary of {info.vocab_size}, the logits' "
+                f"{vocab_size}")
+    info.update_regex_vocab_mask()
+    held, info.grammar_mask = info.grammar_mask, None
+    if held is None:
+        return None
+    mask = held.vocab_mask
+    if mask.dtype != torch.int32 or mask.dim() != 2 or mask.shape[0] < rows or \
+            mask.shape[1] != words:
+        return f"structured output: a mask of {mask.dtype} {tuple(mask.shape)}"
+    return mask[:rows].to(device, non_blocking=True)
 
 
 def _penalized(info):
