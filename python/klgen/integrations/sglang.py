@@ -58,7 +58,6 @@ import types
 import torch
 from sglang.srt.distributed.parallel_state import get_tp_group
 from sglang.srt.layers.logits_processor import LogitsProcessor
-from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.plugins import hook_registry
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -534,6 +533,10 @@ def grammar_bitmask(info, rows, vocab_size, device):
     grammars = [g for g in info.grammars or () if g]
     if not grammars:
         return None
+    try:  # imported here: the glue needs no grammar backend to load
+        from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
+    except ImportError as e:
+        return f"structured output: xgrammar's backend does not import ({e})"
     if type(grammars[0]) is not XGrammarGrammar:
         return f"structured output by {type(grammars[0]).__name__}, not xgrammar's bitmask"
     words = (vocab_size + 31) // 32
