@@ -1,5 +1,6 @@
 /* The step calls: kl_gather, kl_argmax, kl_topk and kl_sample, each its
  * route and arguments, through one entry into the dispatch layer. */
+#include <stddef.h>
 #include <stdint.h>
 
 #include "rt.h"
@@ -63,7 +64,9 @@ kl_result kl_sample(kl_ctx *c, const void *shard, const kl_sampling *params, int
   kl_sample_call x = {.n_top = n_top};
   if (!c) return kl_rt_fail(KLRT_EINVAL, "kl_sample: ctx is NULL");
   if (!params) return kl_rt_fail(KLRT_EINVAL, "kl_sample: params is NULL");
-  kl_result res = kl_read_input(&x.p, sizeof x.p, params, "kl_sample", "params", "kl_sampling",
+  /* from the struct before its bitmask on, the fields a caller lacks are off */
+  kl_result res = kl_read_input(&x.p, sizeof x.p, offsetof(kl_sampling, bitmask), params,
+                                "kl_sample", "params", "kl_sampling",
                                 "KL_SAMPLING_INIT");
   if (res) return res;
   kl_call k = {.route = &kl_sample_route, .in = shard, .tokens = tokens, .extra = &x,

@@ -346,8 +346,8 @@ static kl_result create_named(kl_ctx **ctx, const char *path, const char *src, c
     if (!(ctx)) return kl_rt_fail(KLRT_EINVAL, "%s: ctx is NULL", __func__);            \
     *(ctx) = NULL;                                                                      \
     if (!(cfg_in)) return kl_rt_fail(KLRT_EINVAL, "%s: cfg is NULL", __func__);         \
-    kl_result r_ = kl_read_input(&cfg_copy_, sizeof cfg_copy_, cfg_in, __func__, "cfg",   \
-                                  "kl_config", "KL_CONFIG_INIT");                     \
+    kl_result r_ = kl_read_input(&cfg_copy_, sizeof cfg_copy_, sizeof cfg_copy_, cfg_in, \
+                                  __func__, "cfg", "kl_config", "KL_CONFIG_INIT");   \
     if (!r_) r_ = kl_check_environment();                                               \
     if (r_) return r_;                                                                  \
   } while (0)

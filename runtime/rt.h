@@ -43,11 +43,13 @@
 /* ---- err.c ---- */
 kl_result kl_rt_fail(kl_result r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* sized.c: the caller's size-prefixed input struct `src` as this library
- * knows it, into dst (dst_size bytes): a smaller one is from no version
- * that exists; a larger one (a newer header) is accepted if the fields this
- * library does not know are zero. what, type, init name it in messages. */
-kl_result kl_read_input(void *dst, size_t dst_size, const void *src, const char *fn,
-                        const char *what, const char *type, const char *init);
+ * knows it, into dst (dst_size bytes): an older one (at least `oldest`
+ * bytes, the first layout this library reads) with the fields it lacks 0;
+ * a smaller one is from no version that exists; a larger one (a newer
+ * header) is accepted if the fields this library does not know are zero.
+ * what, type, init name it in messages. */
+kl_result kl_read_input(void *dst, size_t dst_size, size_t oldest, const void *src,
+                        const char *fn, const char *what, const char *type, const char *init);
 int kl_log_enabled(void);
 void kl_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -165,7 +165,7 @@ static void sizes(void) {
   cfg.size = 0;
   EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &cfg), KLRT_EINVAL, "KL_CONFIG_INIT");
   cfg.size = sizeof cfg - 8;
-  EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &cfg), KLRT_EINVAL, "less than sizeof(kl_config)");
+  EXPECT_ERR(kl_ctx_create_string(&c, kimi, NULL, &cfg), KLRT_EINVAL, "less than the oldest kl_config");
   big.cfg = (kl_config)KL_CONFIG_INIT;
   big.cfg.size = sizeof big, big.cfg.nranks = 8, big.cfg.rank = 9;
   big.newer[3] = 1;

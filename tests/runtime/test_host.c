@@ -9,6 +9,7 @@
  * of one kl_group. */
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -394,8 +395,8 @@ static void sample_alignment(void) {
   what[4] = "params->offset is not 8-byte aligned";
   odd_p[5].size = 0;
   what[5] = "params->size is 0: initialize it with KL_SAMPLING_INIT";
-  odd_p[6].size = sizeof(kl_sampling) - 8;
-  what[6] = "less than sizeof(kl_sampling)";
+  odd_p[6].size = offsetof(kl_sampling, bitmask) - 8; /* no version's */
+  what[6] = "less than the oldest kl_sampling";
   odd_p[7].states = 3;
   what[7] = "params->states is 3 without params->state_rows";
   odd_p[8].state_rows = (const void *)rows, odd_p[8].states = 0;
@@ -471,6 +472,16 @@ static void sample_alignment(void) {
                 NULL, 0, 2, NULL);
   CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), "temperature"),
            "a table in unmapped host memory: %s (%s)", kl_result_name(r), kl_last_error());
+  /* an older caller's struct, before the bitmask: taken, the bitmask off
+   * whatever its bytes hold (a mask past its buffer would be refused) */
+  kl_sampling older = p;
+  older.size = offsetof(kl_sampling, bitmask);
+  older.bitmask = (const int32_t *)(uintptr_t)(par + 3968);
+  before = launches;
+  r = kl_sample(c, (void *)(uintptr_t)shard, &older, (int64_t *)(uintptr_t)token, NULL, NULL,
+                NULL, 0, 2, NULL);
+  CHECK_KL(r == KLRT_OK && launches > before, "a kl_sampling before the bitmask: %s (%s)",
+           kl_result_name(r), kl_last_error());
   /* a bitmask within its buffer: taken */
   kl_sampling masked = p;
   masked.bitmask = (const int32_t *)(uintptr_t)(par + 3072);

@@ -263,7 +263,8 @@ typedef struct kl_sampling {
    * logits with the grammar applied, as vLLM's runner hands its sampler).
    * A row without a grammar is all ones; bits past vocab_size are not
    * read. A row with every bit clear keeps nothing: its token is column 0,
-   * as for a row of -inf logits. NULL: no row has a grammar. */
+   * as for a row of -inf logits. Every rank passes the same bits (each
+   * applies its own copy). NULL: no row has a grammar. */
   const int32_t *bitmask;
 } kl_sampling;
 #define KL_SAMPLING_INIT \
