@@ -147,11 +147,15 @@ def _decline(model, reason):
 _RUNNER = "vllm.v1.worker.gpu.model_runner"
 # What the runner hook stands in for, as vLLM 0.33.0 writes it: the sha256 of
 # the source of GPUModelRunner.sample (whose non-sharded, single-sampler
-# branch the hook takes) and of Sampler.__call__ (whose SamplerOutput the
-# hook builds). Any other text is another vLLM, whose steps keep its path.
+# branch the hook takes), of Sampler.__call__ (whose SamplerOutput the hook
+# builds) and of StructuredOutputsWorker.apply_grammar_bitmask (whose rows
+# grammar_bitmask maps). Any other text is another vLLM, whose steps keep
+# its path.
 _KNOWN = {
     "GPUModelRunner.sample": "78982d0f9f603fccb2deeb49466213c5c045fa30c72db0582ec528a023ba2db0",
-    "Sampler.__call__": "8b2c419eca0ec79cbfd937b3de0c2c66a24cae99743d016a60980036322bd9b1"}
+    "Sampler.__call__": "8b2c419eca0ec79cbfd937b3de0c2c66a24cae99743d016a60980036322bd9b1",
+    "StructuredOutputsWorker.apply_grammar_bitmask":
+        "c71541b704803a3f8b231243fe94376935a0bf0cc47a86ffff43881d1e86c105"}
 
 
 def _hook_runner():
@@ -168,10 +172,13 @@ def _hook_runner():
     from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
     from vllm.v1.worker.gpu.sample.output import SamplerOutput
     from vllm.v1.worker.gpu.sample.sampler import Sampler
+    from vllm.v1.worker.gpu.structured_outputs import StructuredOutputsWorker
 
     vllms = runner.sample
     unknown = unknown_code("vLLM", "0.33.0", _KNOWN, ("GPUModelRunner.sample", vllms),
-                           ("Sampler.__call__", Sampler.__call__))
+                           ("Sampler.__call__", Sampler.__call__),
+                           ("StructuredOutputsWorker.apply_grammar_bitmask",
+                            StructuredOutputsWorker.apply_grammar_bitmask))
 
     def sample(self, hidden_states, input_batch, grammar_output):
         reason = unknown
@@ -408,6 +415,9 @@ def grammar_bitmask(grammar_output, input_batch, rows, vocab_size, device):
     words = (vocab_size + 31) // 32
     if not ids:
         return None
+    if rows != len(input_batch.req_ids):  # a request's row is its index in req_ids
+        return (f"structured output: {rows} logits rows for {len(input_batch.req_ids)} "
+                f"requests")
     if (getattr(masks, "ndim", 0) != 2 or masks.shape[1] != words
             or masks.shape[0] % len(ids) or str(masks.dtype) != "int32"):
         return (f"structured output: a bitmask of shape {getattr(masks, 'shape', None)}, not "
