@@ -183,7 +183,7 @@ def test_bitmask_is_an_int32_row_of_words_a_token():
     assert _torch._bitmask(None, ROWS, G) is None
     assert _torch._bitmask(m, ROWS, G) is m
     # a transposed view is taken as a contiguous copy of the same values
-    t = torch.zeros((words, ROWS), dtype=torch.int32).t()
+    t = torch.arange(words * ROWS, dtype=torch.int32).view(words, ROWS).t()
     got = _torch._bitmask(t, ROWS, G)
     assert got.is_contiguous() and torch.equal(got, t)
 

@@ -409,6 +409,9 @@ class Sampling:
         sample."""
         args = sampling_args(runner, forward_batch, shard)
         if not isinstance(args, str):
+            # before the mask is made: a step declined after it would make it twice
+            args = _unfit(self.gathers, shard) or args
+        if not isinstance(args, str):
             mask = grammar_bitmask(forward_batch.sampling_info, shard.shape[0],
                                    self.vocab(shard), shard.device)
             if isinstance(mask, str):
@@ -417,10 +420,6 @@ class Sampling:
                 args = dict(args or dict(temperature=0.0), bitmask=mask)
         if isinstance(args, str):
             self.decline(args)
-            return None
-        reason = _unfit(self.gathers, shard)
-        if reason is not None:
-            self.decline(reason)
             return None
         g = self.gathers.get("sample", shard, vocab_size=self.vocab(shard),
                              softcap=self.processor.klgen_cap, topk=MAX_TOPK)
@@ -538,7 +537,8 @@ def grammar_bitmask(info, rows, vocab_size, device):
     except ImportError as e:
         return f"structured output: xgrammar's backend does not import ({e})"
     if type(grammars[0]) is not XGrammarGrammar:
-        return f"structured output by {type(grammars[0]).__name__}, not xgrammar's bitmask"
+        return (f"structured output by {type(grammars[0]).__name__} (klgen takes "
+                f"XGrammarGrammar's masks)")
     words = (vocab_size + 31) // 32
     if (info.vocab_size + 31) // 32 != words:
         return (f"structured output over a vocabulary of {info.vocab_size}, the logits' "
