@@ -24,6 +24,7 @@ static const char *const source_parts[] = {
     "keys.cuh.tmpl", "scan.cuh.tmpl", "noise.cuh.tmpl",      /* select parts: a CTA's scan, */
     "exchange.cuh.tmpl", "merge.cuh.tmpl",                   /* the records between ranks */
     "argmax.cu.tmpl", "topk.cu.tmpl",                        /* the select kernels, */
+    "process.cuh.tmpl",                                      /* the logits processors, */
     "candidates.cuh.tmpl", "sample.cu.tmpl",                 /* the samplers: the row's, */
     "shards_part.cuh.tmpl", "shards_merge.cuh.tmpl",         /* the shards' (a part, */
     "shards_filter.cuh.tmpl", "shards.cu.tmpl",              /* filters, the kernels), */

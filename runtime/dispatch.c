@@ -169,7 +169,8 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
 static const char *const arg_names[KL_ARG_COUNT] = {
     "shard",       "out",    "index", "value", "lse",  "token", "logprob", "top_index",
     "top_logprob", "temperature", "top_k", "top_p", "min_p", "seed", "offset", "state_rows",
-    "offset_rows", "bitmask"};
+    "offset_rows", "bitmask", "repetition_penalty", "frequency_penalty", "presence_penalty",
+    "prompt_mask", "output_counts"};
 
 const char *kl_arg_name(kl_arg a) { return arg_names[a]; }
 

@@ -164,6 +164,8 @@ typedef enum kl_arg { KL_ARG_SHARD, KL_ARG_OUT, KL_ARG_INDEX, KL_ARG_VALUE, KL_A
                       KL_ARG_TOKEN, KL_ARG_LOGPROB, KL_ARG_TOP_INDEX, KL_ARG_TOP_LOGPROB,
                       KL_ARG_TEMPERATURE, KL_ARG_TOP_K, KL_ARG_TOP_P, KL_ARG_MIN_P, KL_ARG_SEED,
                       KL_ARG_OFFSET, KL_ARG_STATE_ROWS, KL_ARG_OFFSET_ROWS, KL_ARG_BITMASK,
+                      KL_ARG_REPETITION, KL_ARG_FREQUENCY, KL_ARG_PRESENCE, KL_ARG_PROMPT_MASK,
+                      KL_ARG_OUTPUT_COUNTS,
                       KL_ARG_COUNT } kl_arg;
 /* Device buffers a context grows and keeps (kl_ensure): each one's name in
  * messages is kept beside it in dispatch.c. */

@@ -63,25 +63,26 @@ static kl_result check_index(const void *rows, int64_t n, int bits, const char *
   return KLRT_OK;
 }
 
-/* One parameter array of `entries` elements of elem bytes (a table of
- * params->`count` entries, or with count NULL one a row): aligned, on this
- * GPU within its allocation, and apart from the outputs as measured (the
- * sampler reads it while it writes those). */
+/* One parameter array of `entries` rows of `per` elements of elem bytes (a
+ * table of params->`count` entries, or with count NULL one a row): aligned,
+ * on this GPU within its allocation, and apart from the outputs as measured
+ * (the sampler reads it while it writes those). */
 static kl_result check_array(kl_ctx *c, const kl_call *k, const void *p, size_t elem,
-                             int64_t entries, const char *count, kl_arg arg) {
+                             int64_t entries, int64_t per, const char *count, kl_arg arg) {
   /* the kernels load them as 4- and 8-byte words: a misaligned load would
    * end the process's CUDA context, not just this call (checked first, as
    * the outputs are: the more telling message when both hold) */
   if ((uintptr_t)p % elem)
     return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s is not %zu-byte aligned",
                       kl_arg_name(arg), elem);
-  const size_t bytes = elem * (size_t)entries;
+  const size_t bytes = elem * (size_t)entries * (size_t)per;
   kl_result res = kl_check_ptr(c, k, p, bytes, arg);
   if (res && count) {
-    char why[512];
+    char why[512], each[64] = "";
     snprintf(why, sizeof why, "%s", kl_last_error());
-    return kl_rt_fail(res, "%s (a table of params->%s = %lld entries)", why, count,
-                      (long long)entries);
+    if (per > 1) snprintf(each, sizeof each, " of %lld elements", (long long)per);
+    return kl_rt_fail(res, "%s (a table of params->%s = %lld entries%s)", why, count,
+                      (long long)entries, each);
   }
   if (res) return res;
   for (int o = 0; o < 4; o++)
@@ -93,8 +94,9 @@ static kl_result check_array(kl_ctx *c, const kl_call *k, const void *p, size_t 
 
 /* n_top and its outputs agree; the parameter arrays: temperature required,
  * the others NULL or checked by check_array, the per-request ones for
- * `states` entries with state_rows, offset for `offsets` with offset_rows,
- * the bitmask for a row of words a token. */
+ * `states` entries with state_rows (the penalties' prompt_mask a row of
+ * words an entry, output_counts a row of vocab_size counts), offset for
+ * `offsets` with offset_rows, the bitmask a row of words a token. */
 static kl_result check(kl_ctx *c, const kl_call *k) {
   const kl_sample_call *x = k->extra;
   const kl_sampling *p = &x->p;
@@ -112,21 +114,30 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
   if (res) return res;
   const char *st = p->state_rows ? "states" : NULL, *of = p->offset_rows ? "offsets" : NULL;
   const int64_t per_state = st ? p->states : k->tokens, per_offset = of ? p->offsets : k->tokens;
+  const int64_t words = mask_words(c), vocab = c->spec.vocab_size;
   const struct {
     const void *p;
     size_t elem;
-    int64_t entries;
+    int64_t entries, per;
     const char *count;
-  } arrays[] = {{p->temperature, 4, per_state, st}, {p->top_k, 4, per_state, st},
-                {p->top_p, 4, per_state, st},       {p->min_p, 4, per_state, st},
-                {p->seed, 8, per_state, st},        {p->offset, 8, per_offset, of},
-                {p->state_rows, p->state_rows_bits == 32 ? 4 : 8, k->tokens, NULL},
-                {p->offset_rows, p->offset_rows_bits == 32 ? 4 : 8, k->tokens, NULL},
-                {p->bitmask, 4, k->tokens * mask_words(c), NULL}};
+  } arrays[] = {{p->temperature, 4, per_state, 1, st},
+                {p->top_k, 4, per_state, 1, st},
+                {p->top_p, 4, per_state, 1, st},
+                {p->min_p, 4, per_state, 1, st},
+                {p->seed, 8, per_state, 1, st},
+                {p->offset, 8, per_offset, 1, of},
+                {p->state_rows, p->state_rows_bits == 32 ? 4 : 8, k->tokens, 1, NULL},
+                {p->offset_rows, p->offset_rows_bits == 32 ? 4 : 8, k->tokens, 1, NULL},
+                {p->bitmask, 4, k->tokens, words, NULL},
+                {p->repetition_penalty, 4, per_state, 1, st},
+                {p->frequency_penalty, 4, per_state, 1, st},
+                {p->presence_penalty, 4, per_state, 1, st},
+                {p->prompt_mask, 4, per_state, words, st},
+                {p->output_counts, 4, per_state, vocab, st}};
   for (int i = 0; i < (int)(sizeof arrays / sizeof arrays[0]) && !res; i++)
     if (arrays[i].p)
-      res = check_array(c, k, arrays[i].p, arrays[i].elem, arrays[i].entries, arrays[i].count,
-                        (kl_arg)(KL_ARG_TEMPERATURE + i));
+      res = check_array(c, k, arrays[i].p, arrays[i].elem, arrays[i].entries, arrays[i].per,
+                        arrays[i].count, (kl_arg)(KL_ARG_TEMPERATURE + i));
   return res;
 }
 
@@ -201,10 +212,21 @@ static int has_filters(const kl_call *k) {
   return p->top_k || p->top_p || p->min_p;
 }
 
+/* Whether the call has penalties: its draws and its logprobs then read
+ * different logits (the logprobs the raw ones, the grammar applied). */
+static int penalized(const kl_sampling *p) {
+  return p->repetition_penalty || p->frequency_penalty || p->presence_penalty;
+}
+
 /* A call with top-n logprobs gathers: the shards' candidates are of t, the
- * top-n of x. (A call with filters gathers only where the path is NCCL, a
- * choice the crossover leaves alone: one-shot, it moves records.) */
-static int gathers(const kl_call *k) { return ((const kl_sample_call *)k->extra)->n_top > 0; }
+ * top-n of x; so does one with penalties and a logprob, which only the row
+ * sampler takes from the logits without them. (A call with filters gathers
+ * only where the path is NCCL, a choice the crossover leaves alone:
+ * one-shot, it moves records.) */
+static int gathers(const kl_call *k) {
+  const kl_sample_call *x = k->extra;
+  return x->n_top > 0 || (k->out[1].p && penalized(&x->p));
+}
 
 /* Whether the call takes the gathering path on `path`: with top-n logprobs
  * always; with filters where the peers' staged rows are out of reach. */

@@ -35,7 +35,12 @@ kl_row_params kl_row_params_of(const kl_sampling *p) {
                          (long long)p->offsets,
                          p->state_rows_bits == 32 ? 32 : 64,
                          p->offset_rows_bits == 32 ? 32 : 64,
-                         (const unsigned *)p->bitmask};
+                         (const unsigned *)p->bitmask,
+                         p->repetition_penalty,
+                         p->frequency_penalty,
+                         p->presence_penalty,
+                         (const unsigned *)p->prompt_mask,
+                         p->output_counts};
 }
 
 /* The call's args in kernel id's parameter, for mode; no step state (the

@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 14
+#define KL_ABI_VERSION 15
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -86,7 +86,11 @@ typedef struct kl_relayout_args {
  * `_bits` say); an index outside its table makes the row's parameters
  * outside the domain. NULL but temperature: off. bitmask: row t's grammar
  * mask at words t * ceil(VOCAB / 32) on (column c kept where bit c % 32 of
- * word c / 32 is set, else -inf before anything else reads it). */
+ * word c / 32 is set, else -inf before anything else reads it). The
+ * penalties are per state, as temperature: repetition, frequency and
+ * presence at entry s; prompt_mask, the prompt's tokens as bits, at words
+ * s * ceil(VOCAB / 32) on; output_counts, each column's count in the
+ * output, at s * VOCAB on. */
 typedef struct kl_row_params {
   const float *temperature;
   const int *top_k;
@@ -96,6 +100,9 @@ typedef struct kl_row_params {
   long long states, offsets;
   int state_rows_bits, offset_rows_bits; /* 32 or 64 */
   const unsigned *bitmask;
+  const float *repetition, *frequency, *presence;
+  const unsigned *prompt_mask;
+  const int *output_counts;
 } kl_row_params;
 
 /* The select kernels' parameter (kl_argmax, kl_topk, and kl_sample's shard
@@ -186,9 +193,9 @@ KL_ABI_ASSERT(sizeof(kl_state) == 64, "kl_state is 64 bytes: the step slots foll
 KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit ABI");
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
-KL_ABI_ASSERT(sizeof(kl_row_params) == 96, "kl_row_params layout");
-KL_ABI_ASSERT(sizeof(kl_select_args) == 192, "peers[] follow kl_select_args at byte 192");
+KL_ABI_ASSERT(sizeof(kl_row_params) == 136, "kl_row_params layout");
+KL_ABI_ASSERT(sizeof(kl_select_args) == 232, "peers[] follow kl_select_args at byte 232");
 KL_ABI_ASSERT(sizeof(kl_slice_result) == 32, "kl_slice_result layout");
-KL_ABI_ASSERT(sizeof(kl_sample_args) == 184, "kl_sample_args layout");
+KL_ABI_ASSERT(sizeof(kl_sample_args) == 224, "kl_sample_args layout");
 
 #endif

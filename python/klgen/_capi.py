@@ -77,7 +77,10 @@ class Sampling(ctypes.Structure):
                                 "state_rows")]
                 + [("states", ctypes.c_int64), ("offset_rows", ctypes.c_void_p),
                    ("offsets", ctypes.c_int64), ("state_rows_bits", ctypes.c_int),
-                   ("offset_rows_bits", ctypes.c_int), ("bitmask", ctypes.c_void_p)])
+                   ("offset_rows_bits", ctypes.c_int), ("bitmask", ctypes.c_void_p)]
+                + [(name, ctypes.c_void_p)
+                   for name in ("repetition_penalty", "frequency_penalty", "presence_penalty",
+                                "prompt_mask", "output_counts")])
 
 
 class Stats(ctypes.Structure):

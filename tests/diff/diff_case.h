@@ -36,6 +36,11 @@ typedef struct step_plan {
    * offsets (0: no offset_rows) entries, their index arrays' bits (32, 64) */
   int states, offsets, states_bits, offsets_bits;
   int masked;       /* kl_sample gets a bitmask (the arena's mask area) */
+  /* kl_sample gets penalties (the arena's penalty area), and which of their
+   * arrays are NULL (bit i: repetition, frequency, presence, prompt_mask,
+   * output_counts) */
+  int penalized;
+  unsigned pen_nulls;
   /* one rank's host late by late_us before its op at index late_at (eager
    * steps; late_rank -1: none): its peers run ahead into later calls, whose
    * kernels may spin while the late rank's earlier ones still need room */
@@ -124,6 +129,29 @@ static inline size_t sample_out_at(const diff_env *env, int which) {
 /* A bitmask row's words. */
 static inline size_t mask_words(const case_run *run) {
   return ((size_t)run->c->spec.vocab_size + 31) / 32;
+}
+
+/* The entries of kl_sample's per-request tables: states, or a row each. */
+static inline int table_entries(const step_plan *p) {
+  return p->states > p->tokens ? p->states : p->tokens;
+}
+/* Whether kl_sample gets a penalty array, and whether it gathers its rows
+ * (runtime/sample.c: with top-n, or a logprob and penalties). */
+static inline int sample_has_penalty(const step_plan *p) {
+  return p->penalized && (p->pen_nulls & 7) != 7;
+}
+static inline int sample_gathers(const step_plan *p) {
+  return p->n_top > 0 || (p->want_lp && sample_has_penalty(p));
+}
+/* The penalties' arrays in the pinned block and each arena's penalty area. */
+static inline float *pen_values(const diff_env *env, int which) { /* 0 rep, 1 freq, 2 pres */
+  return (float *)(env->h_pen + (size_t)which * 4 * DIFF_MAX_ROWS);
+}
+static inline uint32_t *pen_prompt(const diff_env *env) {
+  return (uint32_t *)(env->h_pen + DIFF_PEN_PROMPT_AT);
+}
+static inline int32_t *pen_counts(const diff_env *env) {
+  return (int32_t *)(env->h_pen + DIFF_PEN_COUNTS_AT);
 }
 
 static inline int has_op(const step_plan *p, int op) {

@@ -13,7 +13,7 @@ static const char *const path_names[] = {"one-shot", "NCCL"};
 /* Whether the step's kl_sample goes to the shard sampler (runtime/sample.c):
  * no top-n, and on the NCCL path no filter array. */
 static int sample_by_shards(const step_plan *p, int path) {
-  return p->n_top == 0 && (path == PATH_ONESHOT || (p->nulls & 7) == 7);
+  return !sample_gathers(p) && (path == PATH_ONESHOT || (p->nulls & 7) == 7);
 }
 
 /* The path the dispatch rule gives (docs/design/dispatch.md): the same on every rank. */
@@ -22,9 +22,10 @@ static int expected_path(const case_run *run, int op, int tokens, long long cros
   if (c->disable || tokens > c->spec.max_tokens) return PATH_NCCL;
   int nccl_everywhere = run->tp == 1 || c->has_nccl;
   long long bytes = (long long)tokens * c->layout.shard_bytes;
-  /* kl_sample moves its rows only with top-n (with filters one-shot, the
-   * crossover leaves it alone: runtime/sample.c gathers) */
-  int moves = op == OP_GATHER || (op == OP_SAMPLE && run->plan.n_top > 0);
+  /* kl_sample moves its rows only with top-n, or a logprob and penalties
+   * (with filters one-shot, the crossover leaves it alone: runtime/sample.c
+   * gathers) */
+  int moves = op == OP_GATHER || (op == OP_SAMPLE && sample_gathers(&run->plan));
   if (moves && nccl_everywhere && bytes > crossover) return PATH_NCCL;
   return PATH_ONESHOT;
 }
@@ -215,6 +216,7 @@ void diff_compare(case_run *run, const ref_step *ref, long long crossover, const
       env->cov.by_shards += op == OP_SAMPLE && sample_by_shards(p, want_path);
       env->cov.filtered_shards += op == OP_SAMPLE && sample_by_shards(p, want_path) && (p->nulls & 7) != 7;
       env->cov.masked += op == OP_SAMPLE && p->masked;
+      env->cov.penalized += op == OP_SAMPLE && sample_has_penalty(p);
       env->cov.calls++;
       env->cov.path[want_path]++;
       int excused = (run->dead && poison == bad && want_path == PATH_ONESHOT) ||

@@ -26,6 +26,13 @@
 #define DIFF_SAMPLE_BYTES (DIFF_SAMPLE_OUT_AT + (size_t)DIFF_MAX_ROWS * (12 + 64 * 12))
 /* kl_sample's bitmask: a row of ceil(vocab / 32) int32 words a token */
 #define DIFF_MASK_BYTES (((size_t)DIFF_ELEM_BUDGET / 32 + DIFF_MAX_ROWS) * 4)
+/* kl_sample's penalties, per entry of its tables (DIFF_MAX_ROWS at most):
+ * repetition, frequency, presence (fp32), the prompts' bits (a row of mask
+ * words an entry, DIFF_MASK_BYTES in all) and the output counts (int32, a
+ * row of vocab_size an entry: a step has penalties only where they fit) */
+#define DIFF_PEN_PROMPT_AT ((size_t)DIFF_MAX_ROWS * 12)
+#define DIFF_PEN_COUNTS_AT (DIFF_PEN_PROMPT_AT + DIFF_MASK_BYTES)
+#define DIFF_PEN_BYTES (DIFF_PEN_COUNTS_AT + (size_t)DIFF_ELEM_BUDGET * 4)
 #define DIFF_DETAIL_LINES 12 /* failure lines printed per case */
 
 typedef struct diff_slot {
@@ -47,6 +54,7 @@ typedef struct diff_coverage {
   long by_shards; /* kl_sample calls the shard sampler served */
   long filtered_shards; /* of them, with a filter array (its candidates, staged rows) */
   long masked;          /* kl_sample calls with a bitmask */
+  long penalized;       /* kl_sample calls with penalties */
   long path[2]; /* calls by path: one-shot, NCCL */
   long tp[DIFF_MAX_RANKS + 1];
 } diff_coverage;
@@ -69,7 +77,8 @@ typedef struct diff_ref_bufs {
   sample_args sargs[DIFF_MAX_ROWS];
   float sm[DIFF_MAX_ROWS];
   int sok[DIFF_MAX_ROWS];
-  float *svals; /* the values it samples: vals with the step's bitmask applied */
+  float *svals; /* the values it samples: vals through the step's bitmask and penalties */
+  float *lvals; /* the values of its logprobs: vals through the step's bitmask */
 } diff_ref_bufs;
 
 typedef struct diff_env {
@@ -99,6 +108,8 @@ typedef struct diff_env {
   size_t sample_area;
   uint32_t *h_mask; /* the step's bitmask (pinned), uploaded to mask_area */
   size_t mask_area;
+  unsigned char *h_pen; /* the step's penalties (pinned, DIFF_PEN_*), uploaded to pen_area */
+  size_t pen_area;
   CUmodule smod[2];
   CUfunction noise_fn[2]; /* by the spec's noise: Philox's, vLLM's */
   CUdeviceptr tg, srow;

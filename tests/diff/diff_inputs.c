@@ -113,8 +113,11 @@ static int64_t entry(const diff_env *env, int which, int bits, int t, int n) {
   return i >= 0 && i < n ? i : -1;
 }
 
+static int row_penalties(const case_run *run, int t, float v[3]);
+
 /* Row t's parameters as kl_sample reads them (NULL arrays off, 0); 0 where
- * they are outside the domain, or an index outside its table. */
+ * they are outside the domain (its penalties too), or an index outside its
+ * table. */
 static int row_params(const case_run *run, int t, sample_args *a, uint64_t *seed,
                       uint64_t *offset) {
   const diff_env *env = run->env;
@@ -133,8 +136,10 @@ static int row_params(const case_run *run, int t, sample_args *a, uint64_t *seed
   a->min_p = (nulls & 4) ? 0.f : ((float *)host_param(env, P_MIN_P))[s];
   *seed = (nulls & 8) ? 0 : ((uint64_t *)host_param(env, P_SEED))[s];
   *offset = (nulls & 16) ? 0 : ((uint64_t *)host_param(env, P_OFFSET))[o];
+  float pen[3];
   return a->temperature >= 0.f && isfinite(a->temperature) && a->top_p > 0.f && a->top_p <= 1.f &&
-         a->min_p >= 0.f && a->min_p <= 1.f && a->top_k >= 0 && a->top_k <= run->c->spec.topk;
+         a->min_p >= 0.f && a->min_p <= 1.f && a->top_k >= 0 && a->top_k <= run->c->spec.topk &&
+         row_penalties(run, t, pen);
 }
 
 /* The step's bitmask, row by row (diff_env's h_mask): no grammar (all
@@ -162,10 +167,69 @@ static void draw_mask(case_run *run, int tokens) {
   }
 }
 
-/* The values kl_sample draws from: the gathered ones, with the step's
- * bitmask -inf where a bit is clear. */
+/* A penalty value: mostly off or in vLLM's range, now and then outside
+ * the domain (the row must draw -1). */
+static float draw_penalty(rng *r, int which) {
+  static const float reps[] = {1.f, 1.f, 0.5f, 0.9f, 1.1f, 1.3f, 2.f, 1e-3f, 1e3f};
+  static const float lins[] = {0.f, 0.f, 0.1f, 0.5f, -0.5f, 1.f, 2.f, -2.f, 1e-30f};
+  if (rng_chance(r, 0.02)) {
+    static const float bad[] = {NAN, INFINITY, -INFINITY, 0.f, -1.f};
+    return bad[rng_below(r, which == 0 ? 5 : 3)];
+  }
+  if (rng_chance(r, 0.3)) return which == 0 ? (float)(0.2 + 2.8 * rng_unit(r)) : (float)(4 * rng_unit(r) - 2);
+  return which == 0 ? reps[rng_below(r, 9)] : lins[rng_below(r, 9)];
+}
+
+/* The step's penalties, an entry of the tables at a time (diff_env's h_pen):
+ * the three values, the prompt's bits (none, a few, half; random past the
+ * vocabulary) and the output counts (none, a few columns, a third of them,
+ * now and then one beyond float's 2^24 steps). */
+static void draw_penalties(case_run *run) {
+  const int64_t vocab = run->c->spec.vocab_size;
+  const size_t words = mask_words(run);
+  const int n = table_entries(&run->plan);
+  rng pr = rng_for(run->c->seed, 0x70656e640000ull + (uint64_t)run->planned);
+  for (int i = 0; i < n; i++) {
+    for (int k = 0; k < 3; k++) pen_values(run->env, k)[i] = draw_penalty(&pr, k);
+    uint32_t *w = pen_prompt(run->env) + (size_t)i * words;
+    const int pk = (int)rng_below(&pr, 3);
+    for (size_t j = 0; j < words; j++) w[j] = pk == 2 ? (uint32_t)(rng_next(&pr) >> 32) : 0;
+    if (pk == 1)
+      for (int64_t k = rng_range(&pr, 1, 20); k > 0; k--) {
+        const uint64_t c = rng_below(&pr, (uint64_t)vocab);
+        w[c / 32] |= 1u << (c % 32);
+      }
+    if (vocab % 32) w[words - 1] |= (uint32_t)(rng_next(&pr) >> 32) << (vocab % 32);
+    int32_t *cnt = pen_counts(run->env) + (size_t)i * (size_t)vocab;
+    const int ck = (int)rng_below(&pr, 3);
+    for (int64_t c = 0; c < vocab; c++)
+      cnt[c] = ck == 2 && rng_chance(&pr, 0.33) ? (int32_t)rng_range(&pr, 1, 4) : 0;
+    if (ck == 1)
+      for (int64_t k = rng_range(&pr, 1, 40); k > 0; k--)
+        cnt[rng_below(&pr, (uint64_t)vocab)] += (int32_t)rng_range(&pr, 1, 9);
+    if (ck && rng_chance(&pr, 0.1)) cnt[rng_below(&pr, (uint64_t)vocab)] = 20000001;
+  }
+}
+
+/* Row t's penalties (as kl_sample reads them: NULL arrays off); 0 where
+ * they are outside the domain. */
+static int row_penalties(const case_run *run, int t, float v[3]) {
+  const step_plan *p = &run->plan;
+  const int64_t s = entry(run->env, P_STATE_ROWS, p->states_bits, t, p->states);
+  static const float off[3] = {1.f, 0.f, 0.f};
+  for (int k = 0; k < 3; k++)
+    v[k] = !p->penalized || (p->pen_nulls >> k & 1) || s < 0 ? off[k] : pen_values(run->env, k)[s];
+  return v[0] > 0.f && isfinite(v[0]) && isfinite(v[1]) && isfinite(v[2]);
+}
+
+/* The values kl_sample draws from and those of its logprobs: the gathered
+ * ones, with the step's bitmask -inf where a bit is clear, then (the
+ * draws') its penalties. */
 static const float *sampled_values(const case_run *run, const ref_step *ref) {
-  return run->plan.masked ? ref->svals : ref->vals;
+  return run->plan.masked || run->plan.penalized ? ref->svals : ref->vals;
+}
+static const float *logprob_values(const case_run *run, const ref_step *ref) {
+  return run->plan.masked ? ref->lvals : ref->vals;
 }
 
 static void mask_values(case_run *run, ref_step *ref, int tokens) {
@@ -175,7 +239,29 @@ static void mask_values(case_run *run, ref_step *ref, int tokens) {
     const uint32_t *w = run->env->h_mask + (size_t)t * words;
     const size_t o = (size_t)t * (size_t)vocab;
     for (int64_t c = 0; c < vocab; c++)
-      ref->svals[o + (size_t)c] = w[c / 32] >> (c % 32) & 1u ? ref->vals[o + (size_t)c] : -INFINITY;
+      ref->lvals[o + (size_t)c] = w[c / 32] >> (c % 32) & 1u ? ref->vals[o + (size_t)c] : -INFINITY;
+  }
+}
+
+static void penalize_values(case_run *run, ref_step *ref, int tokens) {
+  const step_plan *p = &run->plan;
+  const int64_t vocab = run->c->spec.vocab_size;
+  const size_t words = mask_words(run);
+  const float *in = logprob_values(run, ref);
+  for (int t = 0; t < tokens; t++) {
+    const size_t o = (size_t)t * (size_t)vocab;
+    float v[3];
+    const int64_t s = entry(run->env, P_STATE_ROWS, p->states_bits, t, p->states);
+    if (!p->penalized || !row_penalties(run, t, v) || s < 0) {
+      memcpy(ref->svals + o, in + o, 4 * (size_t)vocab);
+      continue;  /* no penalties, or a row that draws -1 */
+    }
+    const uint32_t *w = (p->pen_nulls & 8) ? NULL : pen_prompt(run->env) + (size_t)s * words;
+    const int32_t *cnt = (p->pen_nulls & 16) ? NULL : pen_counts(run->env) + (size_t)s * (size_t)vocab;
+    for (int64_t c = 0; c < vocab; c++) {
+      const int seen = w && (w[c / 32] >> (c % 32) & 1u);
+      ref->svals[o + (size_t)c] = sample_penalized(in[o + (size_t)c], cnt ? cnt[c] : 0, seen, v[0], v[1], v[2]);
+    }
   }
 }
 
@@ -190,6 +276,12 @@ static void sample_inputs(case_run *run, ref_step *ref, int tokens) {
   if (run->plan.masked) {
     draw_mask(run, tokens);
     mask_values(run, ref, tokens);
+  }
+  if (run->plan.penalized) {
+    draw_penalties(run);
+    penalize_values(run, ref, tokens);
+  } else if (run->plan.masked) {
+    memcpy(ref->svals, ref->lvals, 4 * (size_t)tokens * (size_t)vocab);
   }
   const float *vals = sampled_values(run, ref);
   for (int r = 0; r < tokens; r++) {
@@ -207,9 +299,9 @@ static void reference_samples(case_run *run, ref_step *ref, int tokens) {
   const int64_t vocab = run->c->spec.vocab_size;
   const int n = run->plan.n_top;
   int64_t top[64];
-  const float *vals = sampled_values(run, ref);
+  const float *lvals = logprob_values(run, ref);
   for (int r = 0; r < tokens; r++) {
-    const float *x = vals + (size_t)r * (size_t)vocab;
+    const float *x = lvals + (size_t)r * (size_t)vocab;
     const size_t o = (size_t)r * (size_t)vocab;
     const int ok = ref->sok[r];
     double mx;

@@ -65,6 +65,12 @@ void diff_plan_step(case_run *run, rng *r, step_plan *p, int tokens, int allow_o
     /* a grammar's bitmask, from a stream of its own */
     rng mr = rng_for(c->seed, 0x6d61736b0000ull + (uint64_t)run->planned);
     p->masked = rng_chance(&mr, 0.35);
+    /* penalties, where their counts fit the arena: a stream of its own too */
+    rng pr = rng_for(c->seed, 0x70656e000000ull + (uint64_t)run->planned);
+    const int entries = table_entries(p);
+    p->penalized = (size_t)entries * (size_t)c->spec.vocab_size <= DIFF_ELEM_BUDGET &&
+                   rng_chance(&pr, 0.35);
+    p->pen_nulls = rng_chance(&pr, 0.3) ? (unsigned)rng_below(&pr, 32) : 0;
   }
   for (int i = p->nops - 1; i > 0; i--) { /* in any order */
     int j = (int)rng_below(r, (uint64_t)i + 1), t = p->ops[i];

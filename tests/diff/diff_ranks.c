@@ -60,6 +60,15 @@ static kl_result call_sample(case_run *run, kl_ctx *ctx, const diff_slot *s, CUs
     sp.offsets = p->offsets, sp.offset_rows_bits = p->offsets_bits;
   }
   if (p->masked) sp.bitmask = (const int32_t *)at(s, env->mask_area);
+  if (p->penalized) {
+    const CUdeviceptr pen = at(s, env->pen_area);
+    const unsigned n = p->pen_nulls;
+    sp.repetition_penalty = (n & 1) ? NULL : (const float *)pen;
+    sp.frequency_penalty = (n & 2) ? NULL : (const float *)(pen + 4 * DIFF_MAX_ROWS);
+    sp.presence_penalty = (n & 4) ? NULL : (const float *)(pen + 8 * DIFF_MAX_ROWS);
+    sp.prompt_mask = (n & 8) ? NULL : (const int32_t *)(pen + DIFF_PEN_PROMPT_AT);
+    sp.output_counts = (n & 16) ? NULL : (const int32_t *)(pen + DIFF_PEN_COUNTS_AT);
+  }
   return kl_sample(ctx, (const void *)at(s, p->in_at), &sp, (int64_t *)at(s, sample_out_at(env, 0)),
                    p->want_lp ? (float *)at(s, sample_out_at(env, 1)) : NULL,
                    p->n_top ? (int64_t *)at(s, sample_out_at(env, 2)) : NULL,
@@ -105,6 +114,14 @@ static void canary(case_run *run, const diff_slot *s, rank_report *rep) {
     if (p->masked)
       cu_ok(rep, diff_move(run->env, at(s, run->env->mask_area), run->env->h_mask, 0,
                            4 * mask_words(run) * (size_t)p->tokens, s->s), "bitmask");
+    if (p->penalized) {
+      const size_t n = (size_t)table_entries(p), pen = run->env->pen_area;
+      const size_t head = DIFF_PEN_PROMPT_AT + 4 * mask_words(run) * n;
+      const size_t counts = 4 * (size_t)run->c->spec.vocab_size * n;
+      cu_ok(rep, diff_move(run->env, at(s, pen), run->env->h_pen, 0, head, s->s), "penalties");
+      cu_ok(rep, diff_move(run->env, at(s, pen + DIFF_PEN_COUNTS_AT),
+                           run->env->h_pen + DIFF_PEN_COUNTS_AT, 0, counts, s->s), "counts");
+    }
   }
 }
 

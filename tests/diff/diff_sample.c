@@ -162,6 +162,22 @@ double sample_log_sum(const float *x, int64_t vocab, double *mx) {
   return log(sum + lost);
 }
 
+/* One rounded float product: volatile, so that no compiler fuses it into
+ * the difference after it (vLLM rounds both). */
+static float product(float a, float b) {
+  volatile float p = a * b;
+  return p;
+}
+
+float sample_penalized(float x, int32_t n, int seen, float rep, float freq, float pres) {
+  const int any = rep != 1.f || freq != 0.f || pres != 0.f;
+  if (!any) return x;
+  if (rep != 1.f && (seen || n > 0)) x = product(x, x > 0.f ? 1.f / rep : rep);
+  x = x - product(freq, (float)n);
+  if (n > 0) x = x - pres;
+  return x + 0.f;
+}
+
 float sample_logprob_at(float xc, double mx, double log_sum) {
   return (float)(((double)xc - mx) - log_sum);
 }

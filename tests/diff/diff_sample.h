@@ -17,6 +17,13 @@ typedef struct sample_args {
   float min_p;       /* 0: off */
 } sample_args;
 
+/* vLLM's penalties on x, a column's logit (klrt.h's kl_sampling): n its
+ * count in the request's output, seen its bit in the request's prompt (read
+ * only with a repetition penalty rep != 1), freq and pres the frequency
+ * and presence penalties; each product and difference rounded to float on
+ * its own. A -0 result is +0. */
+float sample_penalized(float x, int32_t n, int seen, float rep, float freq, float pres);
+
 /* t[c] = x[c] / T in float32 (x itself when T is 0); returns t's largest
  * value, NaN when t holds a NaN. */
 float sample_tempered(const float *x, int64_t vocab, float temperature, float *t);

@@ -435,6 +435,9 @@ def c_reference(tmp_path_factory):
     so.sample_logprob.restype = ctypes.c_float
     so.sample_top.argtypes = [f32p, ctypes.c_int64, ctypes.c_int, i64p]
     so.sample_top.restype = ctypes.c_int
+    so.sample_penalized.argtypes = [ctypes.c_float, ctypes.c_int32, ctypes.c_int,
+                                    ctypes.c_float, ctypes.c_float, ctypes.c_float]
+    so.sample_penalized.restype = ctypes.c_float
     return so
 
 
@@ -497,6 +500,40 @@ def test_c_reference_matches_the_python_one(c_reference, dtype):
             assert c_reference.sample_top(as_ptr(x[i], ctypes.c_float), vocab, n,
                                           as_ptr(top, ctypes.c_int64)) == 0
             assert top.tolist() == out.top_indices[i].tolist(), where
+
+
+@needs_torch
+def test_c_penalties_match_the_python_ones_bit_for_bit(c_reference):
+    gen = torch.Generator().manual_seed(23)
+    rows, vocab = 64, 97
+    x = torch.randn(rows, vocab, generator=gen) * 8
+    x[:, :3] = torch.tensor([0.0, -math.inf, math.inf])
+    x[:, 3] = torch.tensor(1e-40)  # a subnormal, and below it its negative
+    x[:, 4] = torch.tensor(-1e-40)
+    counts = torch.where(torch.rand(rows, vocab, generator=gen) < 0.3,
+                         torch.randint(1, 9, (rows, vocab), generator=gen), 0).to(torch.int32)
+    counts[0, 5] = 20000001  # not a float: rounded once, as vLLM's int-to-float is
+    prompt = torch.rand(rows, vocab, generator=gen) < 0.3
+    words = torch.zeros(rows, (vocab + 31) // 32, dtype=torch.int64)
+    for c in range(vocab):
+        words[:, c // 32] |= prompt[:, c].to(torch.int64) << (c % 32)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    pick = lambda *v: torch.tensor(v, dtype=torch.float32)[
+        torch.randint(0, len(v), (rows,), generator=gen)]
+    rep = pick(1.0, 0.5, 1.1, 1.3, 2.0, 1e-3, 0.7)
+    freq = pick(0.0, 0.1, -0.5, 1.0, 2.0, -2.0, 0.3)
+    pres = pick(0.0, 0.1, -0.5, 1.0, 2.0, -2.0, 0.3)
+    want = reference.process_logits(x, repetition_penalty=rep, frequency_penalty=freq,
+                                    presence_penalty=pres, prompt_mask=words,
+                                    output_counts=counts)
+    for r in range(rows):
+        for c in range(vocab):
+            got = c_reference.sample_penalized(float(x[r, c]), int(counts[r, c]),
+                                               int(prompt[r, c]), float(rep[r]),
+                                               float(freq[r]), float(pres[r]))
+            w = float(want[r, c])
+            # the same float, but -0 and +0 (the C one reads -0 as +0)
+            assert got == w or (math.isnan(got) and math.isnan(w)), (r, c, got, w)
 
 
 # ---- vLLM's own filters (where vLLM is installed: .ci/engines.sh's venv) ----

@@ -378,7 +378,7 @@ static void sample_alignment(void) {
   CHECK_KL(r == KLRT_OK && launches > before, "aligned parameters: %s, %d launches",
            kl_result_name(r), launches - before);
   /* each a copy of p with one field wrong */
-  enum { N_ODD = 19 };
+  enum { N_ODD = 23 };
   kl_sampling odd_p[N_ODD];
   const char *what[N_ODD];
   for (int i = 0; i < N_ODD; i++) odd_p[i] = p;
@@ -425,6 +425,16 @@ static void sample_alignment(void) {
   what[17] = "params->bitmask is not 4-byte aligned";
   odd_p[18].bitmask = (const int32_t *)(uintptr_t)(par + 3968); /* 128 of the 256 bytes */
   what[18] = "bitmask 0x";
+  /* the penalties: per-request tables, the counts a row of 1024 a request */
+  odd_p[19].prompt_mask = (const int32_t *)(uintptr_t)(par + 3074);
+  what[19] = "params->prompt_mask is not 4-byte aligned";
+  odd_p[20].output_counts = (const int32_t *)(uintptr_t)par; /* 4096 of its 8192 bytes */
+  what[20] = "output_counts 0x";
+  odd_p[21].state_rows = (const void *)rows, odd_p[21].states = 2;
+  odd_p[21].prompt_mask = (const int32_t *)(uintptr_t)(par + 3968); /* 128 of 256 bytes */
+  what[21] = "(a table of params->states = 2 entries of 32 elements)";
+  odd_p[22].frequency_penalty = (const float *)(uintptr_t)(par + 3073);
+  what[22] = "params->frequency_penalty is not 4-byte aligned";
   for (int i = 0; i < N_ODD; i++) {
     before = launches;
     r = kl_sample(c, (void *)(uintptr_t)shard, &odd_p[i], (int64_t *)(uintptr_t)token, NULL, NULL,
@@ -489,6 +499,18 @@ static void sample_alignment(void) {
   r = kl_sample(c, (void *)(uintptr_t)shard, &masked, (int64_t *)(uintptr_t)token, NULL, NULL,
                 NULL, 0, 2, NULL);
   CHECK_KL(r == KLRT_OK && launches > before, "a bitmask: %s (%s)", kl_result_name(r),
+           kl_last_error());
+  /* penalties with their tables within their buffers: taken */
+  kl_sampling pen = p;
+  CUdeviceptr counts = device_buffer(8192);
+  pen.repetition_penalty = (const float *)(uintptr_t)(par + 3072);
+  pen.presence_penalty = (const float *)(uintptr_t)(par + 3080);
+  pen.prompt_mask = (const int32_t *)(uintptr_t)(par + 3584);
+  pen.output_counts = (const int32_t *)(uintptr_t)counts;
+  before = launches;
+  r = kl_sample(c, (void *)(uintptr_t)shard, &pen, (int64_t *)(uintptr_t)token, NULL, NULL, NULL,
+                0, 2, NULL);
+  CHECK_KL(r == KLRT_OK && launches > before, "penalties: %s (%s)", kl_result_name(r),
            kl_last_error());
   /* state_rows and offset_rows within their tables: taken */
   kl_sampling indexed = p;

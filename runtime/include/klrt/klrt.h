@@ -266,9 +266,31 @@ typedef struct kl_sampling {
    * as for a row of -inf logits. Every rank passes the same bits (each
    * applies its own copy). NULL: no row has a grammar. */
   const int32_t *bitmask;
+  /* vLLM's penalties, per request as temperature is (state_rows indexes
+   * them), applied after the grammar and before temperature. Row t of state
+   * s, column c, its logit x as a float: n = output_counts[s * vocab_size +
+   * c] (0 without), seen = n > 0 or (repetition only) bit c of prompt_mask's
+   * row s (packed as bitmask); then, each operation rounded to float (no
+   * fused multiply-add), as vLLM's penalties kernel computes:
+   *   repetition r, where seen: x = x > 0 ? x * (1 / r) : x * r
+   *   frequency f:              x = x - f * n
+   *   presence p, where n > 0:  x = x - p
+   * (a -0 result reads as +0). A row whose r is not finite and > 0, or whose
+   * f or p is not finite, is outside the domain. NULL: r 1, f 0, p 0, no
+   * counts, nothing in the prompt. The tables are read only for rows with a
+   * penalty (the prompt's only for r != 1), so vLLM's own (its
+   * prompt_bin_mask and output_bin_counts, [max requests, ...]) serve as
+   * they are. The draw, the filters and the logprobs read the penalized
+   * logits. */
+  const float *repetition_penalty;
+  const float *frequency_penalty;
+  const float *presence_penalty;
+  const int32_t *prompt_mask;   /* [states, ceil(vocab_size / 32)] */
+  const int32_t *output_counts; /* [states, vocab_size] */
 } kl_sampling;
-#define KL_SAMPLING_INIT \
-  {sizeof(kl_sampling), NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 0, 0, 0, NULL}
+#define KL_SAMPLING_INIT                                                                     \
+  {sizeof(kl_sampling), NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 0, 0, 0, NULL, \
+   NULL, NULL, NULL, NULL, NULL}
 
 /* kl_sample, for a spec with `topk = K`: token[t] (int64) is row t's draw
  * from its logits after the spec's epilogue, the same on every rank, as
