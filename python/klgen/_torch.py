@@ -257,8 +257,9 @@ class LogitsGather:
     # ---- sampling: the vocabulary's rows drawn, as klgen.reference.sample ----
 
     def sample(self, shard, temperature, top_k=None, top_p=None, min_p=None, *, seed=0,
-               offset=0, state_rows=None, offset_rows=None, bitmask=None, logprobs=0,
-               token_logprobs=True):
+               offset=0, state_rows=None, offset_rows=None, bitmask=None,
+               repetition_penalty=None, frequency_penalty=None, presence_penalty=None,
+               prompt_mask=None, output_counts=None, logprobs=0, token_logprobs=True):
         """A Sample of each row: temperature, min-p, top-k, top-p and a
         Gumbel-max draw keyed by (seed, offset, column), as
         klgen.reference.sample defines it (a spec with topk = K), with the
@@ -279,15 +280,27 @@ class LogitsGather:
         and NaN logprobs. bitmask: a structured-output grammar's mask,
         int32 [tokens, ceil(vocab_size / 32)] as vLLM and xgrammar pack it
         (column c of row t kept where bit c % 32 of word [t, c // 32] is
-        set, else -inf, the logprobs' logits included), or None. logprobs: n
-        top logprobs, 0..K. token_logprobs=False: no logprob of the tokens
-        (Sample.logprobs is None), and the sampler skips the sums it needs."""
+        set, else -inf, the logprobs' logits included), or None.
+        repetition_penalty, frequency_penalty, presence_penalty: vLLM's
+        penalties (klgen.reference.sample), numbers or float tensors of one
+        per row (per entry of the tables, with state_rows), with
+        output_counts (int32 [entries, vocab_size], each request's count of
+        every token in its output) and, for repetition_penalty, prompt_mask
+        (int32 [entries, ceil(vocab_size / 32)], its prompt's tokens as
+        bitmask's bits): they change what is drawn, not the logprobs, which
+        are of the logits with the grammar alone (vLLM's raw_logprobs).
+        logprobs: n top logprobs, 0..K. token_logprobs=False: no logprob of
+        the tokens (Sample.logprobs is None), and the sampler skips the sums
+        it needs."""
         if not self.k:
             raise Error(f"spec '{self.name}' has no topk field (add topk = K to it)")
         self._check(shard, None)
         params = _sampling_args(self, shard.shape[0], temperature, top_k, top_p, min_p, seed,
                                 offset, state_rows, offset_rows, logprobs)
         params.append(_bitmask(bitmask, shard.shape[0], self))
+        entries = shard.shape[0] if state_rows is None else params[0].shape[0]
+        params += _penalties(self, entries, (repetition_penalty, frequency_penalty,
+                                             presence_penalty), prompt_mask, output_counts)
         want = bool(token_logprobs)
         if not torch.compiler.is_compiling():
             token, lp, values, indices = self._sample(shard, *params, logprobs, want)
@@ -298,7 +311,8 @@ class LogitsGather:
                       TopLogprobs(values, indices) if logprobs else None)
 
     def _sample(self, shard, temperature, top_k, top_p, min_p, seed, offset, state_rows,
-                offset_rows, bitmask, n, want=True):
+                offset_rows, bitmask, repetition, frequency, presence, prompt_mask,
+                output_counts, n, want=True):
         shard = shard.contiguous()
         tokens = shard.shape[0]
         token = torch.empty((tokens,), dtype=torch.int64, device=self.device)
@@ -313,7 +327,9 @@ class LogitsGather:
                            0 if state_rows is None else temperature.shape[0],
                            None if offset_rows is None else offset_rows.data_ptr(),
                            0 if offset_rows is None else offset.shape[0], *bits,
-                           None if bitmask is None else bitmask.data_ptr())
+                           *[None if t is None else t.data_ptr()
+                             for t in (bitmask, repetition, frequency, presence, prompt_mask,
+                                       output_counts)])
         _capi.check(_capi.lib.kl_sample(
             self._ctx, shard.data_ptr(), ctypes.byref(p), token.data_ptr(),
             lp.data_ptr() if want else None,
@@ -579,6 +595,68 @@ def _bitmask(t, tokens, g):
     return t.contiguous()
 
 
+_PENALTIES = (("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
+              ("presence_penalty", 0.0))
+
+
+def _penalty_number(name, value):
+    """A penalty given as a number, checked as klgen.reference does (but
+    under torch.compile, where it is checked on the device)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number or a float tensor, not {type(value).__name__}")
+    if torch.compiler.is_compiling():
+        return value
+    v = _f32(float(value)) if abs(value) < 2**1024 else math.copysign(math.inf, value)
+    rep = name == "repetition_penalty"
+    if not math.isfinite(v) or (rep and v <= 0):
+        rule = "finite and > 0" if rep else "finite"
+        raise ValueError(f"{name} must be {rule} (as a float32), not {value!r}")
+    return v
+
+
+def _penalty_table(t, name, shape, g):
+    """prompt_mask or output_counts: an int32 tensor of shape on g's device,
+    contiguous as kl_sample reads it."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+        kind = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"{name} must be an int32 tensor, not {kind}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [{shape[0]}, {shape[1]}] "
+                         f"(a row per entry of the tables)")
+    if t.device != g.device:
+        raise ValueError(f"{name} is on {t.device}, expected {g.device} (the shard's)")
+    return t.contiguous()
+
+
+def _penalties(g, n, values, prompt_mask, output_counts):
+    """kl_sampling's penalties from g.sample's (n: the tables' entries, or
+    the rows): repetition, frequency, presence (None where off), then
+    prompt_mask and output_counts. As klgen.reference.sample asks, a penalty
+    comes with output_counts, repetition_penalty with prompt_mask too."""
+    out = []
+    for (name, off), value in zip(_PENALTIES, values):
+        if value is None:
+            out.append(None)
+        elif isinstance(value, torch.Tensor):
+            out.append(_param_tensor(value, name, torch.float32, n, g))
+        else:
+            v = _penalty_number(name, value)
+            off = type(v) in (int, float) and v == off
+            out.append(None if off else torch.full((n,), v, dtype=torch.float32, device=g.device))
+    if all(v is None for v in values):
+        if prompt_mask is not None or output_counts is not None:
+            raise ValueError("prompt_mask and output_counts are the penalties' tables: pass "
+                             "repetition_penalty, frequency_penalty or presence_penalty with them")
+        return out + [None, None]
+    if output_counts is None:
+        raise ValueError("the penalties need output_counts (each request's output token counts)")
+    if values[0] is not None and prompt_mask is None:
+        raise ValueError("repetition_penalty needs prompt_mask (each request's prompt tokens)")
+    prompt = None if prompt_mask is None else _penalty_table(
+        prompt_mask, "prompt_mask", (n, (g.vocab_size + 31) // 32), g)
+    return out + [prompt, _penalty_table(output_counts, "output_counts", (n, g.vocab_size), g)]
+
+
 def _index_tensor(t, name, tokens, device):
     """state_rows or offset_rows: None, or an int32 or int64 tensor [tokens]
     on device (kl_sample reads either as it is)."""
@@ -634,17 +712,22 @@ def _sample_op(shard: torch.Tensor, temperature: torch.Tensor, top_k: Optional[t
                top_p: Optional[torch.Tensor], min_p: Optional[torch.Tensor],
                seed: Optional[torch.Tensor], offset: Optional[torch.Tensor],
                state_rows: Optional[torch.Tensor], offset_rows: Optional[torch.Tensor],
-               bitmask: Optional[torch.Tensor], logprobs: int, token_logprobs: bool,
+               bitmask: Optional[torch.Tensor], repetition: Optional[torch.Tensor],
+               frequency: Optional[torch.Tensor], presence: Optional[torch.Tensor],
+               prompt_mask: Optional[torch.Tensor], output_counts: Optional[torch.Tensor],
+               logprobs: int, token_logprobs: bool,
                handle: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = _gather(handle)
     g._check(shard, None)
     return g._sample(shard, temperature, top_k, top_p, min_p, seed, offset, state_rows,
-                     offset_rows, bitmask, logprobs, token_logprobs)
+                     offset_rows, bitmask, repetition, frequency, presence, prompt_mask,
+                     output_counts, logprobs, token_logprobs)
 
 
 @_sample_op.register_fake
 def _(shard, temperature, top_k, top_p, min_p, seed, offset, state_rows, offset_rows, bitmask,
-      logprobs, token_logprobs, handle):
+      repetition, frequency, presence, prompt_mask, output_counts, logprobs, token_logprobs,
+      handle):
     _fake_check(shard, _gather(handle))
     tokens = shard.shape[0]
     return (shard.new_empty((tokens,), dtype=torch.int64),

@@ -200,3 +200,69 @@ def test_bad_bitmask(value, error, words):
     with pytest.raises(error) as e:
         _torch._bitmask(value, ROWS, G)
     assert words in str(e.value)
+
+
+PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty")
+
+
+def penalties(*values, prompt=True, counts=True, n=ROWS):
+    words = (G.vocab_size + 31) // 32
+    return _torch._penalties(G, n, values,
+                             torch.zeros((n, words), dtype=torch.int32) if prompt else None,
+                             torch.zeros((n, G.vocab_size), dtype=torch.int32) if counts else None)
+
+
+def test_penalties_are_off_as_none_or_their_off_value():
+    assert _torch._penalties(G, ROWS, (None, None, None), None, None) == [None] * 5
+    rep, freq, pres, prompt, counts = penalties(1, 0.0, 0)
+    assert rep is freq is pres is None  # off: no array, kl_sample reads NULL
+    assert prompt.shape == (ROWS, 32) and counts.shape == (ROWS, 1000)
+    rep, freq, pres, _, _ = penalties(1.2, -0.5, 2)
+    assert rep.tolist() == [pytest.approx(1.2)] * ROWS and freq.tolist() == [-0.5] * ROWS
+    assert pres.dtype == torch.float32 and pres.tolist() == [2.0] * ROWS
+    # a float64 table is read as float32; a table of entries with state_rows
+    got = penalties(None, torch.tensor([0.25, 1.5], dtype=torch.float64), None, prompt=False,
+                    n=2)[1]
+    assert got.dtype == torch.float32 and got.tolist() == [0.25, 1.5]
+
+
+@pytest.mark.parametrize("values, kw, error, words", [
+    ((0.0, None, None), {}, ValueError, "repetition_penalty must be finite and > 0"),
+    ((-1, None, None), {}, ValueError, "repetition_penalty must be finite and > 0"),
+    ((None, math.inf, None), {}, ValueError, "frequency_penalty must be finite"),
+    ((None, None, math.nan), {}, ValueError, "presence_penalty must be finite"),
+    ((None, None, 1e39), {}, ValueError, "presence_penalty must be finite (as a float32)"),
+    ((None, "1", None), {}, TypeError, "frequency_penalty must be a number"),
+    ((True, None, None), {}, TypeError, "repetition_penalty must be a number"),
+    ((None, torch.zeros(ROWS, dtype=torch.int32), None), {}, TypeError,
+     "frequency_penalty must be a floating-point tensor"),
+    ((None, torch.zeros(ROWS + 1), None), {}, ValueError, "expected [4]"),
+    ((None, 0.5, None), {"counts": False}, ValueError, "the penalties need output_counts"),
+    ((1.1, None, None), {"prompt": False}, ValueError,
+     "repetition_penalty needs prompt_mask"),
+    ((None, None, None), {}, ValueError, "prompt_mask and output_counts are the penalties'"),
+])
+def test_bad_penalties(values, kw, error, words):
+    with pytest.raises(error) as e:
+        penalties(*values, **kw)
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("which, value, error, words", [
+    ("prompt", torch.zeros((ROWS, 31), dtype=torch.int32), ValueError,
+     "prompt_mask has shape (4, 31), expected [4, 32]"),
+    ("prompt", torch.zeros((ROWS, 32), dtype=torch.int64), TypeError,
+     "prompt_mask must be an int32 tensor, not torch.int64"),
+    ("counts", torch.zeros((ROWS, 999), dtype=torch.int32), ValueError,
+     "output_counts has shape (4, 999), expected [4, 1000]"),
+    ("counts", [[0] * 1000] * ROWS, TypeError, "output_counts must be an int32 tensor, not list"),
+    ("counts", torch.zeros((ROWS, 1000), dtype=torch.int32, device="meta"), ValueError,
+     "is on meta"),
+])
+def test_bad_penalty_tables(which, value, error, words):
+    tables = {"prompt": torch.zeros((ROWS, 32), dtype=torch.int32),
+              "counts": torch.zeros((ROWS, 1000), dtype=torch.int32)}
+    tables[which] = value
+    with pytest.raises(error) as e:
+        _torch._penalties(G, ROWS, (1.5, None, None), tables["prompt"], tables["counts"])
+    assert words in str(e.value)

@@ -201,6 +201,33 @@ def draw_bitmask(tokens, vocab, step, device):
     return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).int().to(device)
 
 
+def draw_penalties(tokens, vocab, step, device):
+    """vLLM's penalties, the same on every rank: by row none, repetition,
+    frequency and presence alone and together, with prompts and output
+    counts (a few columns, or a third of them; one count past float's
+    integers now and then)."""
+    gen = torch.Generator().manual_seed(step + 11)
+    pick = lambda options: torch.tensor(options, dtype=torch.float32)[
+        torch.randint(len(options), (tokens,), generator=gen)]
+    rep = pick([1.0, 1.0, 0.5, 1.3, 2.0, 1e-3])
+    freq = pick([0.0, 0.0, 0.1, -0.5, 2.0, -2.0])
+    pres = pick([0.0, 0.0, 0.3, -1.0, 2.0])
+    counts = torch.zeros((tokens, vocab), dtype=torch.int32)
+    for t in range(tokens):
+        if (step + t) % 3 == 1:
+            at = torch.randint(vocab, (40,), generator=gen)
+            counts[t].index_add_(0, at, torch.randint(1, 9, (40,), generator=gen, dtype=torch.int32))
+        elif (step + t) % 3 == 2:
+            counts[t] = torch.where(torch.rand(vocab, generator=gen) < 0.33,
+                                    torch.randint(1, 4, (vocab,), generator=gen), 0).int()
+    if step % 4 == 1:
+        counts[0, step % vocab] = 20000001
+    prompt = draw_bitmask(tokens, vocab, step + 17, "cpu")
+    return dict(repetition_penalty=rep.to(device), frequency_penalty=freq.to(device),
+                presence_penalty=pres.to(device), prompt_mask=prompt.to(device),
+                output_counts=counts.to(device))
+
+
 def as_tables(p, step):
     """p's per-row parameters as per-request tables of a few more entries
     (the rest garbage) that the rows read through state_rows, and their
@@ -264,6 +291,24 @@ def check_draws(g, x, gathered, step, tp):
                   f"{masked.logprobs.tolist()}, want {wm.tokens.tolist()} "
                   f"{wm.logprob.tolist()}", flush=True)
         ok = ok and ok_m
+    if step % 3 != 1:  # vLLM's penalties (with a bitmask one step in three): the draws
+        # read the penalized logits, the logprobs the raw ones
+        pen = draw_penalties(x.shape[0], g.vocab_size, step, x.device)
+        if step % 3 == 2:
+            pen["bitmask"] = draw_bitmask(x.shape[0], g.vocab_size, step + 3, x.device)
+        pz = g.sample(x, logprobs=n, **p, **pen)
+        wz = definition.sample(gathered, logprobs=n, noise=g.noise, **p, **pen)
+        ok_z = torch.equal(pz.tokens, wz.tokens) and close(pz.logprobs, wz.logprob)
+        if not bare:
+            ok_z = ok_z and (torch.equal(pz.top_logprobs.indices, wz.top_indices) and
+                             close(pz.top_logprobs.values, wz.top_logprobs))
+        quiet = g.sample(x, token_logprobs=False, **p, **pen)  # the shards' path
+        ok_z = ok_z and torch.equal(quiet.tokens, wz.tokens)
+        if not ok_z:
+            print(f"  {g.name} step {step}: with penalties {pz.tokens.tolist()} "
+                  f"{quiet.tokens.tolist()} {pz.logprobs.tolist()}, want "
+                  f"{wz.tokens.tolist()} {wz.logprob.tolist()}", flush=True)
+        ok = ok and ok_z
     if step % 4 == 2:  # SGLang's forms: int32 top_k, 1 << 30 for off; one seed; row offsets
         forms = dict(p, top_k=torch.where(p["top_k"] == 0, 1 << 30, p["top_k"]).int(),
                      seed=step, offset=torch.arange(x.shape[0], device=x.device))
@@ -285,11 +330,13 @@ def sample_graph_and_compile(rank, tp):
         x = torch.zeros((tokens, g.shard), dtype=g.dtype, device="cuda")
         p = draw_params(tokens, g.k, 1, "cuda")
         m = draw_bitmask(tokens, g.vocab_size, 1, "cuda")
+        pen = draw_penalties(tokens, g.vocab_size, 1, "cuda")
         g.sample(x, logprobs=2, **p)  # eager first, as engines warm up
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = g.sample(x, logprobs=2, **p)
             masked = g.sample(x, logprobs=2, bitmask=m, **p)
+            penalized = g.sample(x, token_logprobs=False, **p, **pen)
         ok = True
         for step in range(5):
             # finite: a NaN row would draw its NaN whatever the parameters
@@ -298,6 +345,8 @@ def sample_graph_and_compile(rank, tp):
             for k, v in draw_params(tokens, g.k, 100 + step, "cuda").items():
                 p[k].copy_(v)
             m.copy_(draw_bitmask(tokens, g.vocab_size, 100 + step, "cuda"))
+            for k, v in draw_penalties(tokens, g.vocab_size, 100 + step, "cuda").items():
+                pen[k].copy_(v)
             graph.replay()
             gathered = reference(x, tp, g.vocab_size)
             want = definition.sample(gathered, logprobs=2, **p)
@@ -306,7 +355,10 @@ def sample_graph_and_compile(rank, tp):
             want = definition.sample(gathered, logprobs=2, bitmask=m, **p)
             ok &= torch.equal(masked.tokens, want.tokens) and torch.equal(
                 masked.top_logprobs.indices, want.top_indices)
-        say(ok, "sample: 5 replays of a captured draw, new data, parameters and bitmask each")
+            want = definition.sample(gathered, **p, **pen)
+            ok &= torch.equal(penalized.tokens, want.tokens)
+        say(ok, "sample: 5 replays of a captured draw, new data, parameters, bitmask and "
+                "penalties each")
 
         def draw(x, t, s):
             return g.sample(x * 2, t, top_p=0.9, seed=s, token_logprobs=False).tokens

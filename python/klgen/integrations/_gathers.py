@@ -203,7 +203,7 @@ class TorchGather:
 
     def sample(self, shard, temperature, top_k=None, top_p=None, min_p=None, *, seed=0,
                offset=0, state_rows=None, offset_rows=None, bitmask=None, logprobs=0,
-               token_logprobs=True):
+               token_logprobs=True, **penalties):
         if not self.k:
             raise ValueError(f"spec '{self.name}' has no topk field")
         if not 0 <= logprobs <= min(self.k, self.vocab_size):
@@ -217,7 +217,8 @@ class TorchGather:
                                       state_rows=state_rows, offset_rows=offset_rows)
         out = reference.sample(x, temperature, top_k, top_p, min_p, seed=seed, offset=offset,
                                state_rows=state_rows, offset_rows=offset_rows,
-                               bitmask=bitmask, logprobs=logprobs, noise=self.noise)
+                               bitmask=bitmask, logprobs=logprobs, noise=self.noise,
+                               **penalties)
         top = TopLogprobs(out.top_logprobs, out.top_indices) if logprobs else None
         return Sample(out.tokens, out.logprob if token_logprobs else None, top)
 
