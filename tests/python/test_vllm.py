@@ -286,8 +286,7 @@ def _sample(rank):
     # what kl_sample does not do stays with vLLM's sampler, and says why
     head, hidden = heads[0]
     on, vocab = ours[0], HEADS[0][0]
-    declined = [(SamplingParams(temperature=1.0, repetition_penalty=1.2), "PenaltiesState"),
-                (SamplingParams(temperature=1.0, logit_bias={3: 1.0}), "LogitBiasState"),
+    declined = [(SamplingParams(temperature=1.0, logit_bias={3: 1.0}), "LogitBiasState"),
                 (_bad_words([[42], [7, 8]]), "BadWordsState"),
                 (SamplingParams(temperature=1.0, logprobs=2), "logprobs"),
                 (SamplingParams(temperature=1.0, top_k=65), "top_k 65:")]
@@ -302,6 +301,7 @@ def _sample(rank):
     sampler = _v2_sampler(vocab, kinds)
     assert on.sample(head, hidden[:2], sampler, _batch([0, 1], draft=1), None) is None
     _grammar_steps(on, stock[0], head, hidden, vocab, sampler)
+    _penalty_steps(on, stock[0], head, hidden, vocab)
     # what the user asked of vLLM's sampler that klgen's draws would skip
     for flag, why in (("compute_nans", "NaNs"), ("use_fp64_gumbel", "fp64")):
         setattr(sampler, flag, True)
@@ -356,6 +356,57 @@ def _grammar_steps(on, off, head, hidden, vocab, sampler):
     assert on.sample(head, hidden[:2], sampler, batch, odd) is None
     assert "structured output: a bitmask of shape" in str(
         grammar_bitmask(odd, batch, 2, vocab, torch.device("cpu")))
+
+
+def _penalty_steps(on, off, head, hidden, vocab):
+    """vLLM's penalties on kl_sample, from its PenaltiesState's own tables
+    (per request, read through the batch's idx_mapping): greedy and sampled
+    requests with and without them, mixed within a step."""
+    from vllm.sampling_params import SamplingParams
+
+    from klgen import reference
+    from klgen.integrations.vllm import sampling_args
+
+    kinds = [SamplingParams(temperature=0.0, frequency_penalty=2.0),
+             SamplingParams(temperature=0.7, frequency_penalty=0.5, presence_penalty=-0.3, seed=5),
+             SamplingParams(temperature=1.0),
+             SamplingParams(temperature=0.9, top_k=5, repetition_penalty=0.8, presence_penalty=1.5),
+             SamplingParams(temperature=0.0, repetition_penalty=1.7)]
+    sampler = _v2_sampler(vocab, kinds)
+    pen = sampler.penalties_state
+    for table in (pen.repetition_penalty, pen.frequency_penalty, pen.presence_penalty):
+        table.copy_to_uva()  # (apply_staged_writes' bincount needs Triton)
+    gen = torch.Generator().manual_seed(5)
+    counts = torch.randint(1, 6, pen.output_bin_counts.shape, generator=gen, dtype=torch.int32)
+    pen.output_bin_counts.copy_(torch.where(torch.rand(counts.shape, generator=gen) < 0.3,
+                                            counts, 0))
+    pen.prompt_bin_mask.copy_(torch.randint(-2**31, 2**31, pen.prompt_bin_mask.shape,
+                                            generator=gen, dtype=torch.int32))
+    changed = 0
+    for slots in ([0, 1, 2, 3, 4], [2], [0], [4, 3, 1]):
+        n, batch = len(slots), _batch(slots, seed=7)
+        logits = off(head, hidden[:n])
+        if slots == [0]:  # its argmax seen 50 times: the penalty moves its token
+            pen.output_bin_counts[0, logits[0].argmax()] = 50
+        args = sampling_args(sampler, batch, 64, vocab)
+        served = any(kinds[s].frequency_penalty or kinds[s].presence_penalty
+                     or kinds[s].repetition_penalty != 1.0 for s in slots)
+        assert ("output_counts" in args) == served, (slots, args.keys())
+        if served:
+            assert args["output_counts"] is pen.output_bin_counts
+            assert args["prompt_mask"] is pen.prompt_bin_mask
+            assert args["repetition_penalty"] is pen.repetition_penalty.gpu
+        got = on.sample(head, hidden[:n], sampler, batch, None)
+        want = reference.sample(logits, **args, noise="vllm").tokens
+        assert torch.equal(got, want), (slots, got, want)
+        plain = {k: v for k, v in args.items() if k not in (
+            "repetition_penalty", "frequency_penalty", "presence_penalty", "prompt_mask",
+            "output_counts")}
+        changed += int((reference.sample(logits, **plain, noise="vllm").tokens != want).sum())
+    assert changed > 0  # the penalties took effect
+    # vLLM's vocabulary and the spec's differ: the counts' rows do not fit
+    reason = sampling_args(sampler, _batch([0, 1]), 64, vocab + 1)
+    assert "penalties over vLLM's vocabulary" in reason, reason
 
 
 def _model(compute_logits, **attrs):
@@ -461,9 +512,9 @@ def _plans_per_composition(rank):
         args = kv.sampling_args(sampler, _batch(slots), 64)
         assert args["seed"][args["state_rows"]].tolist() == [3, 3]
     assert made == [[0, 1], [1, 0]]
-    sampler.add_request(1, SamplingParams(temperature=1.0, presence_penalty=0.5))
+    sampler.add_request(1, SamplingParams(temperature=1.0, logit_bias={3: 1.0}))
     sampler.sampling_states.apply_staged_writes()  # (the processors' need Triton)
-    assert "PenaltiesState" in kv.sampling_args(sampler, _batch([0, 1]), 64)
+    assert "LogitBiasState" in kv.sampling_args(sampler, _batch([0, 1]), 64)
     args = kv.sampling_args(sampler, _batch([0]), 64)
     assert args["seed"][args["state_rows"]].tolist() == [3]
     assert made == [[0, 1], [1, 0], [0, 1], [0]]

@@ -268,9 +268,12 @@ def _logits_source(model):
 
 
 # The v2 Sampler's own per-request processors, with the flags that say a
-# request uses one; any other processor makes every step vLLM's.
+# request uses one; any other processor makes every step vLLM's. Of them
+# kl_sample applies the penalties (from vLLM's own tables); a request using
+# another makes its steps vLLM's.
 _PROCESSOR_FLAGS = {"LogitBiasState": "use_logit_bias", "PenaltiesState": "use_penalty",
                     "BadWordsState": "num_bad_words"}
+_SERVED = ("PenaltiesState",)
 
 
 def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
@@ -296,7 +299,12 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
     parameters are gathered once per composition instead. A step whose
     requests are all greedy is temperature 0.0 for every row and nothing
     else (GREEDY): its token is the argmax, which the glue takes with
-    kl_argmax."""
+    kl_argmax.
+
+    kl_sample also applies vLLM's penalties, reading its PenaltiesState's
+    tables where they are (its per-request penalties, prompt_bin_mask and
+    output_bin_counts, through state_rows), where a request of the step
+    uses one."""
     reason = _step_declines(sampler, input_batch)
     if reason is not None:
         return reason
@@ -318,17 +326,25 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
                     top_k=states.top_k.gpu if plan.top_k else None,
                     top_p=states.top_p.gpu if plan.top_p else None,
                     min_p=states.min_p.gpu if plan.min_p else None)
+        if plan.penalties is not None:
+            pen = plan.penalties
+            step.update(repetition_penalty=pen.repetition_penalty.gpu,
+                        frequency_penalty=pen.frequency_penalty.gpu,
+                        presence_penalty=pen.presence_penalty.gpu,
+                        prompt_mask=pen.prompt_bin_mask, output_counts=pen.output_bin_counts)
         return step
     return dict(plan, **step)
 
 
 class _Tables(NamedTuple):
     """A composition's plan that reads vLLM's tables each step: which
-    filters its requests use."""
+    filters its requests use, and vLLM's PenaltiesState where one uses a
+    penalty (else None)."""
 
     top_k: bool
     top_p: bool
     min_p: bool
+    penalties: object = None
 
 
 # sampling_args of a step whose requests are all greedy: every filter, the
@@ -369,10 +385,16 @@ def _plan(sampler, input_batch, max_top_k, vocab_size):
         return reason
     rows, states = input_batch.expanded_idx_mapping, sampler.sampling_states
     requests = input_batch.idx_mapping_np
-    if not states.temperature.np[requests].any():  # vLLM's greedy rows: temperature 0
+    penalties = _penalties_used(sampler, requests)
+    if penalties is not None and vocab_size is not None and states.vocab_size != vocab_size:
+        return (f"penalties over vLLM's vocabulary of {states.vocab_size}, not the spec's "
+                f"{vocab_size}")
+    # vLLM's greedy rows: temperature 0 (an argmax, but of penalized logits)
+    if not states.temperature.np[requests].any() and penalties is None:
         return GREEDY
     used = _Tables(_used(states.top_k, requests, states.vocab_size),  # vLLM's off: its vocabulary
-                   _used(states.top_p, requests, 1.0), _used(states.min_p, requests, 0.0))
+                   _used(states.top_p, requests, 1.0), _used(states.min_p, requests, 0.0),
+                   penalties)
     if vocab_size is None or states.vocab_size >= vocab_size:
         return used
     top_k = top_p = min_p = None
@@ -385,6 +407,15 @@ def _plan(sampler, input_batch, max_top_k, vocab_size):
         min_p = states.min_p.gpu[rows]
     return dict(temperature=states.temperature.gpu[rows], top_k=top_k, top_p=top_p,
                 min_p=min_p, seed=states.seeds.gpu[rows])
+
+
+def _penalties_used(sampler, requests):
+    """vLLM's PenaltiesState where a request of the slots `requests` uses a
+    penalty, else None."""
+    for processor in sampler.logits_processors:
+        if type(processor).__name__ == "PenaltiesState" and processor.use_penalty[requests].any():
+            return processor
+    return None
 
 
 def _used(buffer, requests, off):
@@ -469,7 +500,7 @@ def _requests_decline(sampler, requests, max_top_k):
         if flag is None or not hasattr(processor, flag):
             return f"logits processor {type(processor).__name__}"
         used = getattr(processor, flag)
-        if getattr(used, "np", used)[requests].any():
+        if type(processor).__name__ not in _SERVED and getattr(used, "np", used)[requests].any():
             return f"a request uses {type(processor).__name__}"
     budget = sampler.thinking_budget_state
     if not hasattr(budget, "enabled") or (
