@@ -5,6 +5,11 @@
  *               shards' candidates on the one-shot path; top_k 50 <= 64
  *               decides every row)
  *   plain T     kl_sample, every row T 0.7, no filter (by the shards)
+ *   grammar     plain T through a grammar bitmask keeping a random half of
+ *               each row's columns (what the mask costs beside plain T)
+ *   penalties   plain T with vLLM's repetition (1.2), frequency (0.5) and
+ *               presence (0.3) penalties on every row, its prompt's bits and
+ *               output counts random (what they cost beside plain T)
  *   greedy      kl_sample, every row T 0 (by the shards)
  *   gather      kl_gather alone: where an engine's sampler starts
  *   argmax      kl_argmax
@@ -22,15 +27,16 @@
 #include "klbench.h"
 
 #define SAMPLE_CAPACITY 64
-enum { S_FILTERED, S_PLAIN, S_GREEDY, S_GATHER, S_ARGMAX, S_PAIRS, NS };
-static const char *const variant_names[NS] = {"filtered", "plain T", "greedy", "gather",
-                                              "argmax", "NCCL pairs"};
+enum { S_FILTERED, S_PLAIN, S_GRAMMAR, S_PENALTIES, S_GREEDY, S_GATHER, S_ARGMAX, S_PAIRS, NS };
+static const char *const variant_names[NS] = {"filtered", "plain T", "grammar",    "penalties",
+                                              "greedy",   "gather",  "argmax",     "NCCL pairs"};
+enum { DRAWN = 4 }; /* the variants whose tokens are draws: filtered .. penalties */
 
 struct sample_bench {
   double t[NS][MAX_TOK][MAX_RANKS];
   long long bad[MAX_TOK][MAX_RANKS];
-  int64_t *drawn[MAX_RANKS]; /* each rank's filtered and plain tokens, every size */
-  size_t stride;             /* entries per size: twice the most tokens */
+  int64_t *drawn[MAX_RANKS]; /* each rank's drawn tokens (DRAWN variants), every size */
+  size_t stride;             /* entries per size: DRAWN times the most tokens */
 };
 
 struct sample_rank {
@@ -38,9 +44,58 @@ struct sample_rank {
   float *warm, *cold, *top_p; /* temperature 0.7 and 0 per row, top_p 0.9 */
   int32_t *top_k;
   int64_t *seed, *offset;
-  int64_t *token[3], *index; /* filtered, plain, greedy; kl_argmax's */
+  int32_t *mask;             /* the grammar variant's bitmask, every row */
+  uint32_t *h_mask;          /* a host copy, for the check */
+  float *pen[3];             /* repetition, frequency, presence: every row */
+  int32_t *prompt, *counts;  /* each row's prompt bits and output counts */
+  int64_t *token[DRAWN + 1], *index; /* filtered .. penalties, greedy; kl_argmax's */
   float *value;
 };
+
+/* Words of a grammar row: a bit per column of the vocabulary. */
+static size_t mask_words(const rank *R) { return ((size_t)R->b->spec.vocab_size + 31) / 32; }
+
+/* Every row's bitmask: random words (the same on every rank, as an engine's
+ * mask is), each bit set with probability one half. */
+static void alloc_mask(rank *R, size_t rows) {
+  struct sample_rank *S = R->smp;
+  const size_t n = rows * mask_words(R);
+  S->h_mask = malloc(4 * n);
+  if (!S->h_mask) die("klbench", "out of memory");
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    S->h_mask[i] = (uint32_t)(x >> 32);
+  }
+  CUDA(cudaMalloc((void **)&S->mask, 4 * n));
+  CUDA(cudaMemcpy(S->mask, S->h_mask, 4 * n, cudaMemcpyHostToDevice));
+}
+
+/* The penalties' values and tables for every row: a prompt of a random
+ * eighth of the columns, an output count (1..4) at a random tenth. */
+static void alloc_penalties(rank *R, size_t rows) {
+  struct sample_rank *S = R->smp;
+  const float values[3] = {1.2f, 0.5f, 0.3f};
+  for (int k = 0; k < 3; k++) S->pen[k] = bench_dev_fill(rows, 4, &values[k]);
+  const size_t vocab = (size_t)R->b->spec.vocab_size, words = mask_words(R);
+  uint32_t *prompt = malloc(4 * rows * words);
+  int32_t *counts = malloc(4 * rows * vocab);
+  if (!prompt || !counts) die("klbench", "out of memory");
+  uint64_t x = 0x2545f4914f6cdd1dull;
+  for (size_t i = 0; i < rows * words; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    prompt[i] = (uint32_t)x & (uint32_t)(x >> 21) & (uint32_t)(x >> 42);
+  }
+  for (size_t i = 0; i < rows * vocab; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    counts[i] = x % 10 == 0 ? (int32_t)(1 + (x >> 8) % 4) : 0;
+  }
+  CUDA(cudaMalloc((void **)&S->prompt, 4 * rows * words));
+  CUDA(cudaMalloc((void **)&S->counts, 4 * rows * vocab));
+  CUDA(cudaMemcpy(S->prompt, prompt, 4 * rows * words, cudaMemcpyHostToDevice));
+  CUDA(cudaMemcpy(S->counts, counts, 4 * rows * vocab, cudaMemcpyHostToDevice));
+  free(prompt), free(counts);
+}
 
 /* The parameter rows, and seeds 1..n (each row draws its own noise). */
 static void alloc_sample(rank *R) {
@@ -59,17 +114,26 @@ static void alloc_sample(rank *R) {
   CUDA(cudaMalloc((void **)&S->seed, 8 * n));
   CUDA(cudaMemcpy(S->seed, seeds, 8 * n, cudaMemcpyHostToDevice));
   free(seeds);
-  for (int i = 0; i < 3; i++) CUDA(cudaMalloc((void **)&S->token[i], 8 * n));
+  alloc_mask(R, n);
+  alloc_penalties(R, n);
+  for (int i = 0; i <= DRAWN; i++) CUDA(cudaMalloc((void **)&S->token[i], 8 * n));
   CUDA(cudaMalloc((void **)&S->index, 8 * n));
   CUDA(cudaMalloc((void **)&S->value, 4 * n));
 }
 
-static void draw(rank *R, const float *temperature, int filtered, int64_t *token, int T) {
+static void draw(rank *R, const float *temperature, int filtered, const int32_t *mask,
+                 int penalties, int64_t *token, int T) {
   struct sample_rank *S = R->smp;
   kl_sampling p = KL_SAMPLING_INIT;
   p.temperature = temperature;
   p.top_k = filtered ? S->top_k : NULL;
   p.top_p = filtered ? S->top_p : NULL;
+  p.bitmask = mask;
+  if (penalties) {
+    p.repetition_penalty = S->pen[0], p.frequency_penalty = S->pen[1];
+    p.presence_penalty = S->pen[2];
+    p.prompt_mask = S->prompt, p.output_counts = S->counts;
+  }
   p.seed = (const uint64_t *)S->seed, p.offset = (const uint64_t *)S->offset;
   KL(kl_sample(S->ctx, select_shard(R), &p, token, NULL, NULL, NULL, 0, T, R->s));
 }
@@ -77,17 +141,20 @@ static void draw(rank *R, const float *temperature, int filtered, int64_t *token
 static void sample_step(rank *R, int v, int T) {
   struct sample_rank *S = R->smp;
   switch (v) {
-    case S_FILTERED: draw(R, S->warm, 1, S->token[0], T); break;
-    case S_PLAIN: draw(R, S->warm, 0, S->token[1], T); break;
-    case S_GREEDY: draw(R, S->cold, 0, S->token[2], T); break;
+    case S_FILTERED: draw(R, S->warm, 1, NULL, 0, S->token[0], T); break;
+    case S_PLAIN: draw(R, S->warm, 0, NULL, 0, S->token[1], T); break;
+    case S_GRAMMAR: draw(R, S->warm, 0, S->mask, 0, S->token[2], T); break;
+    case S_PENALTIES: draw(R, S->warm, 0, NULL, 1, S->token[3], T); break;
+    case S_GREEDY: draw(R, S->cold, 0, NULL, 0, S->token[4], T); break;
     case S_GATHER: KL(kl_gather(R->ctx[0], select_shard(R), R->out[0], T, R->s)); break;
     case S_ARGMAX: KL(kl_argmax(S->ctx, select_shard(R), S->index, S->value, T, R->s)); break;
     case S_PAIRS: select_pairs(R, T); break;
   }
 }
 
-/* greedy == kl_argmax == NCCL pairs, every token a column; the filtered and
- * plain draws kept for the report's comparison across ranks. Mismatches. */
+/* greedy == kl_argmax == NCCL pairs, every token a column, every grammar
+ * token one its row's mask keeps; the draws kept for the report's
+ * comparison across ranks. Mismatches. */
 static long long check(rank *R, int i) {
   struct sample_rank *S = R->smp;
   struct sample_bench *B = R->b->smp;
@@ -98,15 +165,21 @@ static long long check(rank *R, int i) {
     else sample_step(R, v, T);
   }
   CUDA(cudaStreamSynchronize(R->s));
-  int64_t *h = malloc(8 * (size_t)T * 5);
-  const int64_t *from[5] = {S->token[0], S->token[1], S->token[2], S->index, pairs};
-  for (int k = 0; k < 5; k++) CUDA(cudaMemcpy(h + k * T, from[k], 8 * (size_t)T, cudaMemcpyDeviceToHost));
+  enum { GREEDY = DRAWN, INDEX, PAIRS, ALL };
+  int64_t *h = malloc(8 * (size_t)T * ALL);
+  const int64_t *from[ALL] = {S->token[0], S->token[1], S->token[2], S->token[3], S->token[4],
+                              S->index, pairs};
+  for (int k = 0; k < ALL; k++)
+    CUDA(cudaMemcpy(h + k * T, from[k], 8 * (size_t)T, cudaMemcpyDeviceToHost));
   long long bad = 0;
   for (int t = 0; t < T; t++) {
-    bad += h[2 * T + t] != h[3 * T + t] || h[2 * T + t] != h[4 * T + t];
-    for (int k = 0; k < 3; k++) bad += h[k * T + t] < 0 || h[k * T + t] >= R->b->spec.vocab_size;
+    bad += h[GREEDY * T + t] != h[INDEX * T + t] || h[GREEDY * T + t] != h[PAIRS * T + t];
+    for (int k = 0; k <= GREEDY; k++) bad += h[k * T + t] < 0 || h[k * T + t] >= R->b->spec.vocab_size;
+    const int64_t g = h[S_GRAMMAR * T + t];
+    if (g >= 0 && g < R->b->spec.vocab_size)
+      bad += !(S->h_mask[(size_t)t * mask_words(R) + (size_t)g / 32] >> (g % 32) & 1u);
   }
-  memcpy(B->drawn[R->r] + (size_t)i * B->stride, h, 8 * (size_t)T * 2);
+  memcpy(B->drawn[R->r] + (size_t)i * B->stride, h, 8 * (size_t)T * DRAWN);
   free(h);
   return bad;
 }
@@ -114,7 +187,7 @@ static long long check(rank *R, int i) {
 void sample_setup(bench *b) {
   b->smp = calloc(1, sizeof *b->smp);
   if (!b->smp) die("klbench", "out of memory");
-  b->smp->stride = 2 * (size_t)b->tokens[b->ntok - 1];
+  b->smp->stride = DRAWN * (size_t)b->tokens[b->ntok - 1];
   for (int r = 0; r < b->n; r++) {
     b->smp->drawn[r] = calloc((size_t)b->ntok * b->smp->stride, 8);
     if (!b->smp->drawn[r]) die("klbench", "out of memory");
@@ -150,19 +223,21 @@ void sample_rank(rank *R) {
   if (st.nccl) die("--sample", "kl_sample left the one-shot path");
   if (kl_ctx_status(S.ctx) != KLRT_OK) die("device status", kl_last_error());
   kl_ctx_destroy(S.ctx);
+  free(S.h_mask);
   select_release(R);
   R->smp = NULL;
 }
 
 void sample_report(bench *b, FILE *csv) {
   printf("\nkl_sample, us per step (spec topk %d; filtered: T 0.7, top_k 50, top_p 0.9; "
-         "plain: T 0.7):\n", SAMPLE_CAPACITY);
+         "plain: T 0.7; grammar: plain through a bitmask keeping half; penalties: plain with "
+         "repetition 1.2, frequency 0.5, presence 0.3):\n", SAMPLE_CAPACITY);
   printf("%-7s", "tokens");
   for (int v = 0; v < NS; v++) printf(" %11s", variant_names[v]);
   printf(" %14s %8s\n", "pairs/greedy", "agree");
   if (csv)
-    fprintf(csv, "tokens,filtered_us,plain_us,greedy_us,gather_us,argmax_us,nccl_pairs_us,"
-                 "mismatches\n");
+    fprintf(csv, "tokens,filtered_us,plain_us,grammar_us,penalties_us,greedy_us,gather_us,"
+                 "argmax_us,nccl_pairs_us,mismatches\n");
   for (int i = 0; i < b->ntok; i++) {
     double t[NS];
     long long bad = 0;
@@ -171,14 +246,15 @@ void sample_report(bench *b, FILE *csv) {
       bad += b->smp->bad[i][r];
       const size_t at = (size_t)i * b->smp->stride;
       bad += memcmp(b->smp->drawn[r] + at, b->smp->drawn[0] + at,
-                    8 * 2 * (size_t)b->tokens[i]) != 0; /* every rank the same tokens */
+                    8 * DRAWN * (size_t)b->tokens[i]) != 0; /* every rank the same tokens */
     }
     printf("%-7d", b->tokens[i]);
     for (int v = 0; v < NS; v++) printf(" %11.2f", t[v]);
     printf(" %13.2fx %8s\n", t[S_PAIRS] / t[S_GREEDY], bad ? "NO" : "yes");
     if (csv)
-      fprintf(csv, "%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%lld\n", b->tokens[i], t[S_FILTERED],
-              t[S_PLAIN], t[S_GREEDY], t[S_GATHER], t[S_ARGMAX], t[S_PAIRS], bad);
+      fprintf(csv, "%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%lld\n", b->tokens[i],
+              t[S_FILTERED], t[S_PLAIN], t[S_GRAMMAR], t[S_PENALTIES], t[S_GREEDY], t[S_GATHER],
+              t[S_ARGMAX], t[S_PAIRS], bad);
     if (bad) b->failed = 1;
   }
   for (int r = 0; r < b->n; r++) free(b->smp->drawn[r]);
