@@ -28,6 +28,12 @@ static size_t row_bytes(const kl_ctx *c) {
 /* A bitmask row's int32 words: a bit for each column of the vocabulary. */
 static int64_t mask_words(const kl_ctx *c) { return ((int64_t)c->spec.vocab_size + 31) / 32; }
 
+/* Whether the call has penalties: its draws and its logprobs then read
+ * different logits (the logprobs the raw ones, the grammar applied). */
+static int has_penalties(const kl_sampling *p) {
+  return p->repetition_penalty || p->frequency_penalty || p->presence_penalty;
+}
+
 /* token [tokens] int64, logprob [tokens] fp32, top_index and top_logprob
  * [tokens, n_top] int64 and fp32. Before check: an n_top it refuses sizes
  * nothing here. */
@@ -182,8 +188,9 @@ static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
  * (`oneshot`) or NCCL's. */
 static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   const kl_sample_call *x = k->extra;
-  /* with top-n logprobs no row is sliced (sample.cu.tmpl sliced_row) */
-  const int sliced = x->n_top == 0;
+  /* with top-n logprobs no row is sliced, nor with a logprob and penalties
+   * (sample.cu.tmpl sliced_row) */
+  const int sliced = x->n_top == 0 && !(k->out[1].p && has_penalties(&x->p));
   kl_slice_result *results =
       sliced ? (kl_slice_result *)c->buf[KL_BUF_SLICE_RESULTS].p : NULL;
   unsigned *arrived = sliced ? kl_slice_counters(c) : NULL;
@@ -212,12 +219,6 @@ static int has_filters(const kl_call *k) {
   return p->top_k || p->top_p || p->min_p;
 }
 
-/* Whether the call has penalties: its draws and its logprobs then read
- * different logits (the logprobs the raw ones, the grammar applied). */
-static int penalized(const kl_sampling *p) {
-  return p->repetition_penalty || p->frequency_penalty || p->presence_penalty;
-}
-
 /* A call with top-n logprobs gathers: the shards' candidates are of t, the
  * top-n of x; so does one with penalties and a logprob, which only the row
  * sampler takes from the logits without them. (A call with filters gathers
@@ -225,7 +226,7 @@ static int penalized(const kl_sampling *p) {
  * one-shot, it moves records.) */
 static int gathers(const kl_call *k) {
   const kl_sample_call *x = k->extra;
-  return x->n_top > 0 || (k->out[1].p && penalized(&x->p));
+  return x->n_top > 0 || (k->out[1].p && has_penalties(&x->p));
 }
 
 /* Whether the call takes the gathering path on `path`: with top-n logprobs

@@ -271,7 +271,9 @@ typedef struct kl_sampling {
    * s, column c, its logit x as a float: n = output_counts[s * vocab_size +
    * c] (0 without), seen = n > 0 or (repetition only) bit c of prompt_mask's
    * row s (packed as bitmask); then, each operation rounded to float (no
-   * fused multiply-add), as vLLM's penalties kernel computes:
+   * fused multiply-add, an IEEE reciprocal), as vLLM's penalties kernel
+   * computes under Triton's interpreter (compiled for a GPU, Triton fuses
+   * f * n into the difference and takes 1 / r within 2 ulp):
    *   repetition r, where seen: x = x > 0 ? x * (1 / r) : x * r
    *   frequency f:              x = x - f * n
    *   presence p, where n > 0:  x = x - p
@@ -280,8 +282,9 @@ typedef struct kl_sampling {
    * counts, nothing in the prompt. The tables are read only for rows with a
    * penalty (the prompt's only for r != 1), so vLLM's own (its
    * prompt_bin_mask and output_bin_counts, [max requests, ...]) serve as
-   * they are. The draw, the filters and the logprobs read the penalized
-   * logits. */
+   * they are. The draw and the filters read the penalized logits; the
+   * logprobs the raw ones (the grammar alone, vLLM's raw_logprobs), so a
+   * call with a penalty array and a logprob or top-n gathers its rows. */
   const float *repetition_penalty;
   const float *frequency_penalty;
   const float *presence_penalty;
