@@ -184,13 +184,23 @@ static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
   return n;
 }
 
+/* A call with top-n logprobs gathers: the shards' candidates are of t, the
+ * top-n of x; so does one with penalties and a logprob, which only the row
+ * sampler takes from the logits without them. (A call with filters gathers
+ * only where the path is NCCL, a choice the crossover leaves alone:
+ * one-shot, it moves records.) */
+static int gathers(const kl_call *k) {
+  const kl_sample_call *x = k->extra;
+  return x->n_top > 0 || (k->out[1].p && has_penalties(&x->p));
+}
+
 /* The row sampler over the scratch's rows, gathered by the one-shot path
  * (`oneshot`) or NCCL's. */
 static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   const kl_sample_call *x = k->extra;
-  /* with top-n logprobs no row is sliced, nor with a logprob and penalties
-   * (sample.cu.tmpl sliced_row) */
-  const int sliced = x->n_top == 0 && !(k->out[1].p && has_penalties(&x->p));
+  /* the rows of a call that gathers for its logprobs are taken whole: the
+   * raw logits' pass beside the draw (sample.cu.tmpl sliced_row) */
+  const int sliced = !gathers(k);
   kl_slice_result *results =
       sliced ? (kl_slice_result *)c->buf[KL_BUF_SLICE_RESULTS].p : NULL;
   unsigned *arrived = sliced ? kl_slice_counters(c) : NULL;
@@ -217,16 +227,6 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
 static int has_filters(const kl_call *k) {
   const kl_sampling *p = &((const kl_sample_call *)k->extra)->p;
   return p->top_k || p->top_p || p->min_p;
-}
-
-/* A call with top-n logprobs gathers: the shards' candidates are of t, the
- * top-n of x; so does one with penalties and a logprob, which only the row
- * sampler takes from the logits without them. (A call with filters gathers
- * only where the path is NCCL, a choice the crossover leaves alone:
- * one-shot, it moves records.) */
-static int gathers(const kl_call *k) {
-  const kl_sample_call *x = k->extra;
-  return x->n_top > 0 || (k->out[1].p && has_penalties(&x->p));
 }
 
 /* Whether the call takes the gathering path on `path`: with top-n logprobs
