@@ -24,7 +24,7 @@ static const char *const source_parts[] = {
     "keys.cuh.tmpl", "scan.cuh.tmpl", "noise.cuh.tmpl",      /* select parts: a CTA's scan, */
     "exchange.cuh.tmpl", "merge.cuh.tmpl",                   /* the records between ranks */
     "argmax.cu.tmpl", "topk.cu.tmpl",                        /* the select kernels, */
-    "process.cuh.tmpl",                                      /* the logits processors, */
+    "process.cuh.tmpl", "lists.cu.tmpl",                     /* the logits processors, */
     "candidates.cuh.tmpl", "sample.cu.tmpl",                 /* the samplers: the row's, */
     "shards_part.cuh.tmpl", "shards_merge.cuh.tmpl",         /* the shards' (a part, */
     "shards_filter.cuh.tmpl", "shards.cu.tmpl",              /* filters, the kernels), */
@@ -172,6 +172,8 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_str(L, "SHARDS_ENTRY", buf);
   kl_entry_name(s, "candidates", buf, sizeof buf); /* shards.cu.tmpl, with filters */
   set_str(L, "CANDIDATES_ENTRY", buf);
+  kl_entry_name(s, "lists", buf, sizeof buf); /* lists.cu.tmpl */
+  set_str(L, "LISTS_ENTRY", buf);
 }
 
 /* One rendering: what the protected function needs, and its outcome. */

@@ -32,7 +32,8 @@ static int capturing(const kl_ctx *c, CUstream s) {
 static const char *const buf_names[KL_BUF_COUNT] = {
     [KL_BUF_SCRATCH] = "NCCL scratch", [KL_BUF_RECORDS] = "select scratch",
     [KL_BUF_STAGE_IN] = "staging (input)", [KL_BUF_STAGE_OUT] = "staging (output)",
-    [KL_BUF_SAMPLE] = "sample scratch", [KL_BUF_SLICE_RESULTS] = "slice results"};
+    [KL_BUF_SAMPLE] = "sample scratch", [KL_BUF_SLICE_RESULTS] = "slice results",
+    [KL_BUF_LISTS] = "sample lists"};
 
 /* A failed allocation or clearing of device memory: out of memory only when
  * the driver says so; anything else (a context a fault has broken) is a
@@ -170,7 +171,8 @@ static const char *const arg_names[KL_ARG_COUNT] = {
     "shard",       "out",    "index", "value", "lse",  "token", "logprob", "top_index",
     "top_logprob", "temperature", "top_k", "top_p", "min_p", "seed", "offset", "state_rows",
     "offset_rows", "bitmask", "repetition_penalty", "frequency_penalty", "presence_penalty",
-    "prompt_mask", "output_counts"};
+    "prompt_mask", "output_counts", "allowed_count", "allowed_ids", "bias_count", "bias_ids",
+    "bias_values", "min_len", "stop_count", "stop_ids", "position", "banned"};
 
 const char *kl_arg_name(kl_arg a) { return arg_names[a]; }
 

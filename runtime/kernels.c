@@ -9,7 +9,7 @@
 #include "rt.h"
 
 /* How each kernel takes its parameter (kl_kernel_params' members). */
-enum params_kind { PARAMS_ONESHOT, PARAMS_RELAYOUT, PARAMS_SELECT, PARAMS_SAMPLE };
+enum params_kind { PARAMS_ONESHOT, PARAMS_RELAYOUT, PARAMS_SELECT, PARAMS_SAMPLE, PARAMS_LISTS };
 /* Which step slots a polling kernel advances (kl_abi.h: the state block
  * holds kl_state, the gather's slots, then the select kernels' shared ones). */
 enum slot_group { SLOTS_NONE, SLOTS_GATHER, SLOTS_SELECT, SLOTS_COUNT };
@@ -65,6 +65,9 @@ static const struct row {
      * the candidates its records carry */
     [KL_K_SHARDS_FILTERED] = {"candidates", offsetof(kl_layout, sel_block), PARAMS_SELECT,
                               SLOTS_SELECT, 1, topk_grid, 0},
+    /* a CTA a row, as the row sampler */
+    [KL_K_LISTS] = {"lists", offsetof(kl_layout, sel_block), PARAMS_LISTS, SLOTS_NONE, 1,
+                    sample_grid, KL_SAMPLE_CTAS_PER_SM},
 };
 
 static int wanted(const kl_ctx *c, kl_kernel_id id) { return !rows[id].needs_topk || c->spec.topk; }
@@ -199,6 +202,8 @@ static void idle_params(kl_ctx *c, kl_kernel *k, enum params_kind p) {
     k->prm.select.a = a;
   } else if (p == PARAMS_SAMPLE) {
     k->prm.sample = (kl_sample_args){0};
+  } else if (p == PARAMS_LISTS) {
+    k->prm.lists = (kl_lists_args){0};
   } else {
     k->prm.relayout = (kl_relayout_args){NULL, NULL, 0, 0};
   }

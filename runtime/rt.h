@@ -118,6 +118,7 @@ typedef enum kl_kernel_id {
   KL_K_SAMPLE,          /* kl_sample's row sampler, after a gather; only for a spec with topk */
   KL_K_SHARDS,          /* kl_sample's shard sampler, as the select kernels; only with topk */
   KL_K_SHARDS_FILTERED, /* the same for calls with filters (one-shot only) */
+  KL_K_LISTS,           /* kl_sample's lists, before its samplers; only with topk */
   KL_K_COUNT
 } kl_kernel_id;
 /* A kernel's parameter (kl_abi.h): its args, then the peers' receive
@@ -130,6 +131,7 @@ typedef union kl_kernel_params {
   } oneshot;
   kl_relayout_args relayout;
   kl_sample_args sample;
+  kl_lists_args lists;
   struct {
     kl_select_args a;
     CUdeviceptr peers[KL_TP_MAX];
@@ -165,7 +167,9 @@ typedef enum kl_arg { KL_ARG_SHARD, KL_ARG_OUT, KL_ARG_INDEX, KL_ARG_VALUE, KL_A
                       KL_ARG_TEMPERATURE, KL_ARG_TOP_K, KL_ARG_TOP_P, KL_ARG_MIN_P, KL_ARG_SEED,
                       KL_ARG_OFFSET, KL_ARG_STATE_ROWS, KL_ARG_OFFSET_ROWS, KL_ARG_BITMASK,
                       KL_ARG_REPETITION, KL_ARG_FREQUENCY, KL_ARG_PRESENCE, KL_ARG_PROMPT_MASK,
-                      KL_ARG_OUTPUT_COUNTS,
+                      KL_ARG_OUTPUT_COUNTS, KL_ARG_ALLOWED_COUNT, KL_ARG_ALLOWED_IDS,
+                      KL_ARG_BIAS_COUNT, KL_ARG_BIAS_IDS, KL_ARG_BIAS_VALUES, KL_ARG_MIN_LEN,
+                      KL_ARG_STOP_COUNT, KL_ARG_STOP_IDS, KL_ARG_POSITION, KL_ARG_BANNED,
                       KL_ARG_COUNT } kl_arg;
 /* Device buffers a context grows and keeps (kl_ensure): each one's name in
  * messages is kept beside it in dispatch.c. */
@@ -176,6 +180,7 @@ typedef enum kl_buf_id {
   KL_BUF_STAGE_OUT, /* an output the kernels write aligned, copied after */
   KL_BUF_SAMPLE,    /* kl_sample's gathered rows, [tokens, vocab] of the out dtype */
   KL_BUF_SLICE_RESULTS, /* its sliced rows' results and counters (kl_slice_results_bytes) */
+  KL_BUF_LISTS,     /* its lists as the lists kernel leaves them (sample.c) */
   KL_BUF_COUNT
 } kl_buf_id;
 typedef struct kl_buffer {
@@ -225,11 +230,15 @@ typedef struct kl_route {
 } kl_route;
 /* kl_sample's arguments beside its outputs (kl_call.extra). */
 /* select.c: kl_sample's parameters as the samplers read them. */
-kl_row_params kl_row_params_of(const kl_sampling *p);
 typedef struct kl_sample_call {
   kl_sampling p; /* the caller's, as this library knows it (kl_read_input) */
   int n_top;
+  /* where the lists kernel left the call's lists (sample.c), or NULL */
+  const unsigned *list_flags, *list_rows;
+  long long list_row_words;
+  int list_slot_bits;
 } kl_sample_call;
+kl_row_params kl_row_params_of(const kl_sample_call *x);
 struct kl_call {
   const kl_route *route;
   const void *in; /* the shard, [tokens, shard] */

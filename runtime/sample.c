@@ -28,11 +28,19 @@ static size_t row_bytes(const kl_ctx *c) {
 /* A bitmask row's int32 words: a bit for each column of the vocabulary. */
 static int64_t mask_words(const kl_ctx *c) { return ((int64_t)c->spec.vocab_size + 31) / 32; }
 
-/* Whether the call has penalties: its draws and its logprobs then read
- * different logits (the logprobs the raw ones, the grammar applied). */
 static int has_penalties(const kl_sampling *p) {
   return p->repetition_penalty || p->frequency_penalty || p->presence_penalty;
 }
+
+/* Whether the call has lists (allowed ids, logit bias, min_tokens, banned). */
+static int has_lists(const kl_sampling *p) {
+  return p->allowed_count || p->bias_count || p->stop_count || p->banned;
+}
+
+/* Whether the call has processors beyond the grammar: its draws and its
+ * logprobs then read different logits (the logprobs the raw ones, the
+ * grammar applied). */
+static int has_processors(const kl_sampling *p) { return has_penalties(p) || has_lists(p); }
 
 /* token [tokens] int64, logprob [tokens] fp32, top_index and top_logprob
  * [tokens, n_top] int64 and fp32. Before check: an n_top it refuses sizes
@@ -98,6 +106,52 @@ static kl_result check_array(kl_ctx *c, const kl_call *k, const void *p, size_t 
   return KLRT_OK;
 }
 
+/* A row's hash table of special columns: 2^bits slots, at least twice its
+ * entries (every bias and banned entry a column at most), so that a probe
+ * ends soon; 32 at least. */
+static int slot_bits(const kl_sampling *p) {
+  const int64_t entries = (p->bias_count ? p->bias_width : 0) + (p->banned ? p->banned_width : 0);
+  int bits = 5;
+  while (((int64_t)1 << bits) < 2 * entries) bits++;
+  return bits;
+}
+
+/* A list's n arrays (its count, ids and maybe values) given together,
+ * with a width of at least 1 (never below 0). */
+static kl_result check_list(const void *const *arrays, int n, int width, const char *name,
+                            const char *together) {
+  int given = 0;
+  for (int i = 0; i < n; i++) given += arrays[i] != NULL;
+  if (given && given < n)
+    return kl_rt_fail(KLRT_EINVAL, "kl_sample: the %s list needs %s together", name, together);
+  if (width < 0 || (given && width < 1))
+    return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s_width is %d (must be >= 1 with its "
+                      "arrays, >= 0 without)", name, width);
+  return KLRT_OK;
+}
+
+/* The lists' arrays come together, each with its width; position only with
+ * min_tokens, which reads it. */
+static kl_result check_lists(const kl_sampling *p) {
+  const void *allowed[] = {p->allowed_count, p->allowed_ids};
+  const void *bias[] = {p->bias_count, p->bias_ids, p->bias_values};
+  const void *stop[] = {p->min_len, p->stop_count, p->stop_ids};
+  const void *banned[] = {p->banned};
+  kl_result res = check_list(allowed, 2, p->allowed_width, "allowed",
+                             "allowed_count and allowed_ids");
+  if (!res) res = check_list(bias, 3, p->bias_width, "bias", "bias_count, bias_ids and bias_values");
+  if (!res) res = check_list(stop, 3, p->stop_width, "stop", "min_len, stop_count and stop_ids");
+  if (!res) res = check_list(banned, 1, p->banned_width, "banned", "banned");
+  if (!res && p->position && !p->min_len)
+    return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->position is read by min_tokens alone: "
+                      "pass min_len, stop_count and stop_ids with it");
+  if (!res && slot_bits(p) > 20) /* a row's table: process.cuh.tmpl keeps its size in 4 bits */
+    return kl_rt_fail(KLRT_EINVAL, "kl_sample: bias_width + banned_width is %lld (at most %d)",
+                      (long long)((p->bias_count ? p->bias_width : 0) +
+                                  (int64_t)(p->banned ? p->banned_width : 0)), 1 << 19);
+  return res;
+}
+
 /* n_top and its outputs agree; the parameter arrays: temperature required,
  * the others NULL or checked by check_array, the per-request ones for
  * `states` entries with state_rows (the penalties' prompt_mask a row of
@@ -113,7 +167,9 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
     return kl_rt_fail(KLRT_EINVAL, "kl_sample: top_index must be given exactly when n_top > 0, "
                       "and top_logprob only then");
   if (!p->temperature) return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->temperature is NULL");
-  kl_result res = check_index(p->state_rows, p->states, p->state_rows_bits, "state_rows",
+  kl_result res = check_lists(p);
+  if (res) return res;
+  res = check_index(p->state_rows, p->states, p->state_rows_bits, "state_rows",
                               "states");
   if (!res)
     res = check_index(p->offset_rows, p->offsets, p->offset_rows_bits, "offset_rows", "offsets");
@@ -139,7 +195,17 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
                 {p->frequency_penalty, 4, per_state, 1, st},
                 {p->presence_penalty, 4, per_state, 1, st},
                 {p->prompt_mask, 4, per_state, words, st},
-                {p->output_counts, 4, per_state, vocab, st}};
+                {p->output_counts, 4, per_state, vocab, st},
+                {p->allowed_count, 4, per_state, 1, st},
+                {p->allowed_ids, 4, per_state, p->allowed_width, st},
+                {p->bias_count, 4, per_state, 1, st},
+                {p->bias_ids, 4, per_state, p->bias_width, st},
+                {p->bias_values, 4, per_state, p->bias_width, st},
+                {p->min_len, 4, per_state, 1, st},
+                {p->stop_count, 4, per_state, 1, st},
+                {p->stop_ids, 4, per_state, p->stop_width, st},
+                {p->position, 8, k->tokens, 1, NULL},
+                {p->banned, 4, k->tokens, p->banned_width, NULL}};
   for (int i = 0; i < (int)(sizeof arrays / sizeof arrays[0]) && !res; i++)
     if (arrays[i].p)
       res = check_array(c, k, arrays[i].p, arrays[i].elem, arrays[i].entries, arrays[i].per,
@@ -158,6 +224,51 @@ static kl_result ensure_scratch(kl_ctx *c, const kl_call *k, CUstream s, int sli
   if (res || !slices) return res;
   return kl_ensure(c, KL_BUF_SLICE_RESULTS, kl_slice_results_bytes(c, k->tokens),
                    kl_slice_results_bytes(c, most), s);
+}
+
+/* ---- the lists: turned into bits and a table by their own kernel ---- */
+
+/* A row's block (kl_abi.h's kl_row_params): its kept words, its special
+ * words from a multiple of 4 words, then its table of 4-word slots. */
+static int64_t row_words(const kl_ctx *c, int bits) {
+  return 2 * ((mask_words(c) + 3) / 4 * 4) + ((int64_t)4 << bits);
+}
+
+/* KL_BUF_LISTS for `tokens` rows: their flags, then (from a multiple of 16
+ * bytes) their blocks. */
+static size_t flags_bytes(int64_t tokens) { return ((size_t)tokens * 4 + 15) / 16 * 16; }
+static size_t lists_bytes(const kl_ctx *c, int64_t tokens, int bits) {
+  return flags_bytes(tokens) + (size_t)tokens * (size_t)row_words(c, bits) * 4;
+}
+
+/* The call's lists, where it has any: its rows' flags and blocks written by
+ * the lists kernel on s before the samplers, which find them in the row
+ * parameters (kl_row_params_of). The buffer for max_tokens rows: grown
+ * outside capture, as the scratch. */
+static kl_result lists(kl_ctx *c, kl_call *k, CUstream s) {
+  kl_sample_call *x = (kl_sample_call *)k->extra; /* the call's own copy (calls.c) */
+  if (!has_lists(&x->p) || k->tokens < 1) return KLRT_OK;
+  const int bits = slot_bits(&x->p);
+  const int64_t most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
+  kl_result res = kl_ensure(c, KL_BUF_LISTS, lists_bytes(c, k->tokens, bits),
+                            lists_bytes(c, most, bits), s);
+  if (res) return res;
+  const CUdeviceptr base = c->buf[KL_BUF_LISTS].p;
+  x->list_flags = (const unsigned *)base;
+  x->list_rows = (const unsigned *)(base + flags_bytes(k->tokens));
+  x->list_row_words = row_words(c, bits);
+  x->list_slot_bits = bits;
+  const kl_sampling *p = &x->p;
+  c->kern[KL_K_LISTS].prm.lists = (kl_lists_args){
+      kl_row_params_of(x), p->allowed_count, p->allowed_ids, p->bias_count, p->bias_ids,
+      p->bias_values, p->min_len, p->stop_count, p->stop_ids, (const long long *)p->position,
+      p->banned, p->allowed_width, p->bias_width, p->stop_width, p->banned_width,
+      (unsigned *)x->list_flags, (unsigned *)x->list_rows, x->list_row_words, bits, k->tokens};
+  /* PDL: it waits for the kernel before it (the lists may come from it);
+   * the samplers after it start when it ends */
+  CUresult r = kl_launch(c, KL_K_LISTS, kl_grid(c, KL_K_LISTS, k->tokens, 1), 1, s);
+  if (r == CUDA_SUCCESS) return KLRT_OK;
+  return kl_rt_fail(KLRT_ECUDA, "launching the lists kernel: %s", kl_cu_errstr(r));
 }
 
 /* The gathered rows in the scratch, by the gather route's path `oneshot`. */
@@ -185,13 +296,13 @@ static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
 }
 
 /* A call with top-n logprobs gathers: the shards' candidates are of t, the
- * top-n of x; so does one with penalties and a logprob, which only the row
- * sampler takes from the logits without them. (A call with filters gathers
+ * top-n of x; so does one with penalties or lists and a logprob, which only
+ * the row sampler takes from the logits without them. (A call with filters gathers
  * only where the path is NCCL, a choice the crossover leaves alone:
  * one-shot, it moves records.) */
 static int gathers(const kl_call *k) {
   const kl_sample_call *x = k->extra;
-  return x->n_top > 0 || (k->out[1].p && has_penalties(&x->p));
+  return x->n_top > 0 || (k->out[1].p && has_processors(&x->p));
 }
 
 /* The row sampler over the scratch's rows, gathered by the one-shot path
@@ -208,7 +319,7 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
    * NCCL's rows are results, fault or not, on every rank alike. */
   const unsigned long long *fault = oneshot && c->recv ? kl_fault_word(c) : NULL;
   c->kern[KL_K_SAMPLE].prm.sample = (kl_sample_args){
-      (const void *)c->buf[KL_BUF_SAMPLE].p, kl_row_params_of(&x->p), (long long *)k->out[0].p,
+      (const void *)c->buf[KL_BUF_SAMPLE].p, kl_row_params_of(x), (long long *)k->out[0].p,
       k->out[1].p,
       (long long *)k->out[2].p, k->out[3].p, fault, results, arrived,
       k->tokens, x->n_top, 1, (long long)c->spec.vocab_size};
@@ -276,16 +387,20 @@ static int merge_ctas(const kl_ctx *c, int tokens) {
 }
 
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
+  kl_result res = lists(c, k, s);
+  if (res) return res;
   if (gathering(k, PATH_ONESHOT)) return gather_and_draw(c, k, s, 1);
   if (!has_filters(k))
     return kl_select_oneshot(c, KL_K_SHARDS, k, s, call_subparts(c, k->tokens), 0);
   /* the scratch before the kernel that writes and reads it */
-  kl_result res = ensure_scratch(c, k, s, 0);
+  res = ensure_scratch(c, k, s, 0);
   return res ? res : kl_select_oneshot(c, KL_K_SHARDS_FILTERED, k, s, 1, merge_ctas(c, k->tokens));
 }
 
 /* Without the peers' staged rows, a row with filters needs the gather. */
 static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
+  kl_result res = lists(c, k, s);
+  if (res) return res;
   if (gathering(k, PATH_NCCL)) return gather_and_draw(c, k, s, 0);
   return kl_select_nccl(c, KL_K_SHARDS, k, s);
 }

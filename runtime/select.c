@@ -22,7 +22,8 @@ static kl_result launched(CUresult r, const char *what) {
   return kl_rt_fail(KLRT_ECUDA, "launching the select kernel (%s): %s", what, kl_cu_errstr(r));
 }
 
-kl_row_params kl_row_params_of(const kl_sampling *p) {
+kl_row_params kl_row_params_of(const kl_sample_call *x) {
+  const kl_sampling *p = &x->p;
   return (kl_row_params){p->temperature,
                          (const int *)p->top_k,
                          p->top_p,
@@ -40,7 +41,12 @@ kl_row_params kl_row_params_of(const kl_sampling *p) {
                          p->frequency_penalty,
                          p->presence_penalty,
                          (const unsigned *)p->prompt_mask,
-                         p->output_counts};
+                         p->output_counts,
+                         x->list_flags,
+                         x->list_rows,
+                         x->list_row_words,
+                         x->list_slot_bits,
+                         0};
 }
 
 /* The call's args in kernel id's parameter, for mode; no step state (the
@@ -53,7 +59,7 @@ static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mo
                         .value = k->out[1].p, .lse = k->out[2].p, .tokens = k->tokens,
                         .rank = c->rank, .mode = mode, .subparts = 1};
   if (id == KL_K_SHARDS || id == KL_K_SHARDS_FILTERED) {
-    a->params = kl_row_params_of(&((const kl_sample_call *)k->extra)->p);
+    a->params = kl_row_params_of((const kl_sample_call *)k->extra);
     /* filters only one-shot (sample.c): the rows they cannot decide are
      * copied into the sample scratch from the peers' staged rows and
      * sampled there */

@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 15
+#define KL_ABI_VERSION 16
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -79,6 +79,17 @@ typedef struct kl_relayout_args {
   int reserved;
 } kl_relayout_args;
 
+/* A special column's slot in its row's hash table (open addressing,
+ * linear probing from kl_list_hash): its column + 1 (0: empty), its last
+ * bias entry + 1 (0: no bias), whether it is banned, and its bias. */
+typedef struct kl_list_slot {
+  unsigned key, last, banned;
+  float bias;
+} kl_list_slot;
+#define KL_LISTS_KEPT 1u    /* the row keeps only its kept words' columns */
+#define KL_LISTS_SPECIAL 2u /* the row has special columns */
+#define KL_LISTS_BAD 4u     /* its lists are outside the domain: token -1 */
+
 /* kl_sample's per-row parameters (klrt.h's kl_sampling), as both samplers
  * read them: row t's temperature, top_k, top_p, min_p and seed at entry t,
  * or state_rows[t] of `states` entries; its offset at t, or offset_rows[t]
@@ -103,7 +114,37 @@ typedef struct kl_row_params {
   const float *repetition, *frequency, *presence;
   const unsigned *prompt_mask;
   const int *output_counts;
+  /* The sparse processors (allowed ids, logit bias, min_tokens, banned
+   * ids) as the lists kernel left them for this call's rows, or NULL (a
+   * call without lists): row t's flags (KL_LISTS_*), and its block at
+   * list_rows + t * list_row_words, in parts of W = ceil(ceil(VOCAB / 32)
+   * / 4) * 4 words: the words of kept columns (KL_LISTS_KEPT: the
+   * grammar's, the allowed ids, without the stopped ones) at 0, of special
+   * columns (KL_LISTS_SPECIAL: a bias or a ban) at W, their hash table of
+   * 1 << list_slot_bits slots at 2 * W. */
+  const unsigned *list_flags;
+  const unsigned *list_rows;
+  long long list_row_words;
+  int list_slot_bits;
+  int reserved;
 } kl_row_params;
+
+/* The lists kernel's parameter: kl_sampling's lists in, per row, the
+ * call's row parameters' list fields out (which params holds too; the
+ * kernel reads none of them). A CTA a row. */
+typedef struct kl_lists_args {
+  kl_row_params params;
+  const int *allowed_count, *allowed_ids;
+  const int *bias_count, *bias_ids;
+  const float *bias_values;
+  const int *min_len, *stop_count, *stop_ids;
+  const long long *position;
+  const int *banned;
+  int allowed_width, bias_width, stop_width, banned_width;
+  unsigned *flags, *rows; /* params' list_flags and list_rows, written */
+  long long row_words;
+  int slot_bits, tokens;
+} kl_lists_args;
 
 /* The select kernels' parameter (kl_argmax, kl_topk, and kl_sample's shard
  * sampler): these fields, then peers[TP] as for the one-shot kernel. mode 0:
@@ -193,9 +234,11 @@ KL_ABI_ASSERT(sizeof(kl_state) == 64, "kl_state is 64 bytes: the step slots foll
 KL_ABI_ASSERT(sizeof(unsigned long long) == 8 && sizeof(void *) == 8, "a 64-bit ABI");
 KL_ABI_ASSERT(sizeof(kl_oneshot_args) == 48, "peers[] follow kl_oneshot_args at byte 48");
 KL_ABI_ASSERT(sizeof(kl_relayout_args) == 24, "kl_relayout_args layout");
-KL_ABI_ASSERT(sizeof(kl_row_params) == 136, "kl_row_params layout");
-KL_ABI_ASSERT(sizeof(kl_select_args) == 232, "peers[] follow kl_select_args at byte 232");
+KL_ABI_ASSERT(sizeof(kl_row_params) == 168, "kl_row_params layout");
+KL_ABI_ASSERT(sizeof(kl_list_slot) == 16, "kl_list_slot layout");
+KL_ABI_ASSERT(sizeof(kl_lists_args) == 296, "kl_lists_args layout");
+KL_ABI_ASSERT(sizeof(kl_select_args) == 264, "peers[] follow kl_select_args at byte 264");
 KL_ABI_ASSERT(sizeof(kl_slice_result) == 32, "kl_slice_result layout");
-KL_ABI_ASSERT(sizeof(kl_sample_args) == 224, "kl_sample_args layout");
+KL_ABI_ASSERT(sizeof(kl_sample_args) == 256, "kl_sample_args layout");
 
 #endif

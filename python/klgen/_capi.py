@@ -80,7 +80,12 @@ class Sampling(ctypes.Structure):
                    ("offset_rows_bits", ctypes.c_int), ("bitmask", ctypes.c_void_p)]
                 + [(name, ctypes.c_void_p)
                    for name in ("repetition_penalty", "frequency_penalty", "presence_penalty",
-                                "prompt_mask", "output_counts")])
+                                "prompt_mask", "output_counts", "allowed_count", "allowed_ids")]
+                + [("allowed_width", ctypes.c_int), ("bias_width", ctypes.c_int)]
+                + [(name, ctypes.c_void_p)
+                   for name in ("bias_count", "bias_ids", "bias_values", "min_len", "stop_count",
+                                "stop_ids", "position", "banned")]
+                + [("stop_width", ctypes.c_int), ("banned_width", ctypes.c_int)])
 
 
 class Stats(ctypes.Structure):

@@ -132,14 +132,14 @@ static CUresult pointer_attributes(unsigned n, CUpointer_attribute *a, void **da
 }
 static CUresult module_load(CUmodule *m, const void *image) { (void)image; return *m = (CUmodule)0x2000, CUDA_SUCCESS; }
 /* A function is its entry point's name: one handle a name. */
-static char fn_names[32][64];
+static char fn_names[64][64];
 static int n_fns;
 static CUresult get_function(CUfunction *f, CUmodule m, const char *name) {
   (void)m;
   pthread_mutex_lock(&mu);
   int i = 0;
   while (i < n_fns && strcmp(fn_names[i], name) != 0) i++;
-  if (i == n_fns && n_fns < 32) snprintf(fn_names[n_fns++], sizeof fn_names[0], "%s", name);
+  if (i == n_fns && n_fns < 64) snprintf(fn_names[n_fns++], sizeof fn_names[0], "%s", name);
   pthread_mutex_unlock(&mu);
   return *f = (CUfunction)(uintptr_t)(0x3000 + 16 * i), CUDA_SUCCESS;
 }
@@ -361,6 +361,79 @@ static void check_counts(kl_ctx *c, uint64_t oneshot, uint64_t nccl, const char 
 }
 
 /* ---- the cases ---- */
+
+/* kl_sample's lists (allowed ids, logit bias, min_tokens, banned ids): a
+ * list's arrays without each other or without a width, position without
+ * min_tokens, an array past its buffer or misaligned, each refused before
+ * anything is launched; lists in their buffers launch the lists kernel
+ * first, then the sampler. */
+static void sample_lists(void) {
+  kl_ctx *c = one_rank();
+  if (!c) return;
+  CUdeviceptr shard = device_buffer(1 << 16), token = device_buffer(4096), par = device_buffer(4096);
+  const int32_t *ints = (const int32_t *)(uintptr_t)(par + 1024); /* 768 int32 */
+  kl_sampling p = {.size = sizeof(kl_sampling), .temperature = (const float *)(uintptr_t)par};
+  kl_sampling all = p;
+  all.allowed_count = ints, all.allowed_ids = ints + 16, all.allowed_width = 8;
+  all.bias_count = ints, all.bias_ids = ints + 16, all.bias_values = (const float *)(ints + 64);
+  all.bias_width = 16;
+  all.min_len = ints, all.stop_count = ints, all.stop_ids = ints + 16, all.stop_width = 4;
+  all.position = (const int64_t *)(uintptr_t)(par + 2048);
+  all.banned = ints + 128, all.banned_width = 5;
+  trace_n = 0;
+  int before = launches;
+  kl_result r = kl_sample(c, (void *)(uintptr_t)shard, &all, (int64_t *)(uintptr_t)token, NULL,
+                          NULL, NULL, 0, 2, NULL);
+  CHECK_KL(r == KLRT_OK && launches == before + 2 && trace_n == 2 &&
+           !strcmp(fn_kind(trace[0].f), "lists") && !strcmp(fn_kind(trace[1].f), "shards"),
+           "every list: %s (%s), %d launches, the first %s", kl_result_name(r), kl_last_error(),
+           launches - before, trace_n ? fn_kind(trace[0].f) : "-");
+  enum { N_ODD = 11 };
+  kl_sampling odd[N_ODD];
+  const char *what[N_ODD];
+  for (int i = 0; i < N_ODD; i++) odd[i] = all;
+  odd[0].allowed_ids = NULL;
+  what[0] = "the allowed list needs allowed_count and allowed_ids together";
+  odd[1].bias_values = NULL;
+  what[1] = "the bias list needs bias_count, bias_ids and bias_values together";
+  odd[2].min_len = NULL;
+  what[2] = "the stop list needs min_len, stop_count and stop_ids together";
+  odd[3].banned_width = 0;
+  what[3] = "params->banned_width is 0 (must be >= 1 with its arrays";
+  odd[4].allowed_count = NULL, odd[4].allowed_ids = NULL, odd[4].allowed_width = -1;
+  what[4] = "params->allowed_width is -1";
+  odd[5].min_len = NULL, odd[5].stop_count = NULL, odd[5].stop_ids = NULL;
+  what[5] = "params->position is read by min_tokens alone";
+  odd[6].bias_ids = ints + 760; /* 16 entries of its last 8 */
+  what[6] = "bias_ids 0x";
+  odd[7].bias_values = (const float *)(uintptr_t)(par + 1026);
+  what[7] = "params->bias_values is not 4-byte aligned";
+  odd[8].position = (const int64_t *)(uintptr_t)(par + 2052);
+  what[8] = "params->position is not 8-byte aligned";
+  odd[9].banned = ints + 766; /* 2 rows of 5 past the last 2 */
+  what[9] = "banned 0x";
+  odd[10].bias_width = 1 << 20;
+  what[10] = "bias_width + banned_width is 1048581 (at most 524288)";
+  for (int i = 0; i < N_ODD; i++) {
+    before = launches;
+    r = kl_sample(c, (void *)(uintptr_t)shard, &odd[i], (int64_t *)(uintptr_t)token, NULL, NULL,
+                  NULL, 0, 2, NULL);
+    CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), what[i]) && launches == before,
+             "lists: want EINVAL with \"%s\" and no launch: %s (%s), %d launches", what[i],
+             kl_result_name(r), kl_last_error(), launches - before);
+  }
+  /* a logprob with a list: the logprob is of the raw logits, so the rows
+   * are gathered and sampled whole */
+  CUdeviceptr lp = device_buffer(64);
+  trace_n = 0;
+  r = kl_sample(c, (void *)(uintptr_t)shard, &all, (int64_t *)(uintptr_t)token,
+                (float *)(uintptr_t)lp, NULL, NULL, 0, 2, NULL);
+  CHECK_KL(r == KLRT_OK && trace_n == 3 && !strcmp(fn_kind(trace[0].f), "lists") &&
+           !strcmp(fn_kind(trace[2].f), "sample"),
+           "lists and a logprob: %s (%s), %d launches, the last %s", kl_result_name(r),
+           kl_last_error(), trace_n, trace_n ? fn_kind(trace[trace_n - 1].f) : "-");
+  kl_ctx_destroy(c);
+}
 
 /* kl_sample's parameters: an array misaligned for its type, a size that is
  * no version's, a table count without its index array (or the reverse), a
@@ -977,6 +1050,7 @@ int main(void) {
   kl_testing_fakes(&driver, &nccl, jit);
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1); /* two ranks on one (fake) GPU */
   sample_alignment();
+  sample_lists();
   failed_growth();
   nccl_on_one_rank();
   epilogue_without_kernels();

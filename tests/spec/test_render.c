@@ -144,7 +144,8 @@ static void templates_with(const char *from, const char *dir, const char *name, 
                        "lamport.cuh.tmpl", "epilogue.cuh.tmpl", "oneshot.cu.tmpl",
                        "keys.cuh.tmpl",    "scan.cuh.tmpl",     "noise.cuh.tmpl",
                        "exchange.cuh.tmpl", "merge.cuh.tmpl",   "argmax.cu.tmpl",
-                       "topk.cu.tmpl",     "process.cuh.tmpl", "candidates.cuh.tmpl", "sample.cu.tmpl",
+                       "topk.cu.tmpl",     "process.cuh.tmpl", "lists.cu.tmpl",     "candidates.cuh.tmpl",
+                       "sample.cu.tmpl",
                        "shards_part.cuh.tmpl", "shards_merge.cuh.tmpl", "shards_filter.cuh.tmpl",
                        "shards.cu.tmpl",   "relayout.cu.tmpl", "header.h.tmpl"};
   mkdir(dir, 0755);

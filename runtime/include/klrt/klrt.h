@@ -290,10 +290,51 @@ typedef struct kl_sampling {
   const float *presence_penalty;
   const int32_t *prompt_mask;   /* [states, ceil(vocab_size / 32)] */
   const int32_t *output_counts; /* [states, vocab_size] */
+  /* vLLM's logit bias, allowed token ids and min_tokens, per request as
+   * the penalties are (state_rows indexes them), as sparse lists in vLLM's
+   * own layout: state s lists the first count[s] ids of its row of ids
+   * ([states, width] int32, row-major; width > 0 with the arrays, the ids
+   * within the vocabulary). In vLLM's order, after the grammar and before
+   * the penalties:
+   *   allowed: a row whose list is not empty keeps only its columns (the
+   *     others -inf);
+   *   bias: x + value for each listed column, the value of its last entry
+   *     where an id is listed twice (a -0 result reads as +0);
+   *   min_tokens: where the row's position + 1 < min_len[s], its stop ids
+   *     are -inf (position[t], or without it the row's offset: vLLM's
+   *     positions).
+   * banned: [tokens, banned_width] int32, one row a token (not a table),
+   * the columns set to -inf after the penalties (vLLM's bad-words result);
+   * a negative entry is padding. A count outside [0, width], a listed id
+   * outside the vocabulary (the stop ids' too, min_tokens on or off), a
+   * bias value not finite, or a banned id >= vocab_size puts the row
+   * outside the domain; bias_width + banned_width is at most 2^19. Every
+   * rank passes the same lists (each reads its own copy). The lists are read
+   * before the samplers, by a kernel of their own on the call's stream
+   * (kl_stats says nothing of it); the logprobs read the raw logits (the
+   * grammar alone), so a call with a list and a logprob or top-n gathers
+   * its rows, as with a penalty. vLLM's restore_when_all_masked (a
+   * structured-output request's stop ids back where nothing else is left)
+   * is not a column's function: it is not served. NULL: none. */
+  const int32_t *allowed_count; /* [states] */
+  const int32_t *allowed_ids;   /* [states, allowed_width] */
+  int allowed_width;
+  int bias_width;
+  const int32_t *bias_count;    /* [states] */
+  const int32_t *bias_ids;      /* [states, bias_width] */
+  const float *bias_values;     /* [states, bias_width] */
+  const int32_t *min_len;       /* [states], with stop_count and stop_ids */
+  const int32_t *stop_count;    /* [states] */
+  const int32_t *stop_ids;      /* [states, stop_width] */
+  const int64_t *position;      /* [tokens], or NULL: the row's offset */
+  const int32_t *banned;        /* [tokens, banned_width] */
+  int stop_width;
+  int banned_width;
 } kl_sampling;
 #define KL_SAMPLING_INIT                                                                     \
   {sizeof(kl_sampling), NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 0, 0, 0, NULL, \
-   NULL, NULL, NULL, NULL, NULL}
+   NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL,   \
+   NULL, NULL, 0, 0}
 
 /* kl_sample, for a spec with `topk = K`: token[t] (int64) is row t's draw
  * from its logits after the spec's epilogue, the same on every rank, as
