@@ -41,6 +41,11 @@ typedef struct step_plan {
    * output_counts) */
   int penalized;
   unsigned pen_nulls;
+  /* kl_sample gets lists (the arena's list area), which (bit i: allowed,
+   * bias, min_tokens, banned, position) and how wide their rows are */
+  int listed;
+  unsigned lists;
+  int widths[4];
   /* one rank's host late by late_us before its op at index late_at (eager
    * steps; late_rank -1: none): its peers run ahead into later calls, whose
    * kernels may spin while the late rank's earlier ones still need room */
@@ -140,8 +145,10 @@ static inline int table_entries(const step_plan *p) {
 static inline int sample_has_penalty(const step_plan *p) {
   return p->penalized && (p->pen_nulls & 7) != 7;
 }
+/* Whether it gets a list (allowed, bias, min_tokens or banned). */
+static inline int sample_has_lists(const step_plan *p) { return p->listed && (p->lists & 15); }
 static inline int sample_gathers(const step_plan *p) {
-  return p->n_top > 0 || (p->want_lp && sample_has_penalty(p));
+  return p->n_top > 0 || (p->want_lp && (sample_has_penalty(p) || sample_has_lists(p)));
 }
 /* The penalties' arrays in the pinned block and each arena's penalty area. */
 static inline float *pen_values(const diff_env *env, int which) { /* 0 rep, 1 freq, 2 pres */
@@ -153,6 +160,20 @@ static inline uint32_t *pen_prompt(const diff_env *env) {
 static inline int32_t *pen_counts(const diff_env *env) {
   return (int32_t *)(env->h_pen + DIFF_PEN_COUNTS_AT);
 }
+/* The lists' arrays in the pinned block and each arena's list area, by
+ * byte offset: the counts, min_len, position (int64), then the rows of
+ * ids, bias values, stop ids and banned ids, DIFF_MAX_ROWS rows of each. */
+enum { L_ALLOWED_COUNT, L_BIAS_COUNT, L_MIN_LEN, L_STOP_COUNT, L_POSITION, L_ALLOWED_IDS,
+       L_BIAS_IDS, L_BIAS_VALUES, L_STOP_IDS, L_BANNED, L_COUNT };
+static inline size_t list_at(int which) {
+  static const int words[L_COUNT] = {1, 1, 1, 1, 2, DIFF_LIST_WIDTH_ALLOWED, DIFF_LIST_WIDTH_BIAS,
+                                     DIFF_LIST_WIDTH_BIAS, DIFF_LIST_WIDTH_STOP,
+                                     DIFF_LIST_WIDTH_BANNED};
+  size_t at = 0;
+  for (int i = 0; i < which; i++) at += (size_t)words[i] * 4 * DIFF_MAX_ROWS;
+  return at;
+}
+static inline void *list_array(const diff_env *env, int which) { return env->h_list + list_at(which); }
 
 static inline int has_op(const step_plan *p, int op) {
   for (int i = 0; i < p->nops; i++)

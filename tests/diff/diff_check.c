@@ -22,7 +22,7 @@ static int expected_path(const case_run *run, int op, int tokens, long long cros
   if (c->disable || tokens > c->spec.max_tokens) return PATH_NCCL;
   int nccl_everywhere = run->tp == 1 || c->has_nccl;
   long long bytes = (long long)tokens * c->layout.shard_bytes;
-  /* kl_sample moves its rows only with top-n, or a logprob and penalties
+  /* kl_sample moves its rows only with top-n, or a logprob and penalties or lists
    * (with filters one-shot, the crossover leaves it alone: runtime/sample.c
    * gathers) */
   int moves = op == OP_GATHER || (op == OP_SAMPLE && sample_gathers(&run->plan));
@@ -217,6 +217,7 @@ void diff_compare(case_run *run, const ref_step *ref, long long crossover, const
       env->cov.filtered_shards += op == OP_SAMPLE && sample_by_shards(p, want_path) && (p->nulls & 7) != 7;
       env->cov.masked += op == OP_SAMPLE && p->masked;
       env->cov.penalized += op == OP_SAMPLE && sample_has_penalty(p);
+      env->cov.listed += op == OP_SAMPLE && sample_has_lists(p);
       env->cov.calls++;
       env->cov.path[want_path]++;
       int excused = (run->dead && poison == bad && want_path == PATH_ONESHOT) ||

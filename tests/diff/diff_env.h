@@ -33,6 +33,17 @@
 #define DIFF_PEN_PROMPT_AT ((size_t)DIFF_MAX_ROWS * 12)
 #define DIFF_PEN_COUNTS_AT (DIFF_PEN_PROMPT_AT + DIFF_MASK_BYTES)
 #define DIFF_PEN_BYTES (DIFF_PEN_COUNTS_AT + (size_t)DIFF_ELEM_BUDGET * 4)
+/* kl_sample's lists, DIFF_MAX_ROWS entries of each array (diff_case.h's
+ * list_array says where): the counts, min_len, position, then the rows of
+ * ids at most these wide */
+#define DIFF_LIST_WIDTH_ALLOWED 64
+#define DIFF_LIST_WIDTH_BIAS 300
+#define DIFF_LIST_WIDTH_STOP 8
+#define DIFF_LIST_WIDTH_BANNED 16
+#define DIFF_LIST_BYTES                                                                     \
+  ((size_t)DIFF_MAX_ROWS * 4 *                                                              \
+   (6 + DIFF_LIST_WIDTH_ALLOWED + 2 * DIFF_LIST_WIDTH_BIAS + DIFF_LIST_WIDTH_STOP +         \
+    DIFF_LIST_WIDTH_BANNED))
 #define DIFF_DETAIL_LINES 12 /* failure lines printed per case */
 
 typedef struct diff_slot {
@@ -55,6 +66,7 @@ typedef struct diff_coverage {
   long filtered_shards; /* of them, with a filter array (its candidates, staged rows) */
   long masked;          /* kl_sample calls with a bitmask */
   long penalized;       /* kl_sample calls with penalties */
+  long listed;          /* kl_sample calls with lists */
   long path[2]; /* calls by path: one-shot, NCCL */
   long tp[DIFF_MAX_RANKS + 1];
 } diff_coverage;
@@ -110,6 +122,8 @@ typedef struct diff_env {
   size_t mask_area;
   unsigned char *h_pen; /* the step's penalties (pinned, DIFF_PEN_*), uploaded to pen_area */
   size_t pen_area;
+  unsigned char *h_list; /* the step's lists (pinned, DIFF_LIST_BYTES), uploaded to list_area */
+  size_t list_area;
   CUmodule smod[2];
   CUfunction noise_fn[2]; /* by the spec's noise: Philox's, vLLM's */
   CUdeviceptr tg, srow;

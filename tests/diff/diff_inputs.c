@@ -114,6 +114,7 @@ static int64_t entry(const diff_env *env, int which, int bits, int t, int n) {
 }
 
 static int row_penalties(const case_run *run, int t, float v[3]);
+static int row_lists_ok(const case_run *run, int t);
 
 /* Row t's parameters as kl_sample reads them (NULL arrays off, 0); 0 where
  * they are outside the domain (its penalties too), or an index outside its
@@ -139,7 +140,7 @@ static int row_params(const case_run *run, int t, sample_args *a, uint64_t *seed
   float pen[3];
   return a->temperature >= 0.f && isfinite(a->temperature) && a->top_p > 0.f && a->top_p <= 1.f &&
          a->min_p >= 0.f && a->min_p <= 1.f && a->top_k >= 0 && a->top_k <= run->c->spec.topk &&
-         row_penalties(run, t, pen);
+         row_penalties(run, t, pen) && row_lists_ok(run, t);
 }
 
 /* The step's bitmask, row by row (diff_env's h_mask): no grammar (all
@@ -222,11 +223,177 @@ static int row_penalties(const case_run *run, int t, float v[3]) {
   return v[0] > 0.f && isfinite(v[0]) && isfinite(v[1]) && isfinite(v[2]);
 }
 
+/* ---- the lists: allowed ids, logit bias, min_tokens, banned ids ---- */
+
+/* An id of a list: mostly anywhere in the vocabulary, often among a few
+ * (repeats), now and then past it (the row must draw -1). */
+static int32_t draw_id(rng *r, int64_t vocab) {
+  if (rng_chance(r, 0.004)) return (int32_t)(vocab + (int64_t)rng_below(r, 3));
+  if (rng_chance(r, 0.002)) return -1 - (int32_t)rng_below(r, 3);
+  if (rng_chance(r, 0.3)) return (int32_t)rng_below(r, (uint64_t)(vocab < 6 ? vocab : 6));
+  return (int32_t)rng_below(r, (uint64_t)vocab);
+}
+
+/* A list's count: empty, full, in between; now and then outside [0, width]. */
+static int32_t draw_count(rng *r, int width) {
+  if (rng_chance(r, 0.01)) return rng_chance(r, 0.5) ? -1 : width + 1;
+  const double u = rng_unit(r);
+  return u < 0.2 ? 0 : u < 0.4 ? width : (int32_t)rng_range(r, 0, width);
+}
+
+/* A bias: small, large, tiny; now and then not finite (the row draws -1). */
+static float draw_bias(rng *r) {
+  if (rng_chance(r, 0.005)) {
+    static const float bad[] = {NAN, INFINITY, -INFINITY};
+    return bad[rng_below(r, 3)];
+  }
+  const double u = rng_unit(r);
+  if (u < 0.6) return (float)(10 * rng_unit(r) - 5);
+  if (u < 0.8) return rng_chance(r, 0.5) ? -100.f : 100.f;
+  if (u < 0.9) return rng_chance(r, 0.5) ? -0.f : 0.f;
+  return (float)(rng_chance(r, 0.5) ? -1e30 : 3e38);
+}
+
+/* The step's lists, entry by entry of their tables (diff_env's h_list):
+ * every array drawn whether or not the step passes it. */
+static void draw_lists(case_run *run, int tokens) {
+  const int64_t vocab = run->c->spec.vocab_size;
+  const int n = table_entries(&run->plan), *w = run->plan.widths;
+  rng lr = rng_for(run->c->seed, 0x6c6973640000ull + (uint64_t)run->planned);
+  int32_t *ac = list_array(run->env, L_ALLOWED_COUNT), *bc = list_array(run->env, L_BIAS_COUNT);
+  int32_t *ml = list_array(run->env, L_MIN_LEN), *sc = list_array(run->env, L_STOP_COUNT);
+  int32_t *ai = list_array(run->env, L_ALLOWED_IDS), *bi = list_array(run->env, L_BIAS_IDS);
+  int32_t *si = list_array(run->env, L_STOP_IDS), *bn = list_array(run->env, L_BANNED);
+  float *bv = list_array(run->env, L_BIAS_VALUES);
+  int64_t *pos = list_array(run->env, L_POSITION);
+  for (int i = 0; i < n; i++) {
+    ac[i] = draw_count(&lr, w[0]), bc[i] = draw_count(&lr, w[1]), sc[i] = draw_count(&lr, w[2]);
+    for (int j = 0; j < w[0]; j++) ai[i * w[0] + j] = draw_id(&lr, vocab);
+    for (int j = 0; j < w[1]; j++) bi[i * w[1] + j] = draw_id(&lr, vocab), bv[i * w[1] + j] = draw_bias(&lr);
+    for (int j = 0; j < w[2]; j++) si[i * w[2] + j] = draw_id(&lr, vocab);
+    /* around the positions, or past every offset (min_tokens on) */
+    ml[i] = rng_chance(&lr, 0.1) ? INT32_MAX : (int32_t)rng_range(&lr, -2, 60);
+  }
+  for (int t = 0; t < tokens; t++) {
+    pos[t] = (int64_t)rng_range(&lr, 0, 58);
+    for (int j = 0; j < w[3]; j++) {
+      const int32_t id = draw_id(&lr, vocab);
+      bn[t * w[3] + j] = rng_chance(&lr, 0.3) ? -1 - (int32_t)rng_below(&lr, 5) : id < 0 ? 0 : id;
+    }
+  }
+}
+
+/* Row t's lists as kl_sample reads them, from the step's arrays: its
+ * entry s of the tables (-1: none, the row draws -1 anyway), and whether
+ * min_tokens' stop ids are on (its position + 1 below min_len). */
+typedef struct row_lists {
+  int64_t s;
+  int allowed, bias, stop, banned; /* the step passes the list */
+  int stopping;                    /* min_tokens is on: the stop ids are -inf */
+} row_lists;
+static row_lists lists_of(const case_run *run, int t) {
+  const step_plan *p = &run->plan;
+  const diff_env *env = run->env;
+  row_lists l = {entry(env, P_STATE_ROWS, p->states_bits, t, p->states), 0, 0, 0, 0, 0};
+  if (!p->listed || l.s < 0) return l;
+  l.allowed = p->lists & 1, l.bias = p->lists >> 1 & 1, l.banned = p->lists >> 3 & 1;
+  if (p->lists & 4) {
+    const int64_t o = entry(env, P_OFFSET_ROWS, p->offsets_bits, t, p->offsets);
+    const int64_t pos = (p->lists & 16) ? ((int64_t *)list_array(env, L_POSITION))[t]
+                        : o < 0 || (p->nulls & 16) ? 0
+                                                   : (int64_t)((uint64_t *)host_param(env, P_OFFSET))[o];
+    l.stop = 1;
+    l.stopping = pos < (int64_t)((int32_t *)list_array(env, L_MIN_LEN))[l.s] - 1;
+  }
+  return l;
+}
+
+/* Whether ids[0 .. n) lie in the vocabulary (with `padded`, a negative
+ * entry is padding). */
+static int ids_in(const int32_t *ids, int n, int64_t vocab, int padded) {
+  for (int j = 0; j < n; j++)
+    if ((ids[j] < 0 && !padded) || ids[j] >= vocab) return 0;
+  return 1;
+}
+
+/* Entry s's list `which` (0 allowed, 1 bias, 2 stop): its count, ids and
+ * (bias) values. */
+typedef struct id_list {
+  int32_t n;
+  const int32_t *ids;
+  const float *values;
+} id_list;
+static id_list list_of(const case_run *run, int which, int64_t s) {
+  static const int count_at[3] = {L_ALLOWED_COUNT, L_BIAS_COUNT, L_STOP_COUNT};
+  static const int ids_at[3] = {L_ALLOWED_IDS, L_BIAS_IDS, L_STOP_IDS};
+  const int w = run->plan.widths[which];
+  const diff_env *env = run->env;
+  return (id_list){((int32_t *)list_array(env, count_at[which]))[s],
+                   (int32_t *)list_array(env, ids_at[which]) + s * w,
+                   (float *)list_array(env, L_BIAS_VALUES) + s * w};
+}
+
+/* Whether row t's lists are in kl_sample's domain: counts within their
+ * widths, ids within the vocabulary, biases finite. */
+static int row_lists_ok(const case_run *run, int t) {
+  const row_lists l = lists_of(run, t);
+  const int64_t vocab = run->c->spec.vocab_size;
+  const int *w = run->plan.widths, on[3] = {l.allowed, l.bias, l.stop};
+  for (int k = 0; k < 3; k++) {
+    if (!on[k]) continue;
+    const id_list a = list_of(run, k, l.s);
+    if (a.n < 0 || a.n > w[k] || !ids_in(a.ids, a.n, vocab, 0)) return 0;
+    for (int j = 0; k == 1 && j < a.n; j++)
+      if (!isfinite(a.values[j])) return 0;
+  }
+  return !l.banned ||
+         ids_in((int32_t *)list_array(run->env, L_BANNED) + (int64_t)t * w[3], w[3], vocab, 1);
+}
+
+/* vLLM's order before the penalties, on row t's values x: the allowed ids
+ * alone where its list is not empty, each listed column's bias (its last
+ * entry's; a -0 sum is +0), the stop ids -inf while min_tokens is on. */
+static void lists_before(const case_run *run, int t, float *x) {
+  if (!row_lists_ok(run, t)) return; /* it draws -1 */
+  const row_lists l = lists_of(run, t);
+  const int64_t vocab = run->c->spec.vocab_size;
+  if (l.allowed) {
+    const id_list a = list_of(run, 0, l.s);
+    for (int64_t c = 0; c < vocab && a.n > 0; c++) {
+      int listed = 0;
+      for (int j = 0; j < a.n && !listed; j++) listed = a.ids[j] == c;
+      if (!listed) x[c] = -INFINITY;
+    }
+  }
+  if (l.bias) {
+    const id_list b = list_of(run, 1, l.s);
+    for (int j = 0; j < b.n; j++) {
+      int later = 0; /* a later entry of the same id is the one that counts */
+      for (int k = j + 1; k < b.n && !later; k++) later = b.ids[k] == b.ids[j];
+      if (!later) x[b.ids[j]] = (x[b.ids[j]] + b.values[j]) + 0.f;
+    }
+  }
+  if (l.stopping) {
+    const id_list a = list_of(run, 2, l.s);
+    for (int j = 0; j < a.n; j++) x[a.ids[j]] = -INFINITY;
+  }
+}
+
+/* After the penalties: the banned ids -inf. */
+static void lists_after(const case_run *run, int t, float *x) {
+  if (!row_lists_ok(run, t)) return;
+  const row_lists l = lists_of(run, t);
+  const int w = run->plan.widths[3];
+  const int32_t *ids = (int32_t *)list_array(run->env, L_BANNED) + (int64_t)t * w;
+  for (int j = 0; l.banned && j < w; j++)
+    if (ids[j] >= 0) x[ids[j]] = -INFINITY;
+}
+
 /* The values kl_sample draws from and those of its logprobs: the gathered
  * ones, with the step's bitmask -inf where a bit is clear, then (the
  * draws') its penalties. */
 static const float *sampled_values(const case_run *run, const ref_step *ref) {
-  return run->plan.masked || run->plan.penalized ? ref->svals : ref->vals;
+  return run->plan.masked || run->plan.penalized || run->plan.listed ? ref->svals : ref->vals;
 }
 static const float *logprob_values(const case_run *run, const ref_step *ref) {
   return run->plan.masked ? ref->lvals : ref->vals;
@@ -243,19 +410,18 @@ static void mask_values(case_run *run, ref_step *ref, int tokens) {
   }
 }
 
+/* The penalties on svals, in place. */
 static void penalize_values(case_run *run, ref_step *ref, int tokens) {
   const step_plan *p = &run->plan;
   const int64_t vocab = run->c->spec.vocab_size;
   const size_t words = mask_words(run);
-  const float *in = logprob_values(run, ref);
+  const float *in = ref->svals;
   for (int t = 0; t < tokens; t++) {
     const size_t o = (size_t)t * (size_t)vocab;
     float v[3];
     const int64_t s = entry(run->env, P_STATE_ROWS, p->states_bits, t, p->states);
-    if (!p->penalized || !row_penalties(run, t, v) || s < 0) {
-      memcpy(ref->svals + o, in + o, 4 * (size_t)vocab);
+    if (!p->penalized || !row_penalties(run, t, v) || s < 0)
       continue;  /* no penalties, or a row that draws -1 */
-    }
     const uint32_t *w = (p->pen_nulls & 8) ? NULL : pen_prompt(run->env) + (size_t)s * words;
     const int32_t *cnt = (p->pen_nulls & 16) ? NULL : pen_counts(run->env) + (size_t)s * (size_t)vocab;
     for (int64_t c = 0; c < vocab; c++) {
@@ -277,12 +443,20 @@ static void sample_inputs(case_run *run, ref_step *ref, int tokens) {
     draw_mask(run, tokens);
     mask_values(run, ref, tokens);
   }
+  /* svals: the logprobs' values, then in vLLM's order the lists before
+   * the penalties, the penalties, the banned ids */
+  const size_t row = (size_t)vocab;
+  if (run->plan.masked || run->plan.penalized || run->plan.listed)
+    memcpy(ref->svals, logprob_values(run, ref), 4 * (size_t)tokens * row);
+  if (run->plan.listed) {
+    draw_lists(run, tokens);
+    for (int t = 0; t < tokens; t++) lists_before(run, t, ref->svals + (size_t)t * row);
+  }
   if (run->plan.penalized) {
     draw_penalties(run);
     penalize_values(run, ref, tokens);
-  } else if (run->plan.masked) {
-    memcpy(ref->svals, ref->lvals, 4 * (size_t)tokens * (size_t)vocab);
   }
+  for (int t = 0; run->plan.listed && t < tokens; t++) lists_after(run, t, ref->svals + (size_t)t * row);
   const float *vals = sampled_values(run, ref);
   for (int r = 0; r < tokens; r++) {
     ref->sok[r] = row_params(run, r, &ref->sargs[r], &rows[r].seed, &rows[r].offset);

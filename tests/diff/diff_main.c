@@ -394,7 +394,8 @@ static void setup(diff_env *env, const char *arch) {
   env->out_area = data, env->sel_area = 2 * data, env->sample_area = 2 * data + sel;
   env->mask_area = env->sample_area + DIFF_SAMPLE_BYTES;
   env->pen_area = env->mask_area + DIFF_MASK_BYTES;
-  env->arena_bytes = env->pen_area + DIFF_PEN_BYTES;
+  env->list_area = env->pen_area + DIFF_PEN_BYTES;
+  env->arena_bytes = env->list_area + DIFF_LIST_BYTES;
   for (int k = 0; k < DIFF_MAX_RANKS; k++) {
     diff_slot *s = &env->slots[k];
     CUdevice dev;
@@ -431,6 +432,7 @@ static void setup(diff_env *env, const char *arch) {
   env->h_params = pinned(cu, DIFF_SAMPLE_PARAM_BYTES);
   env->h_mask = pinned(cu, DIFF_MASK_BYTES);
   env->h_pen = pinned(cu, DIFF_PEN_BYTES);
+  env->h_list = pinned(cu, DIFF_LIST_BYTES);
   CU_CHECK(cu, cuMemAlloc(&env->tg, (size_t)DIFF_ELEM_BUDGET * 4));
   CU_CHECK(cu, cuMemAlloc(&env->srow, DIFF_MAX_ROWS * sizeof(diff_noise_row)));
   env->h_tg = pinned(cu, (size_t)DIFF_ELEM_BUDGET * 4);
@@ -590,11 +592,11 @@ static void summary(const diff_env *env, long run, long failed, double secs, dou
          "specs refused, %ld steps, %ld calls (%ld one-shot, %ld NCCL), %ld graphs (%ld replays), "
          "%ld at the counters' wrap, %ld with KLGEN_DISABLE, %ld with topk, %ld calls of "
          "kl_sample (%ld by the shards, %ld of them with filters; %ld with a bitmask, %ld with "
-         "penalties)\n",
+         "penalties, %ld with lists)\n",
          (unsigned long long)o->seed, (unsigned long long)(o->seed + (uint64_t)run - 1), run, secs,
          60.0 * (double)run / (secs > 0 ? secs : 1), v->cases_run, v->invalid, v->steps, v->calls,
          v->path[0], v->path[1], v->graphs, v->replays, v->wrap, v->disabled, v->topk,
-         v->sampled, v->by_shards, v->filtered_shards, v->masked, v->penalized);
+         v->sampled, v->by_shards, v->filtered_shards, v->masked, v->penalized, v->listed);
   printf("gpu_diff: tp");
   for (int t = 1; t <= DIFF_MAX_RANKS; t++)
     if (v->tp[t]) printf(" %d:%ld", t, v->tp[t]);

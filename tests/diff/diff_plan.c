@@ -71,6 +71,17 @@ void diff_plan_step(case_run *run, rng *r, step_plan *p, int tokens, int allow_o
     p->penalized = (size_t)entries * (size_t)c->spec.vocab_size <= DIFF_ELEM_BUDGET &&
                    rng_chance(&pr, 0.35);
     p->pen_nulls = rng_chance(&pr, 0.3) ? (unsigned)rng_below(&pr, 32) : 0;
+    /* lists (allowed ids, logit bias, min_tokens, banned ids): a stream of
+     * their own; rows at most the arena's widths, now and then one wide */
+    rng lr = rng_for(c->seed, 0x6c6973740000ull + (uint64_t)run->planned);
+    p->listed = rng_chance(&lr, 0.35);
+    p->lists = p->listed ? (unsigned)rng_range(&lr, 1, 31) : 0;
+    if (!(p->lists & 4)) p->lists &= ~16u; /* position is min_tokens' alone */
+    static const int widest[4] = {DIFF_LIST_WIDTH_ALLOWED, DIFF_LIST_WIDTH_BIAS,
+                                DIFF_LIST_WIDTH_STOP, DIFF_LIST_WIDTH_BANNED};
+    for (int i = 0; i < 4; i++)
+      p->widths[i] = (int)(rng_chance(&lr, 0.8) ? rng_range(&lr, 1, widest[i] < 12 ? widest[i] : 12)
+                                                : rng_range(&lr, 1, widest[i]));
   }
   for (int i = p->nops - 1; i > 0; i--) { /* in any order */
     int j = (int)rng_below(r, (uint64_t)i + 1), t = p->ops[i];

@@ -39,6 +39,26 @@ static int cu_ok(rank_report *rep, CUresult r, const char *what) {
   return 0;
 }
 
+/* The step's lists in sp, from an arena's list area at `area`. */
+static void set_lists(kl_sampling *sp, const step_plan *p, CUdeviceptr area) {
+#define LIST(type, which) ((const type *)(area + list_at(which)))
+  if (p->lists & 1) {
+    sp->allowed_count = LIST(int32_t, L_ALLOWED_COUNT), sp->allowed_ids = LIST(int32_t, L_ALLOWED_IDS);
+    sp->allowed_width = p->widths[0];
+  }
+  if (p->lists & 2) {
+    sp->bias_count = LIST(int32_t, L_BIAS_COUNT), sp->bias_ids = LIST(int32_t, L_BIAS_IDS);
+    sp->bias_values = LIST(float, L_BIAS_VALUES), sp->bias_width = p->widths[1];
+  }
+  if (p->lists & 4) {
+    sp->min_len = LIST(int32_t, L_MIN_LEN), sp->stop_count = LIST(int32_t, L_STOP_COUNT);
+    sp->stop_ids = LIST(int32_t, L_STOP_IDS), sp->stop_width = p->widths[2];
+  }
+  if (p->lists & 8) sp->banned = LIST(int32_t, L_BANNED), sp->banned_width = p->widths[3];
+  if (p->lists & 16) sp->position = LIST(int64_t, L_POSITION);
+#undef LIST
+}
+
 static kl_result call_sample(case_run *run, kl_ctx *ctx, const diff_slot *s, CUstream st) {
   const step_plan *p = &run->plan;
   const diff_env *env = run->env;
@@ -69,6 +89,7 @@ static kl_result call_sample(case_run *run, kl_ctx *ctx, const diff_slot *s, CUs
     sp.prompt_mask = (n & 8) ? NULL : (const int32_t *)(pen + DIFF_PEN_PROMPT_AT);
     sp.output_counts = (n & 16) ? NULL : (const int32_t *)(pen + DIFF_PEN_COUNTS_AT);
   }
+  if (p->listed) set_lists(&sp, p, at(s, env->list_area));
   return kl_sample(ctx, (const void *)at(s, p->in_at), &sp, (int64_t *)at(s, sample_out_at(env, 0)),
                    p->want_lp ? (float *)at(s, sample_out_at(env, 1)) : NULL,
                    p->n_top ? (int64_t *)at(s, sample_out_at(env, 2)) : NULL,
@@ -122,6 +143,9 @@ static void canary(case_run *run, const diff_slot *s, rank_report *rep) {
       cu_ok(rep, diff_move(run->env, at(s, pen + DIFF_PEN_COUNTS_AT),
                            run->env->h_pen + DIFF_PEN_COUNTS_AT, 0, counts, s->s), "counts");
     }
+    if (p->listed)
+      cu_ok(rep, diff_move(run->env, at(s, run->env->list_area), run->env->h_list, 0,
+                           DIFF_LIST_BYTES, s->s), "lists");
   }
 }
 
