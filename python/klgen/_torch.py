@@ -259,7 +259,8 @@ class LogitsGather:
     def sample(self, shard, temperature, top_k=None, top_p=None, min_p=None, *, seed=0,
                offset=0, state_rows=None, offset_rows=None, bitmask=None,
                repetition_penalty=None, frequency_penalty=None, presence_penalty=None,
-               prompt_mask=None, output_counts=None, logprobs=0, token_logprobs=True):
+               prompt_mask=None, output_counts=None, logit_bias=None, allowed_token_ids=None,
+               min_tokens=None, position=None, banned=None, logprobs=0, token_logprobs=True):
         """A Sample of each row: temperature, min-p, top-k, top-p and a
         Gumbel-max draw keyed by (seed, offset, column), as
         klgen.reference.sample defines it (a spec with topk = K), with the
@@ -289,7 +290,15 @@ class LogitsGather:
         (int32 [entries, ceil(vocab_size / 32)], its prompt's tokens as
         bitmask's bits): they change what is drawn, not the logprobs, which
         are of the logits with the grammar alone (vLLM's raw_logprobs).
-        logprobs: n top logprobs, 0..K. token_logprobs=False: no logprob of
+        allowed_token_ids (count, ids), logit_bias (count, ids, values),
+        min_tokens (min_len, count, stop_ids, None), position and banned:
+        vLLM's other processors, as klgen.reference.sample takes them (the
+        per-request arrays int32 [entries] and [entries, width], values
+        float32, position int64 [tokens] (default: offset), banned int32
+        [tokens, width] with negative padding); vLLM's
+        restore_when_all_masked (min_tokens' fourth) is not served: pass
+        None. Like the penalties, they change what is drawn, not the
+        logprobs. logprobs: n top logprobs, 0..K. token_logprobs=False: no logprob of
         the tokens (Sample.logprobs is None), and the sampler skips the sums
         it needs."""
         if not self.k:
@@ -301,6 +310,8 @@ class LogitsGather:
         entries = shard.shape[0] if state_rows is None else params[0].shape[0]
         params += _penalties(self, entries, (repetition_penalty, frequency_penalty,
                                              presence_penalty), prompt_mask, output_counts)
+        params += _lists(self, entries, shard.shape[0], allowed_token_ids, logit_bias,
+                         min_tokens, position, banned)
         want = bool(token_logprobs)
         if not torch.compiler.is_compiling():
             token, lp, values, indices = self._sample(shard, *params, logprobs, want)
@@ -312,7 +323,8 @@ class LogitsGather:
 
     def _sample(self, shard, temperature, top_k, top_p, min_p, seed, offset, state_rows,
                 offset_rows, bitmask, repetition, frequency, presence, prompt_mask,
-                output_counts, n, want=True):
+                output_counts, allowed_count, allowed_ids, bias_count, bias_ids, bias_values,
+                min_len, stop_count, stop_ids, position, banned, n, want=True):
         shard = shard.contiguous()
         tokens = shard.shape[0]
         token = torch.empty((tokens,), dtype=torch.int64, device=self.device)
@@ -330,6 +342,16 @@ class LogitsGather:
                            *[None if t is None else t.data_ptr()
                              for t in (bitmask, repetition, frequency, presence, prompt_mask,
                                        output_counts)])
+        lists = dict(allowed_count=allowed_count, allowed_ids=allowed_ids, bias_count=bias_count,
+                     bias_ids=bias_ids, bias_values=bias_values, min_len=min_len,
+                     stop_count=stop_count, stop_ids=stop_ids, position=position, banned=banned)
+        for name, t in lists.items():
+            if t is not None:
+                setattr(p, name, t.data_ptr())
+        for name, t in (("allowed", allowed_ids), ("bias", bias_ids), ("stop", stop_ids),
+                        ("banned", banned)):
+            if t is not None:
+                setattr(p, name + "_width", t.shape[1])
         _capi.check(_capi.lib.kl_sample(
             self._ctx, shard.data_ptr(), ctypes.byref(p), token.data_ptr(),
             lp.data_ptr() if want else None,
@@ -657,6 +679,62 @@ def _penalties(g, n, values, prompt_mask, output_counts):
     return out + [prompt, _penalty_table(output_counts, "output_counts", (n, g.vocab_size), g)]
 
 
+def _list_tensor(t, name, dtype, shape, g):
+    """A list's array: a tensor of dtype and shape (None: any width, >= 1)
+    on g's device, contiguous as kl_sample reads it."""
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype:
+        kind = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"{name} must be a {dtype} tensor, not {kind}")
+    if t.dim() != len(shape) or any(w is not None and w != v for w, v in zip(shape, t.shape)) \
+            or (len(shape) == 2 and t.shape[1] < 1):
+        want = ", ".join("width >= 1" if w is None else str(w) for w in shape)
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [{want}]")
+    if t.device != g.device:
+        raise ValueError(f"{name} is on {t.device}, expected {g.device} (the shard's)")
+    return t.contiguous()
+
+
+def _id_list(value, name, n, g, with_values=False):
+    """A per-request list (count [n], ids [n, width][, values]): its tensors."""
+    parts = 3 if with_values else 2
+    if not isinstance(value, (tuple, list)) or len(value) != parts:
+        kind = "(count, ids, values)" if with_values else "(count, ids)"
+        raise TypeError(f"{name} must be a tuple {kind} of tensors")
+    count = _list_tensor(value[0], f"{name} count", torch.int32, (n,), g)
+    ids = _list_tensor(value[1], f"{name} ids", torch.int32, (n, None), g)
+    if not with_values:
+        return [count, ids]
+    values = _list_tensor(value[2], f"{name} values", torch.float32, (n, ids.shape[1]), g)
+    return [count, ids, values]
+
+
+def _lists(g, n, tokens, allowed_token_ids, logit_bias, min_tokens, position, banned):
+    """kl_sampling's lists from g.sample's (n: the tables' entries, or the
+    rows): allowed count and ids, bias count, ids and values, min_len, stop
+    count and ids, position, banned; None where off."""
+    out = [None] * 10
+    if allowed_token_ids is not None:
+        out[0:2] = _id_list(allowed_token_ids, "allowed_token_ids", n, g)
+    if logit_bias is not None:
+        out[2:5] = _id_list(logit_bias, "logit_bias", n, g, with_values=True)
+    if min_tokens is not None:
+        if not isinstance(min_tokens, (tuple, list)) or len(min_tokens) != 4:
+            raise TypeError("min_tokens must be a tuple (min_len, count, stop_ids, restore) of "
+                            "tensors (restore None)")
+        if min_tokens[3] is not None:
+            raise ValueError("min_tokens' restore (vLLM's restore_when_all_masked) is not served "
+                             "on the shards: it is not a function of a column; pass None")
+        out[5] = _list_tensor(min_tokens[0], "min_tokens min_len", torch.int32, (n,), g)
+        out[6:8] = _id_list(min_tokens[1:3], "min_tokens stop", n, g)
+    if position is not None:
+        if min_tokens is None:
+            raise ValueError("position is used by min_tokens only: pass min_tokens with it")
+        out[8] = _list_tensor(position, "position", torch.int64, (tokens,), g)
+    if banned is not None:
+        out[9] = _list_tensor(banned, "banned", torch.int32, (tokens, None), g)
+    return out
+
+
 def _index_tensor(t, name, tokens, device):
     """state_rows or offset_rows: None, or an int32 or int64 tensor [tokens]
     on device (kl_sample reads either as it is)."""
@@ -715,19 +793,27 @@ def _sample_op(shard: torch.Tensor, temperature: torch.Tensor, top_k: Optional[t
                bitmask: Optional[torch.Tensor], repetition: Optional[torch.Tensor],
                frequency: Optional[torch.Tensor], presence: Optional[torch.Tensor],
                prompt_mask: Optional[torch.Tensor], output_counts: Optional[torch.Tensor],
+               allowed_count: Optional[torch.Tensor], allowed_ids: Optional[torch.Tensor],
+               bias_count: Optional[torch.Tensor], bias_ids: Optional[torch.Tensor],
+               bias_values: Optional[torch.Tensor], min_len: Optional[torch.Tensor],
+               stop_count: Optional[torch.Tensor], stop_ids: Optional[torch.Tensor],
+               position: Optional[torch.Tensor], banned: Optional[torch.Tensor],
                logprobs: int, token_logprobs: bool,
                handle: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = _gather(handle)
     g._check(shard, None)
     return g._sample(shard, temperature, top_k, top_p, min_p, seed, offset, state_rows,
                      offset_rows, bitmask, repetition, frequency, presence, prompt_mask,
-                     output_counts, logprobs, token_logprobs)
+                     output_counts, allowed_count, allowed_ids, bias_count, bias_ids,
+                     bias_values, min_len, stop_count, stop_ids, position, banned, logprobs,
+                     token_logprobs)
 
 
 @_sample_op.register_fake
 def _(shard, temperature, top_k, top_p, min_p, seed, offset, state_rows, offset_rows, bitmask,
-      repetition, frequency, presence, prompt_mask, output_counts, logprobs, token_logprobs,
-      handle):
+      repetition, frequency, presence, prompt_mask, output_counts, allowed_count, allowed_ids,
+      bias_count, bias_ids, bias_values, min_len, stop_count, stop_ids, position, banned,
+      logprobs, token_logprobs, handle):
     _fake_check(shard, _gather(handle))
     tokens = shard.shape[0]
     return (shard.new_empty((tokens,), dtype=torch.int64),

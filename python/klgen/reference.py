@@ -849,7 +849,8 @@ def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, o
         once takes its last entry's value (once).
       min_tokens = (min_len [R], count [R], stop_ids [R, M], restore [R] or
         None), per request, with position: int64 [tokens], each row's
-        position (that of the last token the model read; vLLM's pos): where
+        position (that of the last token the model read; vLLM's pos; by
+        default the row's offset, where vLLM passes its positions): where
         count > 0 and position + 1 < min_len, stop_ids[:count] become -inf;
         where restore is non-zero and that leaves every column -inf, those
         stop columns that were finite get their values back.
@@ -887,6 +888,8 @@ def sample(logits, temperature, top_k=None, top_p=None, min_p=None, *, seed=0, o
                          f"{logprobs_mode!r}")
     if noise not in NOISES:
         raise ValueError(f"noise must be one of {', '.join(NOISES)}, not {noise!r}")
+    if processing.get("min_tokens") is not None and processing.get("position") is None:
+        processing = dict(processing, position=args.offset)  # vLLM passes its positions there
     p = check_processing(rows, vocab, logits.device, state_rows=state_rows, **processing)
     raw = _masked(logits, p.bitmask)
     x = _process(raw, p)

@@ -973,8 +973,6 @@ def test_processing_arguments_are_checked():
         (TypeError, "state_rows must be a torch.int32 or torch.int64 tensor, not torch.float32",
          dict(state_rows=rows.float())),
         (ValueError, "has 2 rows, expected 3", dict(state_rows=None)),
-        (ValueError, "min_tokens needs position", dict(min_tokens=(i32(1, 1), i32(0, 0), ids,
-                                                                   None))),
         (ValueError, "position is used by min_tokens only", dict(position=torch.zeros(3).long())),
         (ValueError, "banned must be < 40", dict(banned=i32([0], [40], [-1]))),
         (ValueError, "banned has shape", dict(banned=i32([0], [1]))),
@@ -986,6 +984,16 @@ def test_processing_arguments_are_checked():
         kw = {k: v for k, v in kw.items() if v is not None}
         with pytest.raises(error, match=match):
             reference.sample(x, 1.0, **kw)
+    # min_tokens' position: process_logits needs it; sample reads each row's
+    # offset without it (where vLLM passes its positions)
+    stop = (torch.tensor([5, 5], dtype=torch.int32), torch.tensor([1, 1], dtype=torch.int32),
+            torch.tensor([[3], [4]], dtype=torch.int32), None)
+    with pytest.raises(ValueError, match="min_tokens needs position"):
+        reference.process_logits(x[:2], min_tokens=stop)
+    pos = torch.tensor([1, 7])
+    assert torch.equal(reference.sample(x[:2], 1.0, offset=pos, min_tokens=stop).tokens,
+                       reference.sample(x[:2], 1.0, offset=pos, min_tokens=stop,
+                                        position=pos).tokens)
 
 
 # ---- arguments ----

@@ -266,3 +266,48 @@ def test_bad_penalty_tables(which, value, error, words):
     with pytest.raises(error) as e:
         _torch._penalties(G, ROWS, (1.5, None, None), tables["prompt"], tables["counts"])
     assert words in str(e.value)
+
+
+# ---- vLLM's lists: allowed ids, logit bias, min_tokens, banned ids ----
+
+def lists(**kw):
+    return _torch._lists(G, ROWS, ROWS, kw.get("allowed_token_ids"), kw.get("logit_bias"),
+                         kw.get("min_tokens"), kw.get("position"), kw.get("banned"))
+
+
+def i32(*shape):
+    return torch.zeros(shape, dtype=torch.int32)
+
+
+def test_lists_become_the_structs_arrays():
+    assert lists() == [None] * 10
+    count, ids, values = i32(ROWS), i32(ROWS, 5), torch.zeros((ROWS, 5))
+    got = lists(allowed_token_ids=(count, ids), logit_bias=(count, ids, values),
+                min_tokens=(count, count, i32(ROWS, 2), None),
+                position=torch.zeros(ROWS, dtype=torch.int64), banned=i32(ROWS, 3))
+    assert got[0] is count and got[1] is ids and got[4] is values
+    assert got[5] is count and got[7].shape == (ROWS, 2) and got[9].shape == (ROWS, 3)
+
+
+@pytest.mark.parametrize("kw, error, words", [
+    (dict(allowed_token_ids=(i32(ROWS),)), TypeError, "allowed_token_ids must be a tuple"),
+    (dict(allowed_token_ids=(i32(ROWS), i32(ROWS, 0))), ValueError,
+     "allowed_token_ids ids has shape (4, 0), expected [4, width >= 1]"),
+    (dict(allowed_token_ids=(i32(ROWS + 1), i32(ROWS, 2))), ValueError,
+     "allowed_token_ids count has shape (5,)"),
+    (dict(logit_bias=(i32(ROWS), i32(ROWS, 2), i32(ROWS, 2))), TypeError,
+     "logit_bias values must be a torch.float32 tensor"),
+    (dict(logit_bias=(i32(ROWS), i32(ROWS, 2), torch.zeros(ROWS, 3))), ValueError,
+     "logit_bias values has shape (4, 3), expected [4, 2]"),
+    (dict(min_tokens=(i32(ROWS), i32(ROWS), i32(ROWS, 2), i32(ROWS))), ValueError,
+     "restore_when_all_masked"),
+    (dict(min_tokens=(i32(ROWS), i32(ROWS), i32(ROWS, 2))), TypeError, "min_tokens must be a tuple"),
+    (dict(position=torch.zeros(ROWS, dtype=torch.int64)), ValueError,
+     "position is used by min_tokens only"),
+    (dict(banned=torch.zeros((ROWS, 2), dtype=torch.int64)), TypeError,
+     "banned must be a torch.int32 tensor"),
+])
+def test_bad_lists(kw, error, words):
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        lists(**kw)

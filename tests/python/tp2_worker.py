@@ -228,6 +228,30 @@ def draw_penalties(tokens, vocab, step, device):
                 output_counts=counts.to(device))
 
 
+def draw_lists(tokens, vocab, step, device):
+    """vLLM's other processors, the same on every rank: allowed ids, logit
+    bias (repeated ids among them), min_tokens' stop ids (on for rows whose
+    position + 1 is below min_len) and banned ids with padding; some rows
+    with empty lists."""
+    gen = torch.Generator().manual_seed(step + 23)
+    ints = lambda hi, shape: torch.randint(hi, shape, generator=gen, dtype=torch.int32)
+    few = min(vocab, 6)
+    allowed_ids = torch.where(ints(2, (tokens, 8)) == 0, ints(few, (tokens, 8)),
+                              ints(vocab, (tokens, 8)))
+    bias_ids = torch.where(ints(2, (tokens, 12)) == 0, ints(few, (tokens, 12)),
+                           ints(vocab, (tokens, 12)))
+    values = torch.randn((tokens, 12), generator=gen) * 4
+    values[:, 0] = torch.where(ints(2, (tokens,)) == 0, -100.0, 100.0)
+    stop = ints(vocab, (tokens, 3))
+    banned = torch.where(ints(3, (tokens, 4)) == 0, -1, ints(vocab, (tokens, 4)))
+    counts = lambda width: torch.where(ints(3, (tokens,)) == 0, 0, ints(width + 1, (tokens,)))
+    on = lambda t: t.to(device)
+    return dict(allowed_token_ids=(on(counts(8) * (step % 2)), on(allowed_ids)),
+                logit_bias=(on(counts(12)), on(bias_ids), on(values)),
+                min_tokens=(on(ints(6, (tokens,))), on(counts(3)), on(stop), None),
+                position=on(ints(5, (tokens,)).long()), banned=on(banned))
+
+
 def as_tables(p, step):
     """p's per-row parameters as per-request tables of a few more entries
     (the rest garbage) that the rows read through state_rows, and their
@@ -245,6 +269,27 @@ def as_tables(p, step):
                 table = torch.full((rows + 3,), -7, dtype=p[name].dtype, device=device)
                 out[name] = table.index_copy(0, at, p[name])
     return out
+
+
+def processed(g, x, gathered, kw, n, what):
+    """g.sample with logits processors in kw against the definition: the
+    tokens (with the logprob and n top-n, gathered; without, the shards'
+    path), logprobs within 1e-5. True when they agree."""
+    close = lambda a, b: torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6,
+                                        equal_nan=True)
+    got = g.sample(x, logprobs=n, **kw)
+    want = definition.sample(gathered, logprobs=n, noise=g.noise, **kw)
+    ok = torch.equal(got.tokens, want.tokens) and close(got.logprobs, want.logprob)
+    if n:
+        ok = ok and (torch.equal(got.top_logprobs.indices, want.top_indices) and
+                     close(got.top_logprobs.values, want.top_logprobs))
+    quiet = g.sample(x, token_logprobs=False, **kw)  # the shards' path
+    ok = ok and torch.equal(quiet.tokens, want.tokens)
+    if not ok:
+        print(f"  {g.name} {what}: {got.tokens.tolist()} {quiet.tokens.tolist()} "
+              f"{got.logprobs.tolist()}, want {want.tokens.tolist()} {want.logprob.tolist()}",
+              flush=True)
+    return ok
 
 
 def check_draws(g, x, gathered, step, tp):
@@ -296,19 +341,13 @@ def check_draws(g, x, gathered, step, tp):
         pen = draw_penalties(x.shape[0], g.vocab_size, step, x.device)
         if step % 3 == 2:
             pen["bitmask"] = draw_bitmask(x.shape[0], g.vocab_size, step + 3, x.device)
-        pz = g.sample(x, logprobs=n, **p, **pen)
-        wz = definition.sample(gathered, logprobs=n, noise=g.noise, **p, **pen)
-        ok_z = torch.equal(pz.tokens, wz.tokens) and close(pz.logprobs, wz.logprob)
-        if not bare:
-            ok_z = ok_z and (torch.equal(pz.top_logprobs.indices, wz.top_indices) and
-                             close(pz.top_logprobs.values, wz.top_logprobs))
-        quiet = g.sample(x, token_logprobs=False, **p, **pen)  # the shards' path
-        ok_z = ok_z and torch.equal(quiet.tokens, wz.tokens)
-        if not ok_z:
-            print(f"  {g.name} step {step}: with penalties {pz.tokens.tolist()} "
-                  f"{quiet.tokens.tolist()} {pz.logprobs.tolist()}, want "
-                  f"{wz.tokens.tolist()} {wz.logprob.tolist()}", flush=True)
-        ok = ok and ok_z
+        ok = processed(g, x, gathered, dict(p, **pen), n, f"step {step}: with penalties") and ok
+    if step % 3 != 2:  # vLLM's lists (with penalties and a bitmask one step in three)
+        lists = draw_lists(x.shape[0], g.vocab_size, step, x.device)
+        if step % 3 == 0:
+            lists.update(draw_penalties(x.shape[0], g.vocab_size, step + 5, x.device))
+            lists["bitmask"] = draw_bitmask(x.shape[0], g.vocab_size, step + 7, x.device)
+        ok = processed(g, x, gathered, dict(p, **lists), n, f"step {step}: with lists") and ok
     if step % 4 == 2:  # SGLang's forms: int32 top_k, 1 << 30 for off; one seed; row offsets
         forms = dict(p, top_k=torch.where(p["top_k"] == 0, 1 << 30, p["top_k"]).int(),
                      seed=step, offset=torch.arange(x.shape[0], device=x.device))
