@@ -286,8 +286,7 @@ def _sample(rank):
     # what kl_sample does not do stays with vLLM's sampler, and says why
     head, hidden = heads[0]
     on, vocab = ours[0], HEADS[0][0]
-    declined = [(SamplingParams(temperature=1.0, logit_bias={3: 1.0}), "LogitBiasState"),
-                (_bad_words([[42], [7, 8]]), "BadWordsState"),
+    declined = [(_bad_words([[42], [7, 8]]), "BadWordsState"),
                 (SamplingParams(temperature=1.0, logprobs=2), "logprobs"),
                 (SamplingParams(temperature=1.0, top_k=65), "top_k 65:")]
     for params, why in declined:
@@ -302,6 +301,7 @@ def _sample(rank):
     assert on.sample(head, hidden[:2], sampler, _batch([0, 1], draft=1), None) is None
     _grammar_steps(on, stock[0], head, hidden, vocab, sampler)
     _penalty_steps(on, stock[0], head, hidden, vocab)
+    _list_steps(on, stock[0], head, hidden, vocab)
     # what the user asked of vLLM's sampler that klgen's draws would skip
     for flag, why in (("compute_nans", "NaNs"), ("use_fp64_gumbel", "fp64")):
         setattr(sampler, flag, True)
@@ -310,7 +310,7 @@ def _sample(rank):
     watermarked = type("GPUWatermarkSampler", (type(sampler),), {})
     sampler.__class__ = watermarked  # a subclass samples its own way: vLLM's
     assert "GPUWatermarkSampler" in sampling_args(sampler, _batch([0, 1]), 64)
-    assert on.klgen.stats()["declined"] == {"sample": len(declined) + 2}
+    assert on.klgen.stats()["declined"] == {"sample": len(declined) + 3}
     _sample_models(on, head, hidden, vocab, kinds)
 
 
@@ -356,6 +356,65 @@ def _grammar_steps(on, off, head, hidden, vocab, sampler):
     assert on.sample(head, hidden[:2], sampler, batch, odd) is None
     assert "structured output: a bitmask of shape" in str(
         grammar_bitmask(odd, batch, 2, vocab, torch.device("cpu")))
+
+
+def _applied(processor):
+    """A logits processor's staged writes applied as vLLM's apply_staged_writes
+    would (its kernel needs Triton on a GPU): StagedWriteTensor rows and
+    UvaBackedTensor copies, in torch."""
+    for table in vars(processor).values():
+        if hasattr(table, "_staged_write_indices"):
+            contents, start = table._staged_write_contents, 0
+            for index, at, end in zip(table._staged_write_indices, table._staged_write_starts,
+                                      table._staged_write_cu_lens):
+                row = torch.tensor(contents[start:end], dtype=table.gpu.dtype)
+                table.gpu[index, at:at + row.numel()] = row
+                start = end
+            table.clear_staged_writes()
+        elif hasattr(table, "copy_to_uva"):
+            table.copy_to_uva()
+
+
+def _list_steps(on, off, head, hidden, vocab):
+    """vLLM's LogitBiasState on kl_sample (allowed ids, logit bias,
+    min_tokens), from its own tables through the batch's idx_mapping, mixed
+    with plain and greedy requests; a grammar's restore of its stop ids
+    stays with vLLM's sampler."""
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+
+    from klgen import reference
+    from klgen.integrations.vllm import GREEDY, sampling_args
+
+    kinds = [SamplingParams(temperature=0.0, logit_bias={5: 30.0, 9: -2.5}),
+             SamplingParams(temperature=0.8, allowed_token_ids=[1, 4, 7, 8], seed=4),
+             SamplingParams(temperature=1.0),
+             SamplingParams(temperature=0.9, top_k=5, min_tokens=4, stop_token_ids=[2, 3],
+                            logit_bias={2: 50.0, 3: 50.0}),
+             SamplingParams(temperature=0.0, allowed_token_ids=[6, 11]),
+             SamplingParams(temperature=1.0, min_tokens=9, stop_token_ids=[1],
+                            structured_outputs=StructuredOutputsParams(regex="a+"))]
+    sampler = _v2_sampler(vocab, kinds)
+    lists = next(p for p in sampler.logits_processors if type(p).__name__ == "LogitBiasState")
+    _applied(lists)
+    changed = 0
+    for slots in ([0, 1, 2, 3, 4], [2], [0], [4, 3, 1], [2, 4]):
+        n, batch = len(slots), _batch(slots, seed=9)
+        logits = off(head, hidden[:n])
+        args = sampling_args(sampler, batch, 64, vocab)
+        served = slots != [2]  # request 2 uses none of the lists
+        assert (args is not GREEDY and "logit_bias" in args) == served, (slots, args)
+        if served:
+            assert args["logit_bias"][1] is lists.logit_bias_token_ids.gpu
+        got = on.sample(head, hidden[:n], sampler, batch, None)
+        want = reference.sample(logits, **args, noise="vllm").tokens
+        assert torch.equal(got, want), (slots, got, want)
+        plain = {k: v for k, v in args.items()
+                 if k not in ("allowed_token_ids", "logit_bias", "min_tokens")}
+        changed += int((reference.sample(logits, **plain, noise="vllm").tokens != want).sum())
+    assert changed > 0  # the lists took effect
+    reason = sampling_args(sampler, _batch([2, 5]), 64, vocab)
+    assert isinstance(reason, str) and "restored" in reason, reason
+    assert on.sample(head, hidden[:2], sampler, _batch([2, 5]), None) is None
 
 
 def _penalty_steps(on, off, head, hidden, vocab):
@@ -406,7 +465,7 @@ def _penalty_steps(on, off, head, hidden, vocab):
     assert changed > 0  # the penalties took effect
     # vLLM's vocabulary and the spec's differ: the counts' rows do not fit
     reason = sampling_args(sampler, _batch([0, 1]), 64, vocab + 1)
-    assert "penalties over vLLM's vocabulary" in reason, reason
+    assert "logits processors over vLLM's vocabulary" in reason, reason
 
 
 def _model(compute_logits, **attrs):
@@ -512,9 +571,9 @@ def _plans_per_composition(rank):
         args = kv.sampling_args(sampler, _batch(slots), 64)
         assert args["seed"][args["state_rows"]].tolist() == [3, 3]
     assert made == [[0, 1], [1, 0]]
-    sampler.add_request(1, SamplingParams(temperature=1.0, logit_bias={3: 1.0}))
+    sampler.add_request(1, _bad_words([[42]]))
     sampler.sampling_states.apply_staged_writes()  # (the processors' need Triton)
-    assert "LogitBiasState" in kv.sampling_args(sampler, _batch([0, 1]), 64)
+    assert "BadWordsState" in kv.sampling_args(sampler, _batch([0, 1]), 64)
     args = kv.sampling_args(sampler, _batch([0]), 64)
     assert args["seed"][args["state_rows"]].tolist() == [3]
     assert made == [[0, 1], [1, 0], [0, 1], [0]]

@@ -34,7 +34,7 @@ step whose requests kl_sample serves draws each logits row's token from the
 shards, with the parameters vLLM's v2 Sampler keeps per request
 (sampling_args), and returns the SamplerOutput vLLM's sampler would; any
 other step is vLLM's own (batch-sharded sampling, draft tokens, logprobs,
-penalties and the rest: KlgenLogitsProcessor.sample and
+bad words and the rest: KlgenLogitsProcessor.sample and
 sampling_args say which), counted as a declined "sample". The wrapper
 checks first that GPUModelRunner.sample and Sampler.__call__ are vLLM
 0.33.0's code; where they are not, every step keeps vLLM's path, counted
@@ -269,11 +269,16 @@ def _logits_source(model):
 
 # The v2 Sampler's own per-request processors, with the flags that say a
 # request uses one; any other processor makes every step vLLM's. Of them
-# kl_sample applies the penalties (from vLLM's own tables); a request using
-# another makes its steps vLLM's.
+# kl_sample applies the penalties and the logit bias state's lists (allowed
+# ids, bias, min_tokens; from vLLM's own tables); a request using another
+# makes its steps vLLM's.
 _PROCESSOR_FLAGS = {"LogitBiasState": "use_logit_bias", "PenaltiesState": "use_penalty",
                     "BadWordsState": "num_bad_words"}
-_SERVED = ("PenaltiesState",)
+_SERVED = ("PenaltiesState", "LogitBiasState")
+# What the glue reads of LogitBiasState.
+_LIST_PARTS = ("num_allowed_token_ids", "allowed_token_ids", "num_logit_bias",
+               "logit_bias_token_ids", "logit_bias", "min_lens", "num_stop_token_ids",
+               "stop_token_ids", "restore_when_all_masked")
 
 
 def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
@@ -304,7 +309,10 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
     kl_sample also applies vLLM's penalties, reading its PenaltiesState's
     tables where they are (its per-request penalties, prompt_bin_mask and
     output_bin_counts, through state_rows), where a request of the step
-    uses one."""
+    uses one; and LogitBiasState's allowed ids, logit bias and min_tokens
+    the same way (min_tokens' position: the rows' offsets, vLLM's
+    positions), but for a structured-output request's restore of its stop
+    ids (vLLM's restore_when_all_masked), a function of the whole row."""
     reason = _step_declines(sampler, input_batch)
     if reason is not None:
         return reason
@@ -332,19 +340,27 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
                         frequency_penalty=pen.frequency_penalty.gpu,
                         presence_penalty=pen.presence_penalty.gpu,
                         prompt_mask=pen.prompt_bin_mask, output_counts=pen.output_bin_counts)
+        if plan.lists is not None:
+            lb = plan.lists
+            step.update(allowed_token_ids=(lb.num_allowed_token_ids.gpu, lb.allowed_token_ids.gpu),
+                        logit_bias=(lb.num_logit_bias.gpu, lb.logit_bias_token_ids.gpu,
+                                    lb.logit_bias.gpu),
+                        min_tokens=(lb.min_lens.gpu, lb.num_stop_token_ids.gpu,
+                                    lb.stop_token_ids.gpu, None))
         return step
     return dict(plan, **step)
 
 
 class _Tables(NamedTuple):
     """A composition's plan that reads vLLM's tables each step: which
-    filters its requests use, and vLLM's PenaltiesState where one uses a
-    penalty (else None)."""
+    filters its requests use, vLLM's PenaltiesState where one uses a
+    penalty and its LogitBiasState where one uses a list (else None)."""
 
     top_k: bool
     top_p: bool
     min_p: bool
     penalties: object = None
+    lists: object = None
 
 
 # sampling_args of a step whose requests are all greedy: every filter, the
@@ -385,16 +401,24 @@ def _plan(sampler, input_batch, max_top_k, vocab_size):
         return reason
     rows, states = input_batch.expanded_idx_mapping, sampler.sampling_states
     requests = input_batch.idx_mapping_np
-    penalties = _penalties_used(sampler, requests)
-    if penalties is not None and vocab_size is not None and states.vocab_size != vocab_size:
-        return (f"penalties over vLLM's vocabulary of {states.vocab_size}, not the spec's "
-                f"{vocab_size}")
-    # vLLM's greedy rows: temperature 0 (an argmax, but of penalized logits)
-    if not states.temperature.np[requests].any() and penalties is None:
+    penalties = _processor_used(sampler, requests, "PenaltiesState")
+    lists = _processor_used(sampler, requests, "LogitBiasState")
+    if lists is not None:
+        missing = [part for part in _LIST_PARTS if not hasattr(lists, part)]
+        if missing:
+            return f"vLLM's LogitBiasState has no {missing[0]} (another vLLM)"
+        if lists.restore_when_all_masked.np[requests].any():
+            return "min_tokens' stop ids restored where nothing else is left (a grammar's)"
+    if ((penalties is not None or lists is not None) and vocab_size is not None
+            and states.vocab_size != vocab_size):
+        return (f"logits processors over vLLM's vocabulary of {states.vocab_size}, not the "
+                f"spec's {vocab_size}")
+    # vLLM's greedy rows: temperature 0 (an argmax, but of processed logits)
+    if not states.temperature.np[requests].any() and penalties is None and lists is None:
         return GREEDY
     used = _Tables(_used(states.top_k, requests, states.vocab_size),  # vLLM's off: its vocabulary
                    _used(states.top_p, requests, 1.0), _used(states.min_p, requests, 0.0),
-                   penalties)
+                   penalties, lists)
     if vocab_size is None or states.vocab_size >= vocab_size:
         return used
     top_k = top_p = min_p = None
@@ -409,12 +433,13 @@ def _plan(sampler, input_batch, max_top_k, vocab_size):
                 min_p=min_p, seed=states.seeds.gpu[rows])
 
 
-def _penalties_used(sampler, requests):
-    """vLLM's PenaltiesState where a request of the slots `requests` uses a
-    penalty, else None."""
+def _processor_used(sampler, requests, name):
+    """vLLM's processor of class `name` (PenaltiesState, LogitBiasState)
+    where a request of the slots `requests` uses it, else None."""
     for processor in sampler.logits_processors:
-        if type(processor).__name__ == "PenaltiesState" and processor.use_penalty[requests].any():
-            return processor
+        if type(processor).__name__ == name:
+            used = getattr(processor, _PROCESSOR_FLAGS[name])
+            return processor if getattr(used, "np", used)[requests].any() else None
     return None
 
 
