@@ -229,7 +229,6 @@ typedef struct kl_route {
   kl_result (*nccl)(kl_ctx *c, kl_call *k, CUstream s);
 } kl_route;
 /* kl_sample's arguments beside its outputs (kl_call.extra). */
-/* select.c: kl_sample's parameters as the samplers read them. */
 typedef struct kl_sample_call {
   kl_sampling p; /* the caller's, as this library knows it (kl_read_input) */
   int n_top;
@@ -238,6 +237,7 @@ typedef struct kl_sample_call {
   long long list_row_words;
   int list_slot_bits;
 } kl_sample_call;
+/* select.c: kl_sample's parameters as the samplers read them. */
 kl_row_params kl_row_params_of(const kl_sample_call *x);
 struct kl_call {
   const kl_route *route;

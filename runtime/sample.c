@@ -28,6 +28,7 @@ static size_t row_bytes(const kl_ctx *c) {
 /* A bitmask row's int32 words: a bit for each column of the vocabulary. */
 static int64_t mask_words(const kl_ctx *c) { return ((int64_t)c->spec.vocab_size + 31) / 32; }
 
+/* Whether the call has a penalty (repetition, frequency or presence). */
 static int has_penalties(const kl_sampling *p) {
   return p->repetition_penalty || p->frequency_penalty || p->presence_penalty;
 }

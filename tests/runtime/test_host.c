@@ -362,6 +362,20 @@ static void check_counts(kl_ctx *c, uint64_t oneshot, uint64_t nccl, const char 
 
 /* ---- the cases ---- */
 
+/* Each of n kl_sample calls of 2 tokens, one a params, refused with
+ * EINVAL whose message holds what[i], before anything is launched. */
+static void expect_refused(kl_ctx *c, CUdeviceptr shard, CUdeviceptr token, const kl_sampling *p,
+                           const char *const *what, int n) {
+  for (int i = 0; i < n; i++) {
+    const int before = launches;
+    kl_result r = kl_sample(c, (void *)(uintptr_t)shard, &p[i], (int64_t *)(uintptr_t)token, NULL,
+                            NULL, NULL, 0, 2, NULL);
+    CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), what[i]) && launches == before,
+             "want EINVAL with \"%s\" and no launch: %s (%s), %d launches", what[i],
+             kl_result_name(r), kl_last_error(), launches - before);
+  }
+}
+
 /* kl_sample's lists (allowed ids, logit bias, min_tokens, banned ids): a
  * list's arrays without each other or without a width, position without
  * min_tokens, an array past its buffer or misaligned, each refused before
@@ -414,14 +428,7 @@ static void sample_lists(void) {
   what[9] = "banned 0x";
   odd[10].bias_width = 1 << 20;
   what[10] = "bias_width + banned_width is 1048581 (at most 524288)";
-  for (int i = 0; i < N_ODD; i++) {
-    before = launches;
-    r = kl_sample(c, (void *)(uintptr_t)shard, &odd[i], (int64_t *)(uintptr_t)token, NULL, NULL,
-                  NULL, 0, 2, NULL);
-    CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), what[i]) && launches == before,
-             "lists: want EINVAL with \"%s\" and no launch: %s (%s), %d launches", what[i],
-             kl_result_name(r), kl_last_error(), launches - before);
-  }
+  expect_refused(c, shard, token, odd, what, N_ODD);
   /* a logprob with a list: the logprob is of the raw logits, so the rows
    * are gathered and sampled whole */
   CUdeviceptr lp = device_buffer(64);
@@ -508,14 +515,7 @@ static void sample_alignment(void) {
   what[21] = "(a table of params->states = 2 entries of 32 elements)";
   odd_p[22].frequency_penalty = (const float *)(uintptr_t)(par + 3073);
   what[22] = "params->frequency_penalty is not 4-byte aligned";
-  for (int i = 0; i < N_ODD; i++) {
-    before = launches;
-    r = kl_sample(c, (void *)(uintptr_t)shard, &odd_p[i], (int64_t *)(uintptr_t)token, NULL, NULL,
-                  NULL, 0, 2, NULL);
-    CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), what[i]) && launches == before,
-             "want EINVAL with \"%s\" and no launch: %s (%s), %d launches", what[i],
-             kl_result_name(r), kl_last_error(), launches - before);
-  }
+  expect_refused(c, shard, token, odd_p, what, N_ODD);
   /* a larger struct (a newer header) is taken when its extra bytes are 0 */
   struct {
     kl_sampling p;
