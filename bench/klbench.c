@@ -23,8 +23,8 @@
  * --select measures the fused epilogue, kl_argmax and kl_topk (k: --topk,
  * default 8) against the engines' separate kernels instead (bench/select.c).
  * --sample measures kl_sample (T 0.7 with and without top-k 50 and top-p
- * 0.9, a grammar bitmask or penalties, and greedy) against kl_gather, kl_argmax and NCCL pairs instead
- * (bench/sample.c).
+ * 0.9, with each logits processor alone, and greedy) against kl_gather,
+ * kl_argmax and NCCL pairs instead (bench/sample.c).
  * --templates DIR renders the kernels from DIR instead of the built-in
  * templates (as klgen --templates does): a template change is measured
  * against the same NCCL figures without rebuilding anything. */
@@ -455,7 +455,8 @@ static const char usage[] =
     "                    separate kernels, instead of the gather\n"
     "  --topk K          with --select: kl_topk's k (default 8)\n"
     "  --sample          kl_sample (greedy, plain T 0.7, T 0.7 with top-k 50 and top-p\n"
-    "                    0.9, T 0.7 through a grammar bitmask, T 0.7 with penalties)\n"
+    "                    0.9, T 0.7 with each processor: a grammar bitmask, penalties,\n"
+    "                    logit bias, allowed ids, min_tokens, banned ids)\n"
     "                    against gather + argmax and NCCL pairs\n"
     "  --templates DIR   kernels rendered from DIR instead of the built-in templates\n"
     "  -h, --help        this text\n"
