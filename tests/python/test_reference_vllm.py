@@ -707,6 +707,56 @@ def test_verify_matches_vllms_rejection_sampler(draft_logits, which):
     assert near <= total // 20
 
 
+# ---- the vLLM glue's bad words: vLLM's kernel's bans, from its tables ----
+
+def banned_sets(banned):
+    return [sorted(set(row) - {-1}) for row in banned.tolist()]
+
+
+def reach_into_prompt(b, gen):
+    """A bad word for a few of b's requests whose tokens before its last are
+    the last of the prompt and the whole output: longer than the output, so
+    vLLM's kernel bans nothing for it, though those tokens are there."""
+    s = b["state"]
+    for r in b["idx"][:4].tolist():
+        end, out = int(s["total_len"][r]), int(s["out_len"][r])
+        last = int(randint(gen, 0, b["vocab"], ()))
+        word = s["all_token_ids"][r, end - out - 1:end].tolist() + [last]
+        s["num_bad_words"][r] = 1
+        s["bad_word_offsets"][r, :2] = torch.tensor([0, len(word)], dtype=I32)
+        s["bad_word_token_ids"][r, :len(word)] = torch.tensor(word, dtype=I32)
+    b["banned"] = vllm_banned(b)
+
+
+@pytest.mark.parametrize("drafts", [False, True])
+def test_glue_bad_words_ban_what_vllm_bans(drafts):
+    """klgen.integrations.vllm.bad_words_banned on vLLM's own BadWordsState
+    tables (random requests, half their words ending the output, 0-4 words
+    each, stale entries past each count) bans in every row the columns
+    vLLM's bad-words kernel sets to -inf, with and without drafts."""
+    from klgen.integrations.vllm import bad_words_banned
+
+    gen = torch.Generator().manual_seed(31 + drafts)
+    hits = rows_seen = 0
+    for vocab in (50, 1000, 7):
+        for _ in range(4):
+            b = make_step(gen, 12, vocab)["b"] if drafts else make_batch(gen, 24, 30, vocab)
+            reach_into_prompt(b, gen)
+            s = b["state"]
+            width = int(s["num_bad_words"].max())
+            ids, local = drafts_in(b, b["idx"].shape[0])
+            step = dict(local_pos=local, input_ids=ids) if drafts else {}
+            got = bad_words_banned(s["bad_word_token_ids"], s["bad_word_offsets"],
+                                   s["num_bad_words"], s["all_token_ids"], s["prompt_len"],
+                                   s["total_len"], b["idx"], width, **step)
+            assert got.dtype == I32 and got.shape == (b["idx"].shape[0], width)
+            want = banned_sets(b["banned"])
+            assert banned_sets(got) == want, (vocab, banned_sets(got), want)
+            hits += sum(map(len, want))
+            rows_seen += len(want)
+    assert hits > rows_seen // 4  # the words did end outputs
+
+
 # ---- misuse: what vLLM would refuse, refused ----
 
 def test_ids_vllm_refuses_are_refused():

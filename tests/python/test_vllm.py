@@ -210,11 +210,11 @@ def _batch(slots, draft=0, seed=0):
         logits_indices=ends - 1, num_draft_tokens=draft, req_ids=[f"r{s}" for s in slots])
 
 
-def _bad_words(token_ids):
+def _bad_words(token_ids, **params):
     """SamplingParams with bad words as vLLM's frontend leaves them: tokenized."""
     from vllm.sampling_params import SamplingParams
 
-    params = SamplingParams(temperature=1.0)
+    params = SamplingParams(**{"temperature": 1.0, **params})
     params._bad_words_token_ids = token_ids
     return params
 
@@ -286,8 +286,7 @@ def _sample(rank):
     # what kl_sample does not do stays with vLLM's sampler, and says why
     head, hidden = heads[0]
     on, vocab = ours[0], HEADS[0][0]
-    declined = [(_bad_words([[42], [7, 8]]), "BadWordsState"),
-                (SamplingParams(temperature=1.0, logprobs=2), "logprobs"),
+    declined = [(SamplingParams(temperature=1.0, logprobs=2), "logprobs"),
                 (SamplingParams(temperature=1.0, top_k=65), "top_k 65:")]
     for params, why in declined:
         sampler = _v2_sampler(vocab, [kinds[1], params])
@@ -302,6 +301,7 @@ def _sample(rank):
     _grammar_steps(on, stock[0], head, hidden, vocab, sampler)
     _penalty_steps(on, stock[0], head, hidden, vocab)
     _list_steps(on, stock[0], head, hidden, vocab)
+    _bad_word_steps(on, stock[0], head, hidden, vocab)
     # what the user asked of vLLM's sampler that klgen's draws would skip
     for flag, why in (("compute_nans", "NaNs"), ("use_fp64_gumbel", "fp64")):
         setattr(sampler, flag, True)
@@ -415,6 +415,69 @@ def _list_steps(on, off, head, hidden, vocab):
     reason = sampling_args(sampler, _batch([2, 5]), 64, vocab)
     assert isinstance(reason, str) and "restored" in reason, reason
     assert on.sample(head, hidden[:2], sampler, _batch([2, 5]), None) is None
+
+
+def _bad_word_steps(on, off, head, hidden, vocab):
+    """vLLM's BadWordsState on kl_sample: each step's bans worked out from
+    its tables and the requests' tokens (vLLM's RequestState), checked
+    against the rule written out here, and the tokens against the
+    reference's; a greedy request whose argmax a one-token word bans draws
+    another token."""
+    from vllm.sampling_params import SamplingParams
+
+    from klgen import reference
+    from klgen.integrations.vllm import sampling_args
+
+    slots = [0, 1, 2, 3, 4]
+    logits = off(head, hidden[:len(slots)])
+    top = int(logits[0].argmax())
+    words = [[[top], [7, 8], [3, 9, 5]], None, [[11, 12], [40]], [[11, 12]], [[5, 6, 7, 8]]]
+    kinds = [_bad_words(words[0], temperature=0.0), SamplingParams(temperature=0.7, seed=2),
+             _bad_words(words[2], temperature=0.8, seed=6), _bad_words(words[3]),
+             _bad_words(words[4], temperature=0.0)]
+    # each request's prompt, then its output: slot 0's ends 3, 9; slot 2's
+    # ends 11; slot 3 has none (its prompt ends 11: no ban); slot 4's ends
+    # 5, 6, 1
+    prompts = [[1, 2], [4], [9, 9, 9], [10, 11], [5]]
+    outputs = [[7, 3, 9], [2, 2], [30, 11], [], [5, 6, 1]]
+    sampler = _v2_sampler(vocab, kinds)
+    bad = next(p for p in sampler.logits_processors if type(p).__name__ == "BadWordsState")
+    _applied(bad)
+    req = bad.req_states
+    for slot, (prompt, output) in enumerate(zip(prompts, outputs)):
+        tokens = prompt + output
+        req.all_token_ids.gpu[slot, :len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        req.prompt_len.np[slot] = len(prompt)
+        req.total_len.gpu[slot] = len(tokens)
+    req.prompt_len.copy_to_uva()
+
+    def bans(slot):
+        out = outputs[slot]
+        return sorted({w[-1] for w in words[slot] or [] if len(w) - 1 <= len(out)
+                       and out[len(out) - len(w) + 1:] == w[:-1]})
+
+    assert [bans(s) for s in slots] == [sorted({top, 5}), [], [12, 40], [], []]
+    changed = 0
+    for step in (slots, [1], [3, 0], [4, 2, 1]):
+        n, batch = len(step), _batch(step, seed=5)
+        batch_logits = off(head, hidden[:n])
+        args = sampling_args(sampler, batch, 64, vocab)
+        assert not isinstance(args, str), (step, args)
+        assert ("banned" in args) == any(words[s] for s in step), (step, args.keys())
+        if "banned" not in args:
+            continue
+        assert [sorted(set(row) - {-1}) for row in args["banned"].tolist()] == \
+            [bans(s) for s in step], (step, args["banned"])
+        got = on.sample(head, hidden[:n], sampler, batch, None)
+        want = reference.sample(batch_logits, **args, noise="vllm").tokens
+        assert torch.equal(got, want), (step, got, want)
+        plain = {k: v for k, v in args.items() if k != "banned"}
+        changed += int((reference.sample(batch_logits, **plain, noise="vllm").tokens
+                        != want).sum())
+        if step == slots:
+            assert int(got[0]) != top and int(want[0]) == int(
+                logits[0].masked_fill(torch.arange(vocab) == top, -float("inf")).argmax())
+    assert changed > 0  # the bans took effect
 
 
 def _penalty_steps(on, off, head, hidden, vocab):
@@ -571,9 +634,9 @@ def _plans_per_composition(rank):
         args = kv.sampling_args(sampler, _batch(slots), 64)
         assert args["seed"][args["state_rows"]].tolist() == [3, 3]
     assert made == [[0, 1], [1, 0]]
-    sampler.add_request(1, _bad_words([[42]]))
+    sampler.add_request(1, SamplingParams(temperature=1.0, logprobs=2))
     sampler.sampling_states.apply_staged_writes()  # (the processors' need Triton)
-    assert "BadWordsState" in kv.sampling_args(sampler, _batch([0, 1]), 64)
+    assert "logprobs" in kv.sampling_args(sampler, _batch([0, 1]), 64)
     args = kv.sampling_args(sampler, _batch([0]), 64)
     assert args["seed"][args["state_rows"]].tolist() == [3]
     assert made == [[0, 1], [1, 0], [0, 1], [0]]

@@ -33,8 +33,8 @@ when vLLM has imported the runner and before the model is built. A decode
 step whose requests kl_sample serves draws each logits row's token from the
 shards, with the parameters vLLM's v2 Sampler keeps per request
 (sampling_args), and returns the SamplerOutput vLLM's sampler would; any
-other step is vLLM's own (batch-sharded sampling, draft tokens, logprobs,
-bad words and the rest: KlgenLogitsProcessor.sample and
+other step is vLLM's own (batch-sharded sampling, draft tokens, logprobs
+and the rest: KlgenLogitsProcessor.sample and
 sampling_args say which), counted as a declined "sample". The wrapper
 checks first that GPUModelRunner.sample and Sampler.__call__ are vLLM
 0.33.0's code; where they are not, every step keeps vLLM's path, counted
@@ -268,17 +268,20 @@ def _logits_source(model):
 
 
 # The v2 Sampler's own per-request processors, with the flags that say a
-# request uses one; any other processor makes every step vLLM's. Of them
-# kl_sample applies the penalties and the logit bias state's lists (allowed
-# ids, bias, min_tokens; from vLLM's own tables); a request using another
-# makes its steps vLLM's.
+# request uses one; any other processor makes every step vLLM's. kl_sample
+# applies each: the penalties and the logit bias state's lists (allowed ids,
+# bias, min_tokens) from vLLM's own tables, the bad words as the columns
+# they ban in the step (bad_words_banned).
 _PROCESSOR_FLAGS = {"LogitBiasState": "use_logit_bias", "PenaltiesState": "use_penalty",
                     "BadWordsState": "num_bad_words"}
-_SERVED = ("PenaltiesState", "LogitBiasState")
-# What the glue reads of LogitBiasState.
+_SERVED = ("PenaltiesState", "LogitBiasState", "BadWordsState")
+# What the glue reads of LogitBiasState, of BadWordsState, and of the
+# request state BadWordsState reads.
 _LIST_PARTS = ("num_allowed_token_ids", "allowed_token_ids", "num_logit_bias",
                "logit_bias_token_ids", "logit_bias", "min_lens", "num_stop_token_ids",
                "stop_token_ids", "restore_when_all_masked")
+_BAD_WORD_PARTS = ("bad_word_token_ids", "bad_word_offsets", "num_bad_words", "req_states")
+_REQUEST_PARTS = ("all_token_ids", "prompt_len", "total_len")
 
 
 def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
@@ -312,7 +315,10 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
     uses one; and LogitBiasState's allowed ids, logit bias and min_tokens
     the same way (min_tokens' position: the rows' offsets, vLLM's
     positions), but for a structured-output request's restore of its stop
-    ids (vLLM's restore_when_all_masked), a function of the whole row."""
+    ids (vLLM's restore_when_all_masked), a function of the whole row; and
+    BadWordsState's bad words, as the columns they ban in the step
+    (bad_words_banned, from its tables and the requests' tokens: a few torch
+    operations a step where a request of the step has bad words)."""
     reason = _step_declines(sampler, input_batch)
     if reason is not None:
         return reason
@@ -347,20 +353,79 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
                                     lb.logit_bias.gpu),
                         min_tokens=(lb.min_lens.gpu, lb.num_stop_token_ids.gpu,
                                     lb.stop_token_ids.gpu, None))
+        if plan.bad_words is not None:
+            bw, req = plan.bad_words, plan.bad_words.req_states
+            step["banned"] = bad_words_banned(
+                bw.bad_word_token_ids.gpu, bw.bad_word_offsets.gpu, bw.num_bad_words.gpu,
+                req.all_token_ids.gpu, req.prompt_len.gpu, req.total_len.gpu,
+                input_batch.expanded_idx_mapping, plan.bad_width)
         return step
     return dict(plan, **step)
+
+
+def bad_words_banned(token_ids, offsets, count, all_token_ids, prompt_len, total_len, rows,
+                     width, local_pos=None, input_ids=None):
+    """The columns vLLM's BadWordsState sets to -inf in each logits row, as
+    kl_sample's banned: int32 [rows, width], -1 where a word bans nothing.
+    The tables are vLLM's, per request state: token_ids [states, K] (each
+    state's words end to end), offsets [states, >= width + 1] (where each
+    starts, then where the last ends), count [states] (its words),
+    all_token_ids [states, max_model_len], prompt_len and total_len
+    [states]; rows: each row's state (expanded_idx_mapping); width: the most
+    words a request of the step has. Word w of a row bans its last token
+    where the tokens before that end the row's output (its drafts before the
+    row included: local_pos, the row's place among its request's rows, and
+    input_ids, each row's input token, as vLLM's kernel reads them; None:
+    no drafts). A word of no tokens bans nothing. Torch operations on the
+    tables' device, no host read: a step's rows are worked out at once."""
+    rows = rows.long()
+    n, device = rows.shape[0], rows.device
+    if width < 1:
+        return torch.full((n, 0), -1, dtype=torch.int32, device=device)
+    tokens = token_ids[rows]  # [n, K]
+    k_max = tokens.shape[1]
+    start = offsets[rows, :width].long().clamp(0, k_max)
+    end = offsets[rows, 1:width + 1].long().clamp(0, k_max)
+    listed = torch.arange(width, device=device) < count[rows, None].long()
+    valid = listed & (end > start)
+    prefix = end - start - 1  # [n, width]
+    # each flat position's word: how many of the row's words end at or before it
+    ends = torch.zeros(n, k_max + 1, dtype=torch.long, device=device)
+    ends.scatter_add_(1, torch.where(listed, end, k_max), listed.long())
+    word = ends[:, :k_max].cumsum(1).clamp(max=width - 1)
+    at = torch.arange(k_max, device=device) - start.gather(1, word)  # place in its word
+    word_prefix = prefix.gather(1, word)
+    in_prefix = valid.gather(1, word) & (at >= 0) & (at < word_prefix)
+    out_len = (total_len[rows] - prompt_len[rows]).long()
+    drafts = 0 if local_pos is None else local_pos.long()
+    seen = (out_len + drafts)[:, None] - word_prefix + at  # the output position compared
+    column = (prompt_len[rows].long()[:, None] + seen).clamp(0, all_token_ids.shape[1] - 1)
+    actual = all_token_ids[rows[:, None], column]
+    if local_pos is not None and input_ids is not None:
+        # past the committed output: the row's request's input ids (its drafts)
+        first = torch.arange(n, device=device) - drafts
+        spec = (first[:, None] + seen - out_len[:, None] + 1).clamp(0, n - 1)
+        actual = torch.where(seen >= out_len[:, None], input_ids.to(actual.dtype)[spec], actual)
+    wrong = in_prefix & ((seen < 0) | (actual != tokens))
+    misses = torch.zeros(n, width + 1, dtype=torch.long, device=device)
+    misses.scatter_add_(1, torch.where(in_prefix, word, width), wrong.long())
+    last = tokens.gather(1, (end - 1).clamp(0, max(k_max - 1, 0)))
+    return torch.where(valid & (misses[:, :width] == 0), last, -1).to(torch.int32)
 
 
 class _Tables(NamedTuple):
     """A composition's plan that reads vLLM's tables each step: which
     filters its requests use, vLLM's PenaltiesState where one uses a
-    penalty and its LogitBiasState where one uses a list (else None)."""
+    penalty, its LogitBiasState where one uses a list, its BadWordsState
+    where one has bad words (else None) and the most words a request has."""
 
     top_k: bool
     top_p: bool
     min_p: bool
     penalties: object = None
     lists: object = None
+    bad_words: object = None
+    bad_width: int = 0
 
 
 # sampling_args of a step whose requests are all greedy: every filter, the
@@ -409,16 +474,24 @@ def _plan(sampler, input_batch, max_top_k, vocab_size):
             return f"vLLM's LogitBiasState has no {missing[0]} (another vLLM)"
         if lists.restore_when_all_masked.np[requests].any():
             return "min_tokens' stop ids restored where nothing else is left (a grammar's)"
-    if ((penalties is not None or lists is not None) and vocab_size is not None
-            and states.vocab_size != vocab_size):
+    bad = _processor_used(sampler, requests, "BadWordsState")
+    if bad is not None:
+        missing = [part for part in _BAD_WORD_PARTS if not hasattr(bad, part)]
+        if not missing:
+            missing = [part for part in _REQUEST_PARTS if not hasattr(bad.req_states, part)]
+        if missing:
+            return f"vLLM's BadWordsState has no {missing[0]} (another vLLM)"
+    used_any = penalties is not None or lists is not None or bad is not None
+    if used_any and vocab_size is not None and states.vocab_size != vocab_size:
         return (f"logits processors over vLLM's vocabulary of {states.vocab_size}, not the "
                 f"spec's {vocab_size}")
     # vLLM's greedy rows: temperature 0 (an argmax, but of processed logits)
-    if not states.temperature.np[requests].any() and penalties is None and lists is None:
+    if not states.temperature.np[requests].any() and not used_any:
         return GREEDY
     used = _Tables(_used(states.top_k, requests, states.vocab_size),  # vLLM's off: its vocabulary
                    _used(states.top_p, requests, 1.0), _used(states.min_p, requests, 0.0),
-                   penalties, lists)
+                   penalties, lists, bad,
+                   0 if bad is None else int(bad.num_bad_words.np[requests].max()))
     if vocab_size is None or states.vocab_size >= vocab_size:
         return used
     top_k = top_p = min_p = None
