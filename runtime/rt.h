@@ -232,8 +232,8 @@ typedef struct kl_route {
 typedef struct kl_sample_call {
   kl_sampling p; /* the caller's, as this library knows it (kl_read_input) */
   int n_top;
-  /* where the lists kernel left the call's lists (sample.c), or NULL */
-  const unsigned *list_flags, *list_rows;
+  /* where the lists kernel leaves the call's lists (sample.c), or NULL */
+  unsigned *list_flags, *list_rows;
   long long list_row_words;
   int list_slot_bits;
 } kl_sample_call;
@@ -244,7 +244,8 @@ struct kl_call {
   const void *in; /* the shard, [tokens, shard] */
   kl_out out[KL_OUTS_MAX];
   int tokens;
-  const void *extra; /* the route's own arguments (kl_sample's parameters), or NULL */
+  void *extra; /* the route's own arguments (kl_sample's parameters: the call's copy, which
+                * the route completes), or NULL */
   /* set by the layer */
   size_t in_bytes;
   CUdeviceptr kin; /* the input as the kernels read it: in, or its staged copy */

@@ -247,7 +247,7 @@ static size_t lists_bytes(const kl_ctx *c, int64_t tokens, int bits) {
  * parameters (kl_row_params_of). The buffer for max_tokens rows: grown
  * outside capture, as the scratch. */
 static kl_result lists(kl_ctx *c, kl_call *k, CUstream s) {
-  kl_sample_call *x = (kl_sample_call *)k->extra; /* the call's own copy (calls.c) */
+  kl_sample_call *x = k->extra;
   if (!has_lists(&x->p) || k->tokens < 1) return KLRT_OK;
   const int bits = slot_bits(&x->p);
   const int64_t most = k->tokens > c->spec.max_tokens ? k->tokens : c->spec.max_tokens;
@@ -255,8 +255,8 @@ static kl_result lists(kl_ctx *c, kl_call *k, CUstream s) {
                             lists_bytes(c, most, bits), s);
   if (res) return res;
   const CUdeviceptr base = c->buf[KL_BUF_LISTS].p;
-  x->list_flags = (const unsigned *)base;
-  x->list_rows = (const unsigned *)(base + flags_bytes(k->tokens));
+  x->list_flags = (unsigned *)base;
+  x->list_rows = (unsigned *)(base + flags_bytes(k->tokens));
   x->list_row_words = row_words(c, bits);
   x->list_slot_bits = bits;
   const kl_sampling *p = &x->p;
@@ -264,7 +264,7 @@ static kl_result lists(kl_ctx *c, kl_call *k, CUstream s) {
       kl_row_params_of(x), p->allowed_count, p->allowed_ids, p->bias_count, p->bias_ids,
       p->bias_values, p->min_len, p->stop_count, p->stop_ids, (const long long *)p->position,
       p->banned, p->allowed_width, p->bias_width, p->stop_width, p->banned_width,
-      (unsigned *)x->list_flags, (unsigned *)x->list_rows, x->list_row_words, bits, k->tokens};
+      x->list_flags, x->list_rows, x->list_row_words, bits, k->tokens};
   /* PDL: it waits for the kernel before it (the lists may come from it);
    * the samplers after it start when it ends */
   CUresult r = kl_launch(c, KL_K_LISTS, kl_grid(c, KL_K_LISTS, k->tokens, 1), 1, s);

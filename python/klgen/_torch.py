@@ -636,20 +636,6 @@ def _penalty_number(name, value):
     return v
 
 
-def _penalty_table(t, name, shape, g):
-    """prompt_mask or output_counts: an int32 tensor of shape on g's device,
-    contiguous as kl_sample reads it."""
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
-        kind = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-        raise TypeError(f"{name} must be an int32 tensor, not {kind}")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [{shape[0]}, {shape[1]}] "
-                         f"(a row per entry of the tables)")
-    if t.device != g.device:
-        raise ValueError(f"{name} is on {t.device}, expected {g.device} (the shard's)")
-    return t.contiguous()
-
-
 def _penalties(g, n, values, prompt_mask, output_counts):
     """kl_sampling's penalties from g.sample's (n: the tables' entries, or
     the rows): repetition, frequency, presence (None where off), then
@@ -674,14 +660,15 @@ def _penalties(g, n, values, prompt_mask, output_counts):
         raise ValueError("the penalties need output_counts (each request's output token counts)")
     if values[0] is not None and prompt_mask is None:
         raise ValueError("repetition_penalty needs prompt_mask (each request's prompt tokens)")
-    prompt = None if prompt_mask is None else _penalty_table(
-        prompt_mask, "prompt_mask", (n, (g.vocab_size + 31) // 32), g)
-    return out + [prompt, _penalty_table(output_counts, "output_counts", (n, g.vocab_size), g)]
+    prompt = None if prompt_mask is None else _table(
+        prompt_mask, "prompt_mask", torch.int32, (n, (g.vocab_size + 31) // 32), g)
+    return out + [prompt, _table(output_counts, "output_counts", torch.int32, (n, g.vocab_size),
+                                 g)]
 
 
-def _list_tensor(t, name, dtype, shape, g):
-    """A list's array: a tensor of dtype and shape (None: any width, >= 1)
-    on g's device, contiguous as kl_sample reads it."""
+def _table(t, name, dtype, shape, g):
+    """A penalty's or a list's array: a tensor of dtype and shape (None: any
+    width, >= 1) on g's device, contiguous as kl_sample reads it."""
     if not isinstance(t, torch.Tensor) or t.dtype != dtype:
         kind = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
         raise TypeError(f"{name} must be a {dtype} tensor, not {kind}")
@@ -700,11 +687,11 @@ def _id_list(value, name, n, g, with_values=False):
     if not isinstance(value, (tuple, list)) or len(value) != parts:
         kind = "(count, ids, values)" if with_values else "(count, ids)"
         raise TypeError(f"{name} must be a tuple {kind} of tensors")
-    count = _list_tensor(value[0], f"{name} count", torch.int32, (n,), g)
-    ids = _list_tensor(value[1], f"{name} ids", torch.int32, (n, None), g)
+    count = _table(value[0], f"{name} count", torch.int32, (n,), g)
+    ids = _table(value[1], f"{name} ids", torch.int32, (n, None), g)
     if not with_values:
         return [count, ids]
-    values = _list_tensor(value[2], f"{name} values", torch.float32, (n, ids.shape[1]), g)
+    values = _table(value[2], f"{name} values", torch.float32, (n, ids.shape[1]), g)
     return [count, ids, values]
 
 
@@ -724,14 +711,14 @@ def _lists(g, n, tokens, allowed_token_ids, logit_bias, min_tokens, position, ba
         if min_tokens[3] is not None:
             raise ValueError("min_tokens' restore (vLLM's restore_when_all_masked) is not served "
                              "on the shards: it is not a function of a column; pass None")
-        out[5] = _list_tensor(min_tokens[0], "min_tokens min_len", torch.int32, (n,), g)
+        out[5] = _table(min_tokens[0], "min_tokens min_len", torch.int32, (n,), g)
         out[6:8] = _id_list(min_tokens[1:3], "min_tokens stop", n, g)
     if position is not None:
         if min_tokens is None:
             raise ValueError("position is used by min_tokens only: pass min_tokens with it")
-        out[8] = _list_tensor(position, "position", torch.int64, (tokens,), g)
+        out[8] = _table(position, "position", torch.int64, (tokens,), g)
     if banned is not None:
-        out[9] = _list_tensor(banned, "banned", torch.int32, (tokens, None), g)
+        out[9] = _table(banned, "banned", torch.int32, (tokens, None), g)
     return out
 
 

@@ -252,10 +252,10 @@ def test_bad_penalties(values, kw, error, words):
     ("prompt", torch.zeros((ROWS, 31), dtype=torch.int32), ValueError,
      "prompt_mask has shape (4, 31), expected [4, 32]"),
     ("prompt", torch.zeros((ROWS, 32), dtype=torch.int64), TypeError,
-     "prompt_mask must be an int32 tensor, not torch.int64"),
+     "prompt_mask must be a torch.int32 tensor, not torch.int64"),
     ("counts", torch.zeros((ROWS, 999), dtype=torch.int32), ValueError,
      "output_counts has shape (4, 999), expected [4, 1000]"),
-    ("counts", [[0] * 1000] * ROWS, TypeError, "output_counts must be an int32 tensor, not list"),
+    ("counts", [[0] * 1000] * ROWS, TypeError, "output_counts must be a torch.int32 tensor, not list"),
     ("counts", torch.zeros((ROWS, 1000), dtype=torch.int32, device="meta"), ValueError,
      "is on meta"),
 ])
