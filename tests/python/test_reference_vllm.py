@@ -757,6 +757,163 @@ def test_glue_bad_words_ban_what_vllm_bans(drafts):
     assert hits > rows_seen // 4  # the words did end outputs
 
 
+# ---- the vLLM glue on vLLM's own Sampler: a request mix ----
+
+def mix_params(gen, n, vocab):
+    """n requests drawn from a server's mix: 40 % plain, 20 % frequency and
+    presence penalties, 10 % repetition penalty, 10 % a grammar, 10 % seeded,
+    5 % logit bias, 5 % min_tokens with stop ids; on top, a tenth with bad
+    words and a tenth greedy. (kind, SamplingParams) each."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    kinds = ["plain"] * 8 + ["penalties"] * 4 + ["repetition"] * 2 + ["grammar"] * 2 + \
+        ["seeded"] * 2 + ["bias", "min_tokens"]
+    out = []
+    for i in range(n):
+        kind = kinds[int(randint(gen, 0, len(kinds), ()))]
+        kw = dict(temperature=float(torch.rand((), generator=gen)) * 1.5 + 0.2)
+        if torch.rand((), generator=gen) < 0.1:
+            kw["temperature"] = 0.0
+        if torch.rand((), generator=gen) < 0.3:
+            kw.update(top_k=int(randint(gen, 1, 60, ())), top_p=0.9)
+        if kind == "penalties":
+            kw.update(frequency_penalty=0.5, presence_penalty=0.3)
+        elif kind == "repetition":
+            kw.update(repetition_penalty=1.3)
+        elif kind == "grammar":
+            kw.update(structured_outputs=StructuredOutputsParams(regex="a+"))
+        elif kind == "seeded":
+            kw.update(seed=int(randint(gen, 0, 2**31, ())))
+        elif kind == "bias":
+            kw.update(logit_bias={int(randint(gen, 0, vocab, ())): 5.0 for _ in range(8)})
+        elif kind == "min_tokens":
+            kw.update(min_tokens=int(randint(gen, 1, 40, ())), max_tokens=64,
+                      stop_token_ids=randint(gen, 0, vocab, (3,)).tolist())
+        params = SamplingParams(**kw)
+        if torch.rand((), generator=gen) < 0.1:
+            params._bad_words_token_ids = [[int(randint(gen, 0, vocab, ()))]]
+        out.append((kind, params))
+    return out
+
+
+def vllm_sampler(monkeypatch, vocab, params, histories):
+    """vLLM's v2 Sampler and RequestState on the CPU (its UVA buffers as
+    plain CPU tensors), a request per SamplingParams with its (prompt,
+    output) history; its staged writes applied by vLLM's own kernels. The
+    sampler and each request's slot."""
+    import vllm.utils.torch_utils as torch_utils
+    import vllm.v1.worker.gpu.buffer_utils as buffers
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.gpu.sample import sampler as sampler_module
+    from vllm.v1.worker.gpu.states import RequestState
+
+    monkeypatch.setattr(current_platform, "device_type", "cpu")
+    monkeypatch.setattr(buffers, "is_uva_available", lambda: False)
+    monkeypatch.setattr(buffers, "UvaBuffer", buffers.NonUvaBuffer)
+    monkeypatch.setattr(torch_utils, "PIN_MEMORY", False)
+    # vLLM's PyTorch top-k/top-p, as vllm_filters: its Triton one does not
+    # run under the interpreter
+    monkeypatch.setattr(sampler_module, "apply_top_k_top_p",
+                        lambda x, k, p, **_: apply_top_k_top_p_pytorch(x, k, p,
+                                                                        allow_cpu_sync=True))
+    cpu, n = torch.device("cpu"), len(params)
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        req = RequestState(n, 128, 128, 0, vocab, cpu)
+        sampler = sampler_module.Sampler(VllmConfig(device_config=DeviceConfig(device="cpu")),
+                                         n, vocab, cpu, req)
+    slots = []
+    for i, (p, (prompt, output)) in enumerate(zip(params, histories)):
+        req.add_request(f"r{i}", len(prompt), prompt + output, len(prompt + output), 64)
+        slots.append(req.req_id_to_index[f"r{i}"])
+        sampler.add_request(slots[-1], p)
+    req.apply_staged_writes()
+    sampler.apply_staged_writes()
+    return sampler, slots
+
+
+def decode_batch(sampler, slots):
+    """vLLM's InputBatch for a decode step of the requests in `slots`, one
+    token each, at the position after each request's tokens."""
+    req = sampler.req_states
+    n, at = len(slots), torch.tensor(slots, dtype=I32)
+    total = req.total_len.gpu[at.long()]
+    last = req.all_token_ids.gpu[at.long(), (total - 1).long()]
+    return types.SimpleNamespace(
+        idx_mapping_np=np.array(slots, dtype=np.int32), idx_mapping=at,
+        expanded_idx_mapping=at, expanded_local_pos=torch.zeros(n, dtype=I32),
+        num_reqs=n, cu_num_logits_np=np.arange(n + 1, dtype=np.int32),
+        cu_num_logits=torch.arange(n + 1, dtype=I32), positions=(total - 1).to(I64),
+        logits_indices=torch.arange(n, dtype=I64), input_ids=last.to(I32),
+        seq_lens=total.to(I32), seq_lens_cpu_upper_bound=total.to(I32),
+        num_draft_tokens=0, req_ids=[f"r{s}" for s in slots])
+
+
+def test_glue_serves_a_request_mix_as_vllms_sampler(monkeypatch):
+    """klgen.integrations.vllm.sampling_args on vLLM's own Sampler for a
+    request mix, mixed within each step: no step declined, and the token
+    of every row that is not a float near-tie is the one vLLM's
+    Sampler.__call__ draws from the same logits (the runner's grammar
+    bitmask applied first, as the runner does). A request asking for
+    logprobs still declines its steps (vLLM's carry the rank)."""
+    from klgen.integrations.vllm import sampling_args
+
+    gen = torch.Generator().manual_seed(41)
+    vocab, n = 300, 40
+    mix = mix_params(gen, n, vocab)
+    histories = []
+    for _ in range(n):
+        prompt = randint(gen, 0, vocab, (int(randint(gen, 1, 20, ())),)).tolist()
+        output = randint(gen, 0, min(vocab, 20), (int(randint(gen, 0, 30, ())),)).tolist()
+        histories.append((prompt, output))
+    sampler, slots = vllm_sampler(monkeypatch, vocab, [p for _, p in mix], histories)
+    total = near = steps = 0
+    for _ in range(12):
+        rows = int(randint(gen, 4, 17, ()))
+        picked = torch.randperm(n, generator=gen)[:rows].tolist()
+        batch = decode_batch(sampler, [slots[i] for i in picked])
+        logits = torch.randn(rows, vocab, generator=gen) * 3
+        bitmask = torch.full((rows, words(vocab)), -1, dtype=I32)
+        for r, i in enumerate(picked):
+            if mix[i][0] == "grammar":
+                bitmask[r] = randint(gen, -2**31, 2**31, (words(vocab),))
+        masked = logits.clone()
+        vllm_bitmask(masked, bitmask)
+        want = sampler(masked, batch).sampled_token_ids[:, 0]
+        args = sampling_args(sampler, batch, 64, vocab)
+        assert not isinstance(args, str), args
+        args = dict(args, bitmask=bitmask)  # as the glue adds the runner's
+        got = reference.sample(logits, **args, noise="vllm").tokens
+        tie = glue_near_ties(logits, args, batch)
+        assert torch.equal(got[~tie], want[~tie]), (picked, got, want)
+        total, near, steps = total + rows, near + int(tie.sum()), steps + 1
+    print(f"vLLM glue, request mix: {steps} steps, {total} rows, {near} near-ties")
+    assert near <= total // 20
+    sampler.add_request(slots[0], SamplingParams(temperature=1.0, logprobs=5))
+    sampler.apply_staged_writes()
+    reason = sampling_args(sampler, decode_batch(sampler, slots[:3]), 64, vocab)
+    assert isinstance(reason, str) and "logprobs" in reason, reason
+
+
+def glue_near_ties(logits, args, batch):
+    """near_ties for the glue's arguments: vLLM's tables read through
+    state_rows, min_tokens at each row's position."""
+    if "state_rows" not in args:  # all greedy: an argmax
+        return torch.zeros(logits.shape[0], dtype=torch.bool)
+    rows = args["state_rows"].long()
+    per_row = {name: args[name][rows] for name in ("temperature", "seed")}
+    per_row["top_k"] = torch.zeros_like(rows) if args["top_k"] is None else \
+        args["top_k"][rows].long()
+    per_row["top_p"] = torch.ones(rows.shape) if args["top_p"] is None else args["top_p"][rows]
+    per_row["min_p"] = torch.zeros(rows.shape) if args["min_p"] is None else args["min_p"][rows]
+    per_row["offset"] = args["offset"][args["offset_rows"]]
+    kw = {k: v for k, v in args.items() if k not in (
+        "temperature", "top_k", "top_p", "min_p", "seed", "offset", "offset_rows")}
+    if "min_tokens" in kw:
+        kw["position"] = per_row["offset"]
+    return near_ties(logits, per_row, kw)
+
+
 # ---- misuse: what vLLM would refuse, refused ----
 
 def test_ids_vllm_refuses_are_refused():
