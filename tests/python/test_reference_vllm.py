@@ -716,7 +716,8 @@ def banned_sets(banned):
 def reach_into_prompt(b, gen):
     """A bad word for a few of b's requests whose tokens before its last are
     the last of the prompt and the whole output: longer than the output, so
-    vLLM's kernel bans nothing for it, though those tokens are there."""
+    vLLM's kernel bans nothing for it (without drafts), though those tokens
+    are there."""
     s = b["state"]
     for r in b["idx"][:4].tolist():
         end, out = int(s["total_len"][r]), int(s["out_len"][r])
@@ -728,12 +729,26 @@ def reach_into_prompt(b, gen):
     b["banned"] = vllm_banned(b)
 
 
+def stale_words(b):
+    """Past each request's count of words, a word its output ends with, as
+    a request that had the slot before would leave it: never read."""
+    s = b["state"]
+    for r in range(s["num_bad_words"].shape[0]):
+        n, out = int(s["num_bad_words"][r]), int(s["out_len"][r])
+        end = int(s["bad_word_offsets"][r, n])
+        if out and n < BAD_N and end + 2 <= BAD_W:
+            last = int(s["all_token_ids"][r, int(s["total_len"][r]) - 1])
+            s["bad_word_token_ids"][r, end:end + 2] = torch.tensor([last, r % b["vocab"]])
+            s["bad_word_offsets"][r, n + 1] = end + 2
+    b["banned"] = vllm_banned(b)
+
+
 @pytest.mark.parametrize("drafts", [False, True])
 def test_glue_bad_words_ban_what_vllm_bans(drafts):
     """klgen.integrations.vllm.bad_words_banned on vLLM's own BadWordsState
     tables (random requests, half their words ending the output, 0-4 words
-    each, stale entries past each count) bans in every row the columns
-    vLLM's bad-words kernel sets to -inf, with and without drafts."""
+    each, words past each count that would ban) bans in every row the
+    columns vLLM's bad-words kernel sets to -inf, with and without drafts."""
     from klgen.integrations.vllm import bad_words_banned
 
     gen = torch.Generator().manual_seed(31 + drafts)
@@ -742,8 +757,9 @@ def test_glue_bad_words_ban_what_vllm_bans(drafts):
         for _ in range(4):
             b = make_step(gen, 12, vocab)["b"] if drafts else make_batch(gen, 24, 30, vocab)
             reach_into_prompt(b, gen)
+            stale_words(b)
             s = b["state"]
-            width = int(s["num_bad_words"].max())
+            width = max(int(s["num_bad_words"][b["idx"]].max()), 1)
             ids, local = drafts_in(b, b["idx"].shape[0])
             step = dict(local_pos=local, input_ids=ids) if drafts else {}
             got = bad_words_banned(s["bad_word_token_ids"], s["bad_word_offsets"],
@@ -759,17 +775,19 @@ def test_glue_bad_words_ban_what_vllm_bans(drafts):
 
 # ---- the vLLM glue on vLLM's own Sampler: a request mix ----
 
-def mix_params(gen, n, vocab):
-    """n requests drawn from a server's mix: 40 % plain, 20 % frequency and
-    presence penalties, 10 % repetition penalty, 10 % a grammar, 10 % seeded,
-    5 % logit bias, 5 % min_tokens with stop ids; on top, a tenth with bad
-    words and a tenth greedy. (kind, SamplingParams) each."""
+def mix_params(gen, vocab, histories):
+    """A request for each (prompt, output) history, drawn from a server's
+    mix: 40 % plain, 20 % frequency and presence penalties, 10 % repetition
+    penalty, 10 % a grammar, 10 % seeded, 5 % logit bias, 5 % min_tokens with
+    stop ids; on top, a tenth greedy and a fifth with bad words, of which
+    one bans a column where the output ends with its first token (and one
+    never does). (kind, SamplingParams, that column or None) each."""
     from vllm.sampling_params import StructuredOutputsParams
 
     kinds = ["plain"] * 8 + ["penalties"] * 4 + ["repetition"] * 2 + ["grammar"] * 2 + \
         ["seeded"] * 2 + ["bias", "min_tokens"]
     out = []
-    for i in range(n):
+    for _, output in histories:
         kind = kinds[int(randint(gen, 0, len(kinds), ()))]
         kw = dict(temperature=float(torch.rand((), generator=gen)) * 1.5 + 0.2)
         if torch.rand((), generator=gen) < 0.1:
@@ -789,10 +807,12 @@ def mix_params(gen, n, vocab):
         elif kind == "min_tokens":
             kw.update(min_tokens=int(randint(gen, 1, 40, ())), max_tokens=64,
                       stop_token_ids=randint(gen, 0, vocab, (3,)).tolist())
-        params = SamplingParams(**kw)
-        if torch.rand((), generator=gen) < 0.1:
-            params._bad_words_token_ids = [[int(randint(gen, 0, vocab, ()))]]
-        out.append((kind, params))
+        params, target = SamplingParams(**kw), None
+        if output and torch.rand((), generator=gen) < 0.2:
+            target = int(randint(gen, 0, vocab, ()))
+            params._bad_words_token_ids = [[(output[-1] + 1) % vocab, 7, target],
+                                           [output[-1], target]]
+        out.append((kind, params, target))
     return out
 
 
@@ -817,11 +837,14 @@ def vllm_sampler(monkeypatch, vocab, params, histories):
     monkeypatch.setattr(sampler_module, "apply_top_k_top_p",
                         lambda x, k, p, **_: apply_top_k_top_p_pytorch(x, k, p,
                                                                         allow_cpu_sync=True))
+    from klgen.integrations.vllm import _plans
+
     cpu, n = torch.device("cpu"), len(params)
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
         req = RequestState(n, 128, 128, 0, vocab, cpu)
         sampler = sampler_module.Sampler(VllmConfig(device_config=DeviceConfig(device="cpu")),
                                          n, vocab, cpu, req)
+    _plans(sampler)  # the glue sees the requests added, as in a server that runs on
     slots = []
     for i, (p, (prompt, output)) in enumerate(zip(params, histories)):
         req.add_request(f"r{i}", len(prompt), prompt + output, len(prompt + output), 64)
@@ -860,19 +883,23 @@ def test_glue_serves_a_request_mix_as_vllms_sampler(monkeypatch):
 
     gen = torch.Generator().manual_seed(41)
     vocab, n = 300, 40
-    mix = mix_params(gen, n, vocab)
     histories = []
     for _ in range(n):
         prompt = randint(gen, 0, vocab, (int(randint(gen, 1, 20, ())),)).tolist()
         output = randint(gen, 0, min(vocab, 20), (int(randint(gen, 0, 30, ())),)).tolist()
         histories.append((prompt, output))
-    sampler, slots = vllm_sampler(monkeypatch, vocab, [p for _, p in mix], histories)
-    total = near = steps = 0
+    mix = mix_params(gen, vocab, histories)
+    sampler, slots = vllm_sampler(monkeypatch, vocab, [p for _, p, _ in mix], histories)
+    bad = next(p for p in sampler.logits_processors if type(p).__name__ == "BadWordsState")
+    total = near = steps = moved = 0
     for _ in range(12):
         rows = int(randint(gen, 4, 17, ()))
         picked = torch.randperm(n, generator=gen)[:rows].tolist()
         batch = decode_batch(sampler, [slots[i] for i in picked])
         logits = torch.randn(rows, vocab, generator=gen) * 3
+        for r, i in enumerate(picked):  # the banned column the likeliest
+            if mix[i][2] is not None:
+                logits[r, mix[i][2]] += 30.0
         bitmask = torch.full((rows, words(vocab)), -1, dtype=I32)
         for r, i in enumerate(picked):
             if mix[i][0] == "grammar":
@@ -886,9 +913,25 @@ def test_glue_serves_a_request_mix_as_vllms_sampler(monkeypatch):
         got = reference.sample(logits, **args, noise="vllm").tokens
         tie = glue_near_ties(logits, args, batch)
         assert torch.equal(got[~tie], want[~tie]), (picked, got, want)
+        if "banned" in args:  # the bans are those of vLLM's kernel
+            probe = torch.zeros(rows, vocab)
+            apply_bad_words(probe, batch.expanded_idx_mapping, bad.bad_word_token_ids.gpu,
+                            bad.bad_word_offsets.gpu, bad.num_bad_words.gpu,
+                            bad.req_states.all_token_ids.gpu, bad.req_states.prompt_len.gpu,
+                            bad.req_states.total_len.gpu, batch.input_ids,
+                            batch.expanded_local_pos, int(args["banned"].shape[1]))
+            assert banned_sets(args["banned"]) == \
+                [(row == -INF).nonzero()[:, 0].tolist() for row in probe]
+            plain = {k: v for k, v in args.items() if k != "banned"}
+            moved += int((reference.sample(logits, **plain, noise="vllm").tokens != got).sum())
         total, near, steps = total + rows, near + int(tie.sum()), steps + 1
-    print(f"vLLM glue, request mix: {steps} steps, {total} rows, {near} near-ties")
-    assert near <= total // 20
+    # the words' tables read over their tokens, not the table's width
+    widths = [p.bad_tokens for p in sampler.__dict__["_klgen_plans"].values()
+              if getattr(p, "bad_words", None) is not None]
+    assert widths and all(w == 5 for w in widths), widths
+    print(f"vLLM glue, request mix: {steps} steps, {total} rows, {near} near-ties, "
+          f"{moved} tokens the bans moved")
+    assert near <= total // 20 and moved > 0
     sampler.add_request(slots[0], SamplingParams(temperature=1.0, logprobs=5))
     sampler.apply_staged_writes()
     reason = sampling_args(sampler, decode_batch(sampler, slots[:3]), 64, vocab)

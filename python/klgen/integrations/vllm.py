@@ -302,7 +302,8 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
     changes only when a request is added, so it is worked out once per batch
     composition (the request slots of the rows, in order) and kept until the
     sampler adds a request: a step of a known composition reads no request
-    state and launches no kernel of its own. Where vLLM's top_k for off (its
+    state and launches no kernel of its own but where a request has bad
+    words (below). Where vLLM's top_k for off (its
     vocabulary) is not at least vocab_size (kl_sample's off), the rows'
     parameters are gathered once per composition instead. A step whose
     requests are all greedy is temperature 0.0 for every row and nothing
@@ -317,8 +318,9 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
     positions), but for a structured-output request's restore of its stop
     ids (vLLM's restore_when_all_masked), a function of the whole row; and
     BadWordsState's bad words, as the columns they ban in the step
-    (bad_words_banned, from its tables and the requests' tokens: a few torch
-    operations a step where a request of the step has bad words)."""
+    (bad_words_banned, from its tables and the requests' tokens: about fifty
+    torch operations a step where a request of the step has bad words, over
+    the step's words' width where the glue saw their requests added)."""
     reason = _step_declines(sampler, input_batch)
     if reason is not None:
         return reason
@@ -356,7 +358,8 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
         if plan.bad_words is not None:
             bw, req = plan.bad_words, plan.bad_words.req_states
             step["banned"] = bad_words_banned(
-                bw.bad_word_token_ids.gpu, bw.bad_word_offsets.gpu, bw.num_bad_words.gpu,
+                bw.bad_word_token_ids.gpu[:, :plan.bad_tokens], bw.bad_word_offsets.gpu,
+                bw.num_bad_words.gpu,
                 req.all_token_ids.gpu, req.prompt_len.gpu, req.total_len.gpu,
                 input_batch.expanded_idx_mapping, plan.bad_width)
         return step
@@ -376,7 +379,8 @@ def bad_words_banned(token_ids, offsets, count, all_token_ids, prompt_len, total
     where the tokens before that end the row's output (its drafts before the
     row included: local_pos, the row's place among its request's rows, and
     input_ids, each row's input token, as vLLM's kernel reads them; None:
-    no drafts). A word of no tokens bans nothing. Torch operations on the
+    no drafts). A word of no tokens bans nothing (vLLM's frontend stores
+    none; its kernel would read the token before). Torch operations on the
     tables' device, no host read: a step's rows are worked out at once."""
     rows = rows.long()
     n, device = rows.shape[0], rows.device
@@ -417,7 +421,8 @@ class _Tables(NamedTuple):
     """A composition's plan that reads vLLM's tables each step: which
     filters its requests use, vLLM's PenaltiesState where one uses a
     penalty, its LogitBiasState where one uses a list, its BadWordsState
-    where one has bad words (else None) and the most words a request has."""
+    where one has bad words (else None), the most words a request has and
+    the most tokens its words take (None: not known, their table's width)."""
 
     top_k: bool
     top_p: bool
@@ -426,6 +431,7 @@ class _Tables(NamedTuple):
     lists: object = None
     bad_words: object = None
     bad_width: int = 0
+    bad_tokens: object = None
 
 
 # sampling_args of a step whose requests are all greedy: every filter, the
@@ -442,10 +448,12 @@ _MAX_PLANS = 256
 def _plans(sampler):
     """`sampler`'s plans by composition, emptied whenever it adds a request
     (which rewrites that slot's state): its add_request is wrapped on first
-    sight, on the instance."""
+    sight, on the instance, and notes the tokens of each slot's bad words
+    (_bad_tokens)."""
     plans = sampler.__dict__.get("_klgen_plans")
     if plans is None:
         plans = sampler.__dict__["_klgen_plans"] = {}
+        tokens = sampler.__dict__["_klgen_bad_tokens"] = {}
         add = sampler.add_request
 
         def add_request(req_idx, sampling_params):
@@ -453,6 +461,8 @@ def _plans(sampler):
                 return add(req_idx, sampling_params)
             finally:
                 plans.clear()
+                words = getattr(sampling_params, "bad_words_token_ids", None) or ()
+                tokens[int(req_idx)] = sum(map(len, words))
 
         sampler.add_request = add_request
     return plans
@@ -491,7 +501,8 @@ def _plan(sampler, input_batch, max_top_k, vocab_size):
     used = _Tables(_used(states.top_k, requests, states.vocab_size),  # vLLM's off: its vocabulary
                    _used(states.top_p, requests, 1.0), _used(states.min_p, requests, 0.0),
                    penalties, lists, bad,
-                   0 if bad is None else int(bad.num_bad_words.np[requests].max()))
+                   0 if bad is None else int(bad.num_bad_words.np[requests].max()),
+                   None if bad is None else _bad_tokens(sampler, bad, requests))
     if vocab_size is None or states.vocab_size >= vocab_size:
         return used
     top_k = top_p = min_p = None
@@ -504,6 +515,14 @@ def _plan(sampler, input_batch, max_top_k, vocab_size):
         min_p = states.min_p.gpu[rows]
     return dict(temperature=states.temperature.gpu[rows], top_k=top_k, top_p=top_p,
                 min_p=min_p, seed=states.seeds.gpu[rows])
+
+
+def _bad_tokens(sampler, bad, requests):
+    """The most tokens the bad words of a request of the slots `requests`
+    take, where the glue saw each such request added; else None."""
+    noted = sampler.__dict__.get("_klgen_bad_tokens", {})
+    counts = [noted.get(int(r)) for r in requests[bad.num_bad_words.np[requests] > 0]]
+    return None if None in counts else max(max(counts), 1)
 
 
 def _processor_used(sampler, requests, name):
