@@ -71,6 +71,12 @@ struct sample_rank {
 /* Words of a grammar row: a bit per column of the vocabulary. */
 static size_t mask_words(const rank *R) { return ((size_t)R->b->spec.vocab_size + 31) / 32; }
 
+/* The bench's random numbers: xorshift64, the same on every rank. */
+static uint64_t next(uint64_t *x) {
+  *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+  return *x;
+}
+
 /* Every row's bitmask: random words (the same on every rank, as an engine's
  * mask is), each bit set with probability one half. */
 static void alloc_mask(rank *R, size_t rows) {
@@ -79,10 +85,7 @@ static void alloc_mask(rank *R, size_t rows) {
   S->h_mask = malloc(4 * n);
   if (!S->h_mask) die("klbench", "out of memory");
   uint64_t x = 0x9e3779b97f4a7c15ull;
-  for (size_t i = 0; i < n; i++) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    S->h_mask[i] = (uint32_t)(x >> 32);
-  }
+  for (size_t i = 0; i < n; i++) S->h_mask[i] = (uint32_t)(next(&x) >> 32);
   CUDA(cudaMalloc((void **)&S->mask, 4 * n));
   CUDA(cudaMemcpy(S->mask, S->h_mask, 4 * n, cudaMemcpyHostToDevice));
 }
@@ -99,11 +102,11 @@ static void alloc_penalties(rank *R, size_t rows) {
   if (!prompt || !counts) die("klbench", "out of memory");
   uint64_t x = 0x2545f4914f6cdd1dull;
   for (size_t i = 0; i < rows * words; i++) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    next(&x);
     prompt[i] = (uint32_t)x & (uint32_t)(x >> 21) & (uint32_t)(x >> 42);
   }
   for (size_t i = 0; i < rows * vocab; i++) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    next(&x);
     counts[i] = x % 10 == 0 ? (int32_t)(1 + (x >> 8) % 4) : 0;
   }
   CUDA(cudaMalloc((void **)&S->prompt, 4 * rows * words));
@@ -111,11 +114,6 @@ static void alloc_penalties(rank *R, size_t rows) {
   CUDA(cudaMemcpy(S->prompt, prompt, 4 * rows * words, cudaMemcpyHostToDevice));
   CUDA(cudaMemcpy(S->counts, counts, 4 * rows * vocab, cudaMemcpyHostToDevice));
   free(prompt), free(counts);
-}
-
-static uint64_t next(uint64_t *x) {
-  *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
-  return *x;
 }
 
 /* rows x n random columns of the vocabulary, on the device; the host copy
