@@ -479,18 +479,16 @@ def _plan(sampler, input_batch, max_top_k, vocab_size):
     penalties = _processor_used(sampler, requests, "PenaltiesState")
     lists = _processor_used(sampler, requests, "LogitBiasState")
     if lists is not None:
-        missing = [part for part in _LIST_PARTS if not hasattr(lists, part)]
+        missing = _missing(lists, _LIST_PARTS)
         if missing:
-            return f"vLLM's LogitBiasState has no {missing[0]} (another vLLM)"
+            return f"vLLM's LogitBiasState has no {missing} (another vLLM)"
         if lists.restore_when_all_masked.np[requests].any():
             return "min_tokens' stop ids restored where nothing else is left (a grammar's)"
     bad = _processor_used(sampler, requests, "BadWordsState")
     if bad is not None:
-        missing = [part for part in _BAD_WORD_PARTS if not hasattr(bad, part)]
-        if not missing:
-            missing = [part for part in _REQUEST_PARTS if not hasattr(bad.req_states, part)]
+        missing = _missing(bad, _BAD_WORD_PARTS) or _missing(bad.req_states, _REQUEST_PARTS)
         if missing:
-            return f"vLLM's BadWordsState has no {missing[0]} (another vLLM)"
+            return f"vLLM's BadWordsState has no {missing} (another vLLM)"
     used_any = penalties is not None or lists is not None or bad is not None
     if used_any and vocab_size is not None and states.vocab_size != vocab_size:
         return (f"logits processors over vLLM's vocabulary of {states.vocab_size}, not the "
@@ -525,9 +523,15 @@ def _bad_tokens(sampler, bad, requests):
     return None if None in counts else max(max(counts), 1)
 
 
+def _missing(obj, parts):
+    """The first of `parts` that obj lacks (another vLLM), or None."""
+    return next((part for part in parts if not hasattr(obj, part)), None)
+
+
 def _processor_used(sampler, requests, name):
-    """vLLM's processor of class `name` (PenaltiesState, LogitBiasState)
-    where a request of the slots `requests` uses it, else None."""
+    """vLLM's processor of class `name` (PenaltiesState, LogitBiasState,
+    BadWordsState) where a request of the slots `requests` uses it, else
+    None."""
     for processor in sampler.logits_processors:
         if type(processor).__name__ == name:
             used = getattr(processor, _PROCESSOR_FLAGS[name])
@@ -592,9 +596,9 @@ def _step_declines(sampler, input_batch):
     if type(sampler) is not _sampler_class[0]:  # a subclass samples its own way (watermarks)
         return f"sampler {type(sampler).__name__}, not vLLM's v2 Sampler"
     if "_klgen_plans" not in sampler.__dict__:
-        missing = [part for part in _SAMPLER_PARTS if not hasattr(sampler, part)]
+        missing = _missing(sampler, _SAMPLER_PARTS)
         if missing:
-            return f"vLLM's Sampler has no {missing[0]} (another vLLM)"
+            return f"vLLM's Sampler has no {missing} (another vLLM)"
     if input_batch.num_draft_tokens:
         return "draft tokens: rejection sampling"
     if sampler.trace_replay_state is not None:
