@@ -170,6 +170,8 @@ static void push_env(lua_State *L, const kl_spec *s, const kl_layout *l) {
   set_str(L, "SAMPLE_ENTRY", buf);
   kl_entry_name(s, "shards", buf, sizeof buf); /* shards.cu.tmpl */
   set_str(L, "SHARDS_ENTRY", buf);
+  kl_entry_name(s, "shards_lists", buf, sizeof buf); /* shards.cu.tmpl, calls with lists */
+  set_str(L, "SHARDS_LISTS_ENTRY", buf);
   kl_entry_name(s, "candidates", buf, sizeof buf); /* shards.cu.tmpl, with filters */
   set_str(L, "CANDIDATES_ENTRY", buf);
   kl_entry_name(s, "lists", buf, sizeof buf); /* lists.cu.tmpl */

@@ -61,6 +61,9 @@ static const struct row {
     /* kl_topk's grid: a CTA a part of kl_topk's split */
     [KL_K_SHARDS] = {"shards", offsetof(kl_layout, sel_block), PARAMS_SELECT, SLOTS_SELECT, 1,
                      topk_grid, 0},
+    /* the same, for calls with lists: the kernel above has none of their code */
+    [KL_K_SHARDS_LISTS] = {"shards_lists", offsetof(kl_layout, sel_block), PARAMS_SELECT,
+                           SLOTS_SELECT, 1, topk_grid, 0},
     /* shards.cu.tmpl's kernel with filters, whose entry point is named for
      * the candidates its records carry */
     [KL_K_SHARDS_FILTERED] = {"candidates", offsetof(kl_layout, sel_block), PARAMS_SELECT,

@@ -117,6 +117,7 @@ typedef enum kl_kernel_id {
   KL_K_TOPK,            /* kl_topk, alike; only for a spec with topk */
   KL_K_SAMPLE,          /* kl_sample's row sampler, after a gather; only for a spec with topk */
   KL_K_SHARDS,          /* kl_sample's shard sampler, as the select kernels; only with topk */
+  KL_K_SHARDS_LISTS,    /* the same with the lists' code, for calls with lists */
   KL_K_SHARDS_FILTERED, /* the same for calls with filters (one-shot only) */
   KL_K_LISTS,           /* kl_sample's lists, before its samplers; only with topk */
   KL_K_COUNT

@@ -387,12 +387,18 @@ static int merge_ctas(const kl_ctx *c, int tokens) {
   return grid <= kn->cap && grid <= kn->nslots ? tokens : 0;
 }
 
+/* The shard sampler without filters: the kernel with the lists' code only
+ * for a call that has lists (lists() set their flags). */
+static kl_kernel_id shards_kernel(const kl_call *k) {
+  return ((const kl_sample_call *)k->extra)->list_flags ? KL_K_SHARDS_LISTS : KL_K_SHARDS;
+}
+
 static kl_result oneshot(kl_ctx *c, kl_call *k, CUstream s) {
   kl_result res = lists(c, k, s);
   if (res) return res;
   if (gathering(k, PATH_ONESHOT)) return gather_and_draw(c, k, s, 1);
   if (!has_filters(k))
-    return kl_select_oneshot(c, KL_K_SHARDS, k, s, call_subparts(c, k->tokens), 0);
+    return kl_select_oneshot(c, shards_kernel(k), k, s, call_subparts(c, k->tokens), 0);
   /* the scratch before the kernel that writes and reads it */
   res = ensure_scratch(c, k, s, 0);
   return res ? res : kl_select_oneshot(c, KL_K_SHARDS_FILTERED, k, s, 1, merge_ctas(c, k->tokens));
@@ -403,7 +409,7 @@ static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
   kl_result res = lists(c, k, s);
   if (res) return res;
   if (gathering(k, PATH_NCCL)) return gather_and_draw(c, k, s, 0);
-  return kl_select_nccl(c, KL_K_SHARDS, k, s);
+  return kl_select_nccl(c, shards_kernel(k), k, s);
 }
 
 const kl_route kl_sample_route = {

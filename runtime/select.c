@@ -58,7 +58,7 @@ static kl_select_args *args(kl_ctx *c, kl_kernel_id id, const kl_call *k, int mo
   *a = (kl_select_args){.in = (const void *)k->kin, .index = (long long *)k->out[0].p,
                         .value = k->out[1].p, .lse = k->out[2].p, .tokens = k->tokens,
                         .rank = c->rank, .mode = mode, .subparts = 1};
-  if (id == KL_K_SHARDS || id == KL_K_SHARDS_FILTERED) {
+  if (id == KL_K_SHARDS || id == KL_K_SHARDS_LISTS || id == KL_K_SHARDS_FILTERED) {
     a->params = kl_row_params_of((const kl_sample_call *)k->extra);
     /* filters only one-shot (sample.c): the rows they cannot decide are
      * copied into the sample scratch from the peers' staged rows and

@@ -143,10 +143,14 @@ static CUresult get_function(CUfunction *f, CUmodule m, const char *name) {
   pthread_mutex_unlock(&mu);
   return *f = (CUfunction)(uintptr_t)(0x3000 + 16 * i), CUDA_SUCCESS;
 }
-/* The kind of a function's entry point: kl_<spec>_<kind>. */
+/* The kind of a function's entry point: kl_<spec>_<kind>, the kind the
+ * last word but for the one kind of two (a spec's name has words too). */
 static const char *fn_kind(CUfunction f) {
   const int i = (int)(((uintptr_t)f - 0x3000) / 16);
-  const char *u = i >= 0 && i < n_fns ? strrchr(fn_names[i], '_') : NULL;
+  if (i < 0 || i >= n_fns) return "?";
+  const char *name = fn_names[i], *u = strrchr(name, '_');
+  const size_t n = strlen(name), two = strlen("_shards_lists");
+  if (n > two && !strcmp(name + n - two, "_shards_lists")) return name + n - two + 1;
   return u ? u + 1 : "?";
 }
 static CUresult occupancy(int *n, CUfunction f, int block, size_t shared) {
@@ -399,7 +403,7 @@ static void sample_lists(void) {
   kl_result r = kl_sample(c, (void *)(uintptr_t)shard, &all, (int64_t *)(uintptr_t)token, NULL,
                           NULL, NULL, 0, 2, NULL);
   CHECK_KL(r == KLRT_OK && launches == before + 2 && trace_n == 2 &&
-           !strcmp(fn_kind(trace[0].f), "lists") && !strcmp(fn_kind(trace[1].f), "shards"),
+           !strcmp(fn_kind(trace[0].f), "lists") && !strcmp(fn_kind(trace[1].f), "shards_lists"),
            "every list: %s (%s), %d launches, the first %s", kl_result_name(r), kl_last_error(),
            launches - before, trace_n ? fn_kind(trace[0].f) : "-");
   enum { N_ODD = 11 };

@@ -41,9 +41,14 @@ static void compile_spec(const kl_spec *s) {
     CHECK(has(&b, sym), "%s %s: no %s", s->name, arch[a], sym);
     snprintf(sym, sizeof sym, ".text.kl_%s_argmax", s->name);
     CHECK(has(&b, sym), "%s %s: no %s", s->name, arch[a], sym);
-    snprintf(sym, sizeof sym, ".text.kl_%s_topk", s->name);
-    CHECK(has(&b, sym) == (s->topk > 0), "%s %s: %s should %sbe there", s->name, arch[a], sym,
-          s->topk ? "" : "not ");
+    /* the kernels of a spec with topk: kl_topk's and kl_sample's */
+    static const char *const topk_kinds[] = {"topk", "sample", "shards", "shards_lists",
+                                             "candidates", "lists"};
+    for (size_t i = 0; i < sizeof topk_kinds / sizeof *topk_kinds; i++) {
+      snprintf(sym, sizeof sym, ".text.kl_%s_%s", s->name, topk_kinds[i]);
+      CHECK(has(&b, sym) == (s->topk > 0), "%s %s: %s should %sbe there", s->name, arch[a], sym,
+            s->topk ? "" : "not ");
+    }
     CHECK(b.log == NULL || b.log[0] == 0, "%s %s: NVRTC warnings:\n%s", s->name, arch[a], b.log);
     printf("%s %s: %zu-byte cubin\n", s->name, arch[a], b.size);
     kl_binary_free(&b);
