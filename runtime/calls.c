@@ -71,6 +71,7 @@ kl_result kl_sample(kl_ctx *c, const void *shard, const kl_sampling *params, int
   if (res) return res;
   kl_call k = {.route = &kl_sample_route, .in = shard, .tokens = tokens, .extra = &x,
                .out = {{token, 0, KL_ARG_TOKEN}, {logprob, 0, KL_ARG_LOGPROB},
-                       {top_index, 0, KL_ARG_TOP_INDEX}, {top_logprob, 0, KL_ARG_TOP_LOGPROB}}};
+                       {top_index, 0, KL_ARG_TOP_INDEX}, {top_logprob, 0, KL_ARG_TOP_LOGPROB},
+                       {x.p.rank, 0, KL_ARG_RANK}}};
   return step(c, &k, stream);
 }

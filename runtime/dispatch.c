@@ -169,7 +169,7 @@ kl_result kl_buffers_alloc(kl_ctx *c) {
 
 static const char *const arg_names[KL_ARG_COUNT] = {
     "shard",       "out",    "index", "value", "lse",  "token", "logprob", "top_index",
-    "top_logprob", "temperature", "top_k", "top_p", "min_p", "seed", "offset", "state_rows",
+    "top_logprob", "rank", "temperature", "top_k", "top_p", "min_p", "seed", "offset", "state_rows",
     "offset_rows", "bitmask", "repetition_penalty", "frequency_penalty", "presence_penalty",
     "prompt_mask", "output_counts", "allowed_count", "allowed_ids", "bias_count", "bias_ids",
     "bias_values", "min_len", "stop_count", "stop_ids", "position", "banned"};

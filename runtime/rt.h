@@ -164,7 +164,7 @@ enum { PATH_ONESHOT = 0, PATH_NCCL = 1 };
  * kl_sampling's order (sample.c checks them in it; kl_check_ptr takes
  * mapped host memory for them alone). */
 typedef enum kl_arg { KL_ARG_SHARD, KL_ARG_OUT, KL_ARG_INDEX, KL_ARG_VALUE, KL_ARG_LSE,
-                      KL_ARG_TOKEN, KL_ARG_LOGPROB, KL_ARG_TOP_INDEX, KL_ARG_TOP_LOGPROB,
+                      KL_ARG_TOKEN, KL_ARG_LOGPROB, KL_ARG_TOP_INDEX, KL_ARG_TOP_LOGPROB, KL_ARG_RANK,
                       KL_ARG_TEMPERATURE, KL_ARG_TOP_K, KL_ARG_TOP_P, KL_ARG_MIN_P, KL_ARG_SEED,
                       KL_ARG_OFFSET, KL_ARG_STATE_ROWS, KL_ARG_OFFSET_ROWS, KL_ARG_BITMASK,
                       KL_ARG_REPETITION, KL_ARG_FREQUENCY, KL_ARG_PRESENCE, KL_ARG_PROMPT_MASK,
@@ -188,7 +188,7 @@ typedef struct kl_buffer {
   CUdeviceptr p;
   size_t bytes;
 } kl_buffer;
-#define KL_OUTS_MAX 4
+#define KL_OUTS_MAX 5
 typedef struct kl_out {
   void *p;      /* NULL (but out[0]): not written */
   size_t bytes; /* for this call's tokens (the route's measure) */

@@ -44,8 +44,8 @@ static int has_lists(const kl_sampling *p) {
 static int has_processors(const kl_sampling *p) { return has_penalties(p) || has_lists(p); }
 
 /* token [tokens] int64, logprob [tokens] fp32, top_index and top_logprob
- * [tokens, n_top] int64 and fp32. Before check: an n_top it refuses sizes
- * nothing here. */
+ * [tokens, n_top] int64 and fp32, rank [tokens] int64. Before check: an
+ * n_top it refuses sizes nothing here. */
 static void measure(const kl_ctx *c, kl_call *k) {
   (void)c;
   const int n_top = ((const kl_sample_call *)k->extra)->n_top;
@@ -54,6 +54,7 @@ static void measure(const kl_ctx *c, kl_call *k) {
   k->out[1].bytes = n * 4;
   k->out[2].bytes = top * 8;
   k->out[3].bytes = top * 4;
+  k->out[4].bytes = n * 8;
 }
 
 static kl_result has_topk(const kl_ctx *c) {
@@ -297,13 +298,14 @@ static int slices_for(const kl_ctx *c, int tokens, long long *cols) {
 }
 
 /* A call with top-n logprobs gathers: the shards' candidates are of t, the
- * top-n of x; so does one with penalties or lists and a logprob, which only
- * the row sampler takes from the logits without them. (A call with filters gathers
+ * top-n of x; so does one with ranks, which count over whole rows, and one
+ * with penalties or lists and a logprob, which only the row sampler takes
+ * from the logits without them. (A call with filters gathers
  * only where the path is NCCL, a choice the crossover leaves alone:
  * one-shot, it moves records.) */
 static int gathers(const kl_call *k) {
   const kl_sample_call *x = k->extra;
-  return x->n_top > 0 || (k->out[1].p && has_processors(&x->p));
+  return x->n_top > 0 || k->out[4].p || (k->out[1].p && has_processors(&x->p));
 }
 
 /* The row sampler over the scratch's rows, gathered by the one-shot path
@@ -322,7 +324,7 @@ static kl_result draw(kl_ctx *c, kl_call *k, CUstream s, int oneshot) {
   c->kern[KL_K_SAMPLE].prm.sample = (kl_sample_args){
       (const void *)c->buf[KL_BUF_SAMPLE].p, kl_row_params_of(x), (long long *)k->out[0].p,
       k->out[1].p,
-      (long long *)k->out[2].p, k->out[3].p, fault, results, arrived,
+      (long long *)k->out[2].p, k->out[3].p, (long long *)k->out[4].p, fault, results, arrived,
       k->tokens, x->n_top, 1, (long long)c->spec.vocab_size};
   kl_sample_args *a = &c->kern[KL_K_SAMPLE].prm.sample;
   if (sliced) a->slices = slices_for(c, k->tokens, &a->slice_cols);
@@ -415,11 +417,11 @@ static kl_result nccl(kl_ctx *c, kl_call *k, CUstream s) {
 const kl_route kl_sample_route = {
     .fn = "kl_sample",
     .kernel = KL_K_ONESHOT, /* the gather's one-shot kernel decides the path */
-    .nouts = 4,
-    .align_mask = {7, 3, 7, 3},
-    .misaligned = "token and top_index must be 8-byte aligned, logprob and top_logprob 4-byte "
-                  "aligned",
-    .overlap = "token, logprob, top_index and top_logprob overlap",
+    .nouts = 5,
+    .align_mask = {7, 3, 7, 3, 7},
+    .misaligned = "token, top_index and rank must be 8-byte aligned, logprob and top_logprob "
+                  "4-byte aligned",
+    .overlap = "token, logprob, top_index, top_logprob and rank overlap",
     .sized = 1, /* a call that gathers moves the shard, as kl_gather */
     .gathers = gathers,
     .nccl_kernels = "kl_sample needs the generated samplers on every rank",

@@ -216,6 +216,7 @@ typedef struct kl_sample_args {
   float *logprob;                 /* [tokens], or NULL */
   long long *top_index;           /* [tokens, n_top], or NULL */
   float *top_logprob;             /* [tokens, n_top], or NULL */
+  long long *rank;                /* [tokens], or NULL */
   /* this rank's copy of the group's fault word after a one-shot gather, or
    * NULL (no one-shot state, or the rows came through NCCL: results): set
    * when the sampler starts, the gather before it may have run dead, and
@@ -239,6 +240,6 @@ KL_ABI_ASSERT(sizeof(kl_list_slot) == 16, "kl_list_slot layout");
 KL_ABI_ASSERT(sizeof(kl_lists_args) == 296, "kl_lists_args layout");
 KL_ABI_ASSERT(sizeof(kl_select_args) == 264, "peers[] follow kl_select_args at byte 264");
 KL_ABI_ASSERT(sizeof(kl_slice_result) == 32, "kl_slice_result layout");
-KL_ABI_ASSERT(sizeof(kl_sample_args) == 256, "kl_sample_args layout");
+KL_ABI_ASSERT(sizeof(kl_sample_args) == 264, "kl_sample_args layout");
 
 #endif

@@ -85,7 +85,8 @@ class Sampling(ctypes.Structure):
                 + [(name, ctypes.c_void_p)
                    for name in ("bias_count", "bias_ids", "bias_values", "min_len", "stop_count",
                                 "stop_ids", "position", "banned")]
-                + [("stop_width", ctypes.c_int), ("banned_width", ctypes.c_int)])
+                + [("stop_width", ctypes.c_int), ("banned_width", ctypes.c_int),
+                   ("rank", ctypes.c_void_p)])
 
 
 class Stats(ctypes.Structure):

@@ -28,9 +28,10 @@ typedef struct step_plan {
   size_t in_at, out_at; /* byte offsets of the shard and of out in the arena */
   size_t sel_at[5]; /* argmax index, value; top-k index, value, lse */
   int value, lse;   /* ask for them (else NULL) */
-  /* kl_sample: its top-n, whether it asks for the logprob, which parameter
-   * arrays it passes as NULL (bit i: top_k, top_p, min_p, seed, offset) */
-  int n_top, want_lp;
+  /* kl_sample: its top-n, whether it asks for the logprob and the rank,
+   * which parameter arrays it passes as NULL (bit i: top_k, top_p, min_p,
+   * seed, offset) */
+  int n_top, want_lp, want_rank;
   unsigned nulls;
   /* kl_sampling's tables: states (0: no state_rows, T..seed per row) and
    * offsets (0: no offset_rows) entries, their index arrays' bits (32, 64) */
@@ -125,9 +126,10 @@ static inline size_t param_at(int which) {
 static inline void *host_param(const diff_env *env, int which) {
   return (char *)env->h_params + param_at(which);
 }
-/* Its outputs after the parameters: token, logprob, top index, top logprob. */
+/* Its outputs after the parameters: token, logprob, top index, top logprob,
+ * rank. */
 static inline size_t sample_out_at(const diff_env *env, int which) {
-  static const size_t at_[] = {0, 8, 12, 12 + 8 * 64};
+  static const size_t at_[] = {0, 8, 12, 12 + 8 * 64, 12 + 12 * 64};
   return env->sample_area + DIFF_SAMPLE_OUT_AT + at_[which] * DIFF_MAX_ROWS;
 }
 
@@ -148,7 +150,8 @@ static inline int sample_has_penalty(const step_plan *p) {
 /* Whether it gets a list (allowed, bias, min_tokens or banned). */
 static inline int sample_has_lists(const step_plan *p) { return p->listed && (p->lists & 15); }
 static inline int sample_gathers(const step_plan *p) {
-  return p->n_top > 0 || (p->want_lp && (sample_has_penalty(p) || sample_has_lists(p)));
+  return p->n_top > 0 || p->want_rank ||
+         (p->want_lp && (sample_has_penalty(p) || sample_has_lists(p)));
 }
 /* The penalties' arrays in the pinned block and each arena's penalty area. */
 static inline float *pen_values(const diff_env *env, int which) { /* 0 rep, 1 freq, 2 pres */
@@ -181,10 +184,12 @@ static inline int has_op(const step_plan *p, int op) {
   return 0;
 }
 
-/* kl_sample's outputs' sizes: token, logprob, top index, top logprob. */
-static inline void sample_sizes(const step_plan *p, size_t ss[4]) {
+/* kl_sample's outputs' sizes: token, logprob, top index, top logprob, rank. */
+enum { DIFF_SAMPLE_OUTS = 5 };
+static inline void sample_sizes(const step_plan *p, size_t ss[DIFF_SAMPLE_OUTS]) {
   size_t n = (size_t)p->tokens, top = n * (size_t)p->n_top;
   ss[0] = 8 * n, ss[1] = p->want_lp ? 4 * n : 0, ss[2] = 8 * top, ss[3] = 4 * top;
+  ss[4] = p->want_rank ? 8 * n : 0;
 }
 
 static inline uint32_t neg_zero(int dtype) { return dtype == KL_FP32 ? 0x80000000u : 0x8000u; }

@@ -120,7 +120,8 @@ static int lp_close(float got, float want) {
 
 /* A row of kl_sample's outputs as a dead step leaves it: token -1, NaN logprobs. */
 static int sample_row_poisoned(const diff_slot *s, const step_plan *p, int t) {
-  if (s->h_tok[t] != -1 || (p->want_lp && !isnan(s->h_lp[t]))) return 0;
+  if (s->h_tok[t] != -1 || (p->want_lp && !isnan(s->h_lp[t])) || (p->want_rank && s->h_rank[t] != -1))
+    return 0;
   for (int j = 0; j < p->n_top; j++) {
     const size_t i = (size_t)t * (size_t)p->n_top + (size_t)j;
     if (s->h_tidx[i] != -1 || !isnan(s->h_tlp[i])) return 0;
@@ -135,7 +136,8 @@ static long long check_sample(case_run *run, const ref_step *ref, int rank, int 
   const int k = p->n_top;
   long long bad = 0;
   for (int t = 0; t < tokens; t++) {
-    const int ok = s->h_tok[t] == ref->tok[t] && (!p->want_lp || lp_close(s->h_lp[t], ref->lp[t]));
+    const int ok = s->h_tok[t] == ref->tok[t] && (!p->want_lp || lp_close(s->h_lp[t], ref->lp[t])) &&
+                   (!p->want_rank || s->h_rank[t] == ref->rank[t]);
     int top_bad = -1;
     for (int j = 0; j < k && top_bad < 0; j++) {
       const size_t i = (size_t)t * (size_t)k + (size_t)j;
@@ -145,8 +147,10 @@ static long long check_sample(case_run *run, const ref_step *ref, int rank, int 
     *poison += sample_row_poisoned(s, p, t);
     if (bad++) continue;
     if (!ok)
-      snprintf(first, n, "row %d: token %lld logprob %a, want %lld %a", t, (long long)s->h_tok[t],
-               p->want_lp ? (double)s->h_lp[t] : 0.0, (long long)ref->tok[t], (double)ref->lp[t]);
+      snprintf(first, n, "row %d: token %lld logprob %a rank %lld, want %lld %a %lld", t,
+               (long long)s->h_tok[t], p->want_lp ? (double)s->h_lp[t] : 0.0,
+               p->want_rank ? (long long)s->h_rank[t] : 0LL, (long long)ref->tok[t],
+               (double)ref->lp[t], p->want_rank ? (long long)ref->rank[t] : 0LL);
     else {
       const size_t i = (size_t)t * (size_t)k + (size_t)top_bad;
       snprintf(first, n, "row %d top %d: column %lld logprob %a, want %lld %a", t, top_bad,
@@ -218,6 +222,7 @@ void diff_compare(case_run *run, const ref_step *ref, long long crossover, const
       env->cov.masked += op == OP_SAMPLE && p->masked;
       env->cov.penalized += op == OP_SAMPLE && sample_has_penalty(p);
       env->cov.listed += op == OP_SAMPLE && sample_has_lists(p);
+      env->cov.ranked += op == OP_SAMPLE && p->want_rank;
       env->cov.calls++;
       env->cov.path[want_path]++;
       int excused = (run->dead && poison == bad && want_path == PATH_ONESHOT) ||

@@ -23,7 +23,7 @@
  * 64] (int64), top logprob (fp32). */
 #define DIFF_SAMPLE_PARAM_BYTES ((size_t)DIFF_MAX_ROWS * 48)
 #define DIFF_SAMPLE_OUT_AT 8192
-#define DIFF_SAMPLE_BYTES (DIFF_SAMPLE_OUT_AT + (size_t)DIFF_MAX_ROWS * (12 + 64 * 12))
+#define DIFF_SAMPLE_BYTES (DIFF_SAMPLE_OUT_AT + (size_t)DIFF_MAX_ROWS * (20 + 64 * 12))
 /* kl_sample's bitmask: a row of ceil(vocab / 32) int32 words a token */
 #define DIFF_MASK_BYTES (((size_t)DIFF_ELEM_BUDGET / 32 + DIFF_MAX_ROWS) * 4)
 /* kl_sample's penalties, per entry of its tables (DIFF_MAX_ROWS at most):
@@ -54,7 +54,7 @@ typedef struct diff_slot {
   unsigned char *h_in, *h_out;
   int64_t *h_idx1, *h_idxk;
   uint32_t *h_val1, *h_valk, *h_lse;
-  int64_t *h_tok, *h_tidx; /* kl_sample's token and top indices, read back */
+  int64_t *h_tok, *h_tidx, *h_rank; /* kl_sample's token, top indices and ranks, read back */
   float *h_lp, *h_tlp;      /* its logprobs */
   /* timing events of an eager step: begun, uploaded, each op done (up to 4) */
   CUevent ev[DIFF_STEP_EVENTS];
@@ -67,6 +67,7 @@ typedef struct diff_coverage {
   long masked;          /* kl_sample calls with a bitmask */
   long penalized;       /* kl_sample calls with penalties */
   long listed;          /* kl_sample calls with lists */
+  long ranked;          /* kl_sample calls with ranks */
   long path[2]; /* calls by path: one-shot, NCCL */
   long tp[DIFF_MAX_RANKS + 1];
 } diff_coverage;
@@ -80,8 +81,9 @@ typedef struct diff_ref_bufs {
   int64_t *idxk;
   uint32_t *valk;
   double lse[DIFF_MAX_ROWS];
-  /* kl_sample's: token, logprob, top indices and logprobs [rows, n_top] */
+  /* kl_sample's: token, logprob, rank, top indices and logprobs [rows, n_top] */
   int64_t tok[DIFF_MAX_ROWS];
+  int64_t rank[DIFF_MAX_ROWS];
   float lp[DIFF_MAX_ROWS];
   int64_t *tidx;
   float *tlp;

@@ -484,6 +484,7 @@ static void reference_samples(case_run *run, ref_step *ref, int tokens) {
                                     env->h_tout + o, env->h_tg + o, NULL)
                      : -1;
     ref->lp[r] = ok ? sample_logprob_at(x[ref->tok[r]], mx, ls) : NAN;
+    ref->rank[r] = ok ? sample_rank(x, vocab, ref->tok[r]) : -1;
     if (n) sample_top(x, vocab, n, top);
     for (int j = 0; j < n; j++) {
       const size_t i = (size_t)r * (size_t)n + (size_t)j;

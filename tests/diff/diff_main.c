@@ -415,6 +415,7 @@ static void setup(diff_env *env, const char *arch) {
     s->h_lse = pinned(cu, 4 * DIFF_MAX_ROWS);
     s->h_tok = pinned(cu, 8 * DIFF_MAX_ROWS);
     s->h_lp = pinned(cu, 4 * DIFF_MAX_ROWS);
+    s->h_rank = pinned(cu, 8 * DIFF_MAX_ROWS);
     s->h_tidx = pinned(cu, 8 * 64 * DIFF_MAX_ROWS);
     s->h_tlp = pinned(cu, 4 * 64 * DIFF_MAX_ROWS);
   }
@@ -592,11 +593,12 @@ static void summary(const diff_env *env, long run, long failed, double secs, dou
          "specs refused, %ld steps, %ld calls (%ld one-shot, %ld NCCL), %ld graphs (%ld replays), "
          "%ld at the counters' wrap, %ld with KLGEN_DISABLE, %ld with topk, %ld calls of "
          "kl_sample (%ld by the shards, %ld of them with filters; %ld with a bitmask, %ld with "
-         "penalties, %ld with lists)\n",
+         "penalties, %ld with lists, %ld with ranks)\n",
          (unsigned long long)o->seed, (unsigned long long)(o->seed + (uint64_t)run - 1), run, secs,
          60.0 * (double)run / (secs > 0 ? secs : 1), v->cases_run, v->invalid, v->steps, v->calls,
          v->path[0], v->path[1], v->graphs, v->replays, v->wrap, v->disabled, v->topk,
-         v->sampled, v->by_shards, v->filtered_shards, v->masked, v->penalized, v->listed);
+         v->sampled, v->by_shards, v->filtered_shards, v->masked, v->penalized, v->listed,
+         v->ranked);
   printf("gpu_diff: tp");
   for (int t = 1; t <= DIFF_MAX_RANKS; t++)
     if (v->tp[t]) printf(" %d:%ld", t, v->tp[t]);

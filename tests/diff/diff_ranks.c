@@ -90,6 +90,7 @@ static kl_result call_sample(case_run *run, kl_ctx *ctx, const diff_slot *s, CUs
     sp.output_counts = (n & 16) ? NULL : (const int32_t *)(pen + DIFF_PEN_COUNTS_AT);
   }
   if (p->listed) set_lists(&sp, p, at(s, env->list_area));
+  if (p->want_rank) sp.rank = (int64_t *)at(s, sample_out_at(env, 4));
   return kl_sample(ctx, (const void *)at(s, p->in_at), &sp, (int64_t *)at(s, sample_out_at(env, 0)),
                    p->want_lp ? (float *)at(s, sample_out_at(env, 1)) : NULL,
                    p->n_top ? (int64_t *)at(s, sample_out_at(env, 2)) : NULL,
@@ -124,9 +125,9 @@ static void canary(case_run *run, const diff_slot *s, rank_report *rep) {
   for (int i = 0; i < 5; i++)
     if (sz[i]) cu_ok(rep, diff_move(run->env, at(s, p->sel_at[i]), NULL, 0xa5, sz[i], s->s), "canary");
   if (has_op(p, OP_SAMPLE)) {
-    size_t ss[4];
+    size_t ss[DIFF_SAMPLE_OUTS];
     sample_sizes(p, ss);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < DIFF_SAMPLE_OUTS; i++)
       if (ss[i]) cu_ok(rep, diff_move(run->env, at(s, sample_out_at(run->env, i)), NULL, 0xa5,
                                       ss[i], s->s), "canary");
     /* the step's parameters (a replay reads them where its capture pointed) */
@@ -171,10 +172,10 @@ static void download(case_run *run, const diff_slot *s, rank_report *rep) {
       cu_ok(rep, diff_move(run->env, host(dst[i]), dev(at(s, p->sel_at[i])), 0, sz[i], s->s),
             "download");
   if (has_op(p, OP_SAMPLE)) {
-    size_t ss[4];
+    size_t ss[DIFF_SAMPLE_OUTS];
     sample_sizes(p, ss);
-    void *sdst[4] = {s->h_tok, s->h_lp, s->h_tidx, s->h_tlp};
-    for (int i = 0; i < 4; i++)
+    void *sdst[DIFF_SAMPLE_OUTS] = {s->h_tok, s->h_lp, s->h_tidx, s->h_tlp, s->h_rank};
+    for (int i = 0; i < DIFF_SAMPLE_OUTS; i++)
       if (ss[i])
         cu_ok(rep, diff_move(run->env, host(sdst[i]), dev(at(s, sample_out_at(run->env, i))), 0,
                              ss[i], s->s), "download");

@@ -182,11 +182,14 @@ float sample_logprob_at(float xc, double mx, double log_sum) {
   return (float)(((double)xc - mx) - log_sum);
 }
 
+int64_t sample_rank(const float *x, int64_t vocab, int64_t c) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < vocab; i++) n += x[i] >= x[c];
+  return n;
+}
+
 float sample_logprob(const float *x, int64_t vocab, int64_t c, int64_t *rank) {
-  if (rank) {
-    *rank = 0;
-    for (int64_t i = 0; i < vocab; i++) *rank += x[i] >= x[c];
-  }
+  if (rank) *rank = sample_rank(x, vocab, c);
   double mx;
   const double ls = sample_log_sum(x, vocab, &mx);
   return sample_logprob_at(x[c], mx, ls);

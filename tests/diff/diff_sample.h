@@ -44,9 +44,10 @@ int64_t sample_keep(const float *t, float m, int64_t vocab, const sample_args *a
                     unsigned char *keep);
 
 /* log_softmax of the raw logits x at column c, in double, rounded to float
- * (NaN when x's largest is not finite); *rank, if not NULL, the number of
- * columns whose x >= x[c]. */
+ * (NaN when x's largest is not finite); *rank, if not NULL, sample_rank. */
 float sample_logprob(const float *x, int64_t vocab, int64_t c, int64_t *rank);
+/* The number of columns whose x >= x[c] (vLLM's rank of column c). */
+int64_t sample_rank(const float *x, int64_t vocab, int64_t c);
 
 /* The row's log_softmax pieces, once: *mx its largest x, the return value
  * the log of sum(exp(x - mx)) in double (NaN where mx is not finite or x

@@ -782,9 +782,56 @@ static void buffers_too_small(void) {
                   t, NULL), "top_index");
   SMALL(kl_sample(c, PTR(void, in), &p_short, PTR(int64_t, index), NULL, NULL, NULL, 0, t, NULL),
         "temperature");
+  kl_sampling p_rank = p;
+  p_rank.rank = PTR(int64_t, lse + 8); /* t int64 from lse's third float: 8 bytes short */
+  SMALL(kl_sample(c, PTR(void, in), &p_rank, PTR(int64_t, index), NULL, NULL, NULL, 0, t, NULL),
+        "rank");
+  p_rank.rank = PTR(int64_t, top); /* 16 bytes a token */
+  SMALL(kl_sample(c, PTR(void, in), &p_rank, PTR(int64_t, index), NULL, NULL, NULL, 0, t, NULL),
+        NULL);
   kl_ctx_destroy(c);
 }
 #undef SMALL
+
+/* kl_sample's rank output: the row sampler writes it (the call gathers: the
+ * one-shot gather, then the sampler); refused misaligned, overlapping
+ * another output, or in host memory, before anything is launched. */
+static void sample_rank(void) {
+  kl_ctx *c = one_rank();
+  if (!c) return;
+  const int t = 2;
+  CUdeviceptr in = device_buffer(t * 1024 * 2), token = device_buffer(t * 8),
+              rank = device_buffer(t * 8 + 8), temp = device_buffer(t * 4), mapped = 0;
+  if (alloc_at(&mapped, 4096, HOST_MAPPED, 0)) abort();
+  kl_sampling p = KL_SAMPLING_INIT;
+  p.temperature = PTR(const float, temp), p.rank = PTR(int64_t, rank);
+  kl_stats before = KL_STATS_INIT, after = KL_STATS_INIT;
+  kl_ctx_stats(c, &before);
+  int launched = launches;
+  trace_n = 0;
+  kl_result r = kl_sample(c, PTR(void, in), &p, PTR(int64_t, token), NULL, NULL, NULL, 0, t, NULL);
+  kl_ctx_stats(c, &after);
+  CHECK_KL(r == KLRT_OK && trace_n == 2 && !strcmp(fn_kind(trace[0].f), "oneshot") &&
+               !strcmp(fn_kind(trace[1].f), "sample") &&
+               after.sample_gathered == before.sample_gathered + 1,
+           "a rank: %s (%s), %d launches, the last %s, want the gather and the row sampler",
+           kl_result_name(r), r ? kl_last_error() : "", launches - launched,
+           trace_n ? fn_kind(trace[trace_n - 1].f) : "-");
+  const struct {
+    CUdeviceptr at;
+    const char *want;
+  } odd[] = {{rank + 4, "must be 8-byte aligned"}, {token, "overlap"},
+             {mapped, "rank"}};
+  for (size_t i = 0; i < sizeof odd / sizeof *odd; i++) {
+    p.rank = PTR(int64_t, odd[i].at);
+    launched = launches;
+    r = kl_sample(c, PTR(void, in), &p, PTR(int64_t, token), NULL, NULL, NULL, 0, t, NULL);
+    CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), odd[i].want) && launches == launched,
+             "rank at odd place %zu: %s (%s), %d launches; want EINVAL with \"%s\"", i,
+             kl_result_name(r), kl_last_error(), launches - launched, odd[i].want);
+  }
+  kl_ctx_destroy(c);
+}
 
 /* ---- two ranks calling at once ---- */
 
@@ -1062,6 +1109,7 @@ int main(void) {
   status_keeps_fault();
   pointer_reused();
   buffers_too_small();
+  sample_rank();
   sample_size_rule();
   printf("test_host: %s\n", check_fail ? "FAILED" : "passed");
   return check_fail != 0;

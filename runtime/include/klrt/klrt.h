@@ -41,8 +41,9 @@
  *     the group's fault word into every rank's GPU memory, and from then on
  *     every one-shot kernel of the group finds it (when it starts, or while
  *     it polls) and writes poison into its outputs instead of results,
- *     waiting for no peer (logits NaN, index and token -1, values, lse and
- *     logprobs NaN; a step that timed out poisons what it had not written).
+ *     waiting for no peer (logits NaN, index, token and rank -1, values, lse
+ *     and logprobs NaN; a step that timed out poisons what it had not
+ *     written).
  *     Each rank's host learns of the fault at a time of its own: when a
  *     kernel of its own meets it (the kernels copy it to a host-memory word,
  *     read without a device sync) or when kl_ctx_status reads it; from then
@@ -330,11 +331,19 @@ typedef struct kl_sampling {
   const int32_t *banned;        /* [tokens, banned_width] */
   int stop_width;
   int banned_width;
+  /* An output beside kl_sample's own: rank[t] (int64, [tokens], 8-byte
+   * aligned, apart from the other outputs) is how many columns of row t's
+   * logits as logprob reads them (after the epilogue, the grammar applied)
+   * are >= its token's, in float comparisons (vLLM's selected_token_ranks
+   * under its raw_logprobs; a NaN token's is 0); -1 for a row outside the
+   * domain, as its token. A call with rank gathers its rows, as one with
+   * top-n logprobs does. NULL: not written. */
+  int64_t *rank;
 } kl_sampling;
 #define KL_SAMPLING_INIT                                                                     \
   {sizeof(kl_sampling), NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 0, 0, 0, NULL, \
    NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL,   \
-   NULL, NULL, 0, 0}
+   NULL, NULL, 0, 0, NULL}
 
 /* kl_sample, for a spec with `topk = K`: token[t] (int64) is row t's draw
  * from its logits after the spec's epilogue, the same on every rank, as
