@@ -34,13 +34,16 @@ TopK = collections.namedtuple("TopK", "values indices lse")
 TopK.__doc__ = """kl_topk's result: values and indices [tokens, k] (largest first, ties
 to the lowest column; values in fp32), lse [tokens] (the log-sum-exp of the
 whole row, fp32)."""
-Sample = collections.namedtuple("Sample", "tokens logprobs top_logprobs")
+Sample = collections.namedtuple("Sample", "tokens logprobs top_logprobs ranks",
+                                defaults=(None,))
 Sample.__doc__ = """kl_sample's result: tokens [tokens] int64 (the same on every rank; -1
 for a row whose per-row parameters are outside the domain), logprobs [tokens]
 fp32 (the token's log-probability under the logits after the epilogue, before
 temperature and filters), top_logprobs None (logprobs=0) or a TopLogprobs of
-the n largest of those logits. klgen.reference.Sample holds the same per row
-as tokens, logprob, top_logprobs and top_indices, and the token's rank."""
+the n largest of those logits, ranks None (ranks=False) or [tokens] int64:
+how many columns of those logits are >= the token's (vLLM's rank; -1 where
+the token is). klgen.reference.Sample holds the same per row as tokens,
+logprob, top_logprobs and top_indices, and rank."""
 TopLogprobs = collections.namedtuple("TopLogprobs", "values indices")
 TopLogprobs.__doc__ = """The n largest raw logits' log-probabilities [tokens, n] fp32 and
 columns [tokens, n] int64, largest first, ties to the lowest column."""
@@ -260,7 +263,8 @@ class LogitsGather:
                offset=0, state_rows=None, offset_rows=None, bitmask=None,
                repetition_penalty=None, frequency_penalty=None, presence_penalty=None,
                prompt_mask=None, output_counts=None, logit_bias=None, allowed_token_ids=None,
-               min_tokens=None, position=None, banned=None, logprobs=0, token_logprobs=True):
+               min_tokens=None, position=None, banned=None, logprobs=0, token_logprobs=True,
+               ranks=False):
         """A Sample of each row: temperature, min-p, top-k, top-p and a
         Gumbel-max draw keyed by (seed, offset, column), as
         klgen.reference.sample defines it (a spec with topk = K), with the
@@ -300,7 +304,9 @@ class LogitsGather:
         None. Like the penalties, they change what is drawn, not the
         logprobs. logprobs: n top logprobs, 0..K. token_logprobs=False: no logprob of
         the tokens (Sample.logprobs is None), and the sampler skips the sums
-        it needs."""
+        it needs. ranks=True: each token's rank among those logits
+        (Sample.ranks), vLLM's selected_token_ranks; like top logprobs, it
+        gathers the rows."""
         if not self.k:
             raise Error(f"spec '{self.name}' has no topk field (add topk = K to it)")
         self._check(shard, None)
@@ -312,23 +318,26 @@ class LogitsGather:
                                              presence_penalty), prompt_mask, output_counts)
         params += _lists(self, entries, shard.shape[0], allowed_token_ids, logit_bias,
                          min_tokens, position, banned)
-        want = bool(token_logprobs)
+        want, want_rank = bool(token_logprobs), bool(ranks)
         if not torch.compiler.is_compiling():
-            token, lp, values, indices = self._sample(shard, *params, logprobs, want)
+            token, lp, values, indices, rank = self._sample(shard, *params, logprobs, want,
+                                                            want_rank)
         else:
-            token, lp, values, indices = torch.ops.klgen.sample(shard, *params, logprobs, want,
-                                                                self._handle)
+            token, lp, values, indices, rank = torch.ops.klgen.sample(
+                shard, *params, logprobs, want, want_rank, self._handle)
         return Sample(token, lp if want else None,
-                      TopLogprobs(values, indices) if logprobs else None)
+                      TopLogprobs(values, indices) if logprobs else None,
+                      rank if want_rank else None)
 
     def _sample(self, shard, temperature, top_k, top_p, min_p, seed, offset, state_rows,
                 offset_rows, bitmask, repetition, frequency, presence, prompt_mask,
                 output_counts, allowed_count, allowed_ids, bias_count, bias_ids, bias_values,
-                min_len, stop_count, stop_ids, position, banned, n, want=True):
+                min_len, stop_count, stop_ids, position, banned, n, want=True, want_rank=False):
         shard = shard.contiguous()
         tokens = shard.shape[0]
         token = torch.empty((tokens,), dtype=torch.int64, device=self.device)
         lp = torch.empty((tokens if want else 0,), dtype=torch.float32, device=self.device)
+        rank = torch.empty((tokens if want_rank else 0,), dtype=torch.int64, device=self.device)
         values = torch.empty((tokens, n), dtype=torch.float32, device=self.device)
         indices = torch.empty((tokens, n), dtype=torch.int64, device=self.device)
         # None (off) is NULL, which kl_sample reads as off without a tensor
@@ -352,12 +361,14 @@ class LogitsGather:
                         ("banned", banned)):
             if t is not None:
                 setattr(p, name + "_width", t.shape[1])
+        if want_rank:
+            p.rank = rank.data_ptr()
         _capi.check(_capi.lib.kl_sample(
             self._ctx, shard.data_ptr(), ctypes.byref(p), token.data_ptr(),
             lp.data_ptr() if want else None,
             indices.data_ptr() if n else None, values.data_ptr() if n else None, n, tokens,
             _raw_stream(self.device.index)))
-        return token, lp, values, indices
+        return token, lp, values, indices, rank
 
     def _select(self, shard, topk, values):
         self._check(shard, None)
@@ -785,28 +796,30 @@ def _sample_op(shard: torch.Tensor, temperature: torch.Tensor, top_k: Optional[t
                bias_values: Optional[torch.Tensor], min_len: Optional[torch.Tensor],
                stop_count: Optional[torch.Tensor], stop_ids: Optional[torch.Tensor],
                position: Optional[torch.Tensor], banned: Optional[torch.Tensor],
-               logprobs: int, token_logprobs: bool,
-               handle: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+               logprobs: int, token_logprobs: bool, ranks: bool,
+               handle: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                     torch.Tensor]:
     g = _gather(handle)
     g._check(shard, None)
     return g._sample(shard, temperature, top_k, top_p, min_p, seed, offset, state_rows,
                      offset_rows, bitmask, repetition, frequency, presence, prompt_mask,
                      output_counts, allowed_count, allowed_ids, bias_count, bias_ids,
                      bias_values, min_len, stop_count, stop_ids, position, banned, logprobs,
-                     token_logprobs)
+                     token_logprobs, ranks)
 
 
 @_sample_op.register_fake
 def _(shard, temperature, top_k, top_p, min_p, seed, offset, state_rows, offset_rows, bitmask,
       repetition, frequency, presence, prompt_mask, output_counts, allowed_count, allowed_ids,
       bias_count, bias_ids, bias_values, min_len, stop_count, stop_ids, position, banned,
-      logprobs, token_logprobs, handle):
+      logprobs, token_logprobs, ranks, handle):
     _fake_check(shard, _gather(handle))
     tokens = shard.shape[0]
     return (shard.new_empty((tokens,), dtype=torch.int64),
             shard.new_empty((tokens if token_logprobs else 0,), dtype=torch.float32),
             shard.new_empty((tokens, logprobs), dtype=torch.float32),
-            shard.new_empty((tokens, logprobs), dtype=torch.int64))
+            shard.new_empty((tokens, logprobs), dtype=torch.int64),
+            shard.new_empty((tokens if ranks else 0,), dtype=torch.int64))
 
 
 @torch.library.custom_op("klgen::gather_out", mutates_args=("out",))

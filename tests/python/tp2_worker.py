@@ -273,13 +273,14 @@ def as_tables(p, step):
 
 def processed(g, x, gathered, kw, n, what):
     """g.sample with logits processors in kw against the definition: the
-    tokens (with the logprob and n top-n, gathered; without, the shards'
-    path), logprobs within 1e-5. True when they agree."""
+    tokens (with the logprob, the rank and n top-n, gathered; without, the
+    shards' path), logprobs within 1e-5, ranks equal. True when they agree."""
     close = lambda a, b: torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6,
                                         equal_nan=True)
-    got = g.sample(x, logprobs=n, **kw)
+    got = g.sample(x, logprobs=n, ranks=True, **kw)
     want = definition.sample(gathered, logprobs=n, noise=g.noise, **kw)
-    ok = torch.equal(got.tokens, want.tokens) and close(got.logprobs, want.logprob)
+    ok = (torch.equal(got.tokens, want.tokens) and close(got.logprobs, want.logprob) and
+          torch.equal(got.ranks, want.rank))
     if n:
         ok = ok and (torch.equal(got.top_logprobs.indices, want.top_indices) and
                      close(got.top_logprobs.values, want.top_logprobs))
@@ -317,6 +318,8 @@ def check_draws(g, x, gathered, step, tp):
     if not bare:
         ok = ok and (torch.equal(got.top_logprobs.indices, want.top_indices) and
                      close(got.top_logprobs.values, want.top_logprobs))
+        ranked = g.sample(x, logprobs=n, ranks=True, **p)
+        ok = ok and torch.equal(ranked.tokens, got.tokens) and torch.equal(ranked.ranks, want.rank)
     else:  # without the tokens' logprobs: the same tokens, no logprobs
         quiet = g.sample(x, token_logprobs=False, **p)
         ok = ok and quiet.logprobs is None and torch.equal(quiet.tokens, got.tokens)
@@ -373,7 +376,7 @@ def sample_graph_and_compile(rank, tp):
         g.sample(x, logprobs=2, **p)  # eager first, as engines warm up
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = g.sample(x, logprobs=2, **p)
+            out = g.sample(x, logprobs=2, ranks=True, **p)
             masked = g.sample(x, logprobs=2, bitmask=m, **p)
             penalized = g.sample(x, token_logprobs=False, **p, **pen)
         ok = True
@@ -390,7 +393,7 @@ def sample_graph_and_compile(rank, tp):
             gathered = reference(x, tp, g.vocab_size)
             want = definition.sample(gathered, logprobs=2, **p)
             ok &= torch.equal(out.tokens, want.tokens) and torch.equal(
-                out.top_logprobs.indices, want.top_indices)
+                out.top_logprobs.indices, want.top_indices) and torch.equal(out.ranks, want.rank)
             want = definition.sample(gathered, logprobs=2, bitmask=m, **p)
             ok &= torch.equal(masked.tokens, want.tokens) and torch.equal(
                 masked.top_logprobs.indices, want.top_indices)
@@ -402,6 +405,10 @@ def sample_graph_and_compile(rank, tp):
         def draw(x, t, s):
             return g.sample(x * 2, t, top_p=0.9, seed=s, token_logprobs=False).tokens
 
+        def ranked(x, t, s):
+            got = g.sample(x * 2, t, top_p=0.9, seed=s, token_logprobs=False, ranks=True)
+            return torch.stack((got.tokens, got.ranks))
+
         compiled = torch.compile(draw, fullgraph=True)
         for tokens in (1, 4):
             x = data(tokens, g.shard, g.dtype, 9100 + tokens + rank).nan_to_num(0.0, 0.0, 0.0)
@@ -409,6 +416,8 @@ def sample_graph_and_compile(rank, tp):
             s = torch.arange(tokens, device="cuda")
             say(torch.equal(compiled(x, t, s), draw(x, t, s)),
                 f"sample under torch.compile(fullgraph=True), tokens {tokens}")
+            say(torch.equal(torch.compile(ranked, fullgraph=True)(x, t, s), ranked(x, t, s)),
+                f"sample with ranks under torch.compile(fullgraph=True), tokens {tokens}")
 
 
 def same_f32(a, b):

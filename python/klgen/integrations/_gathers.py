@@ -203,7 +203,7 @@ class TorchGather:
 
     def sample(self, shard, temperature, top_k=None, top_p=None, min_p=None, *, seed=0,
                offset=0, state_rows=None, offset_rows=None, bitmask=None, logprobs=0,
-               token_logprobs=True, **penalties):
+               token_logprobs=True, ranks=False, **penalties):
         if not self.k:
             raise ValueError(f"spec '{self.name}' has no topk field")
         if not 0 <= logprobs <= min(self.k, self.vocab_size):
@@ -220,7 +220,8 @@ class TorchGather:
                                bitmask=bitmask, logprobs=logprobs, noise=self.noise,
                                **penalties)
         top = TopLogprobs(out.top_logprobs, out.top_indices) if logprobs else None
-        return Sample(out.tokens, out.logprob if token_logprobs else None, top)
+        return Sample(out.tokens, out.logprob if token_logprobs else None, top,
+                      out.rank if ranks else None)
 
     def _gathered(self, shard):
         if shard.dim() != 2 or shard.shape[1] != self.shard or shard.dtype != self.dtype:
