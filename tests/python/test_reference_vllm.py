@@ -779,10 +779,14 @@ def mix_params(gen, vocab, histories):
     """A request for each (prompt, output) history, drawn from a server's
     mix: 40 % plain, 20 % frequency and presence penalties, 10 % repetition
     penalty, 10 % a grammar, 10 % seeded, 5 % logit bias, 5 % min_tokens with
-    stop ids; on top, a tenth greedy and a fifth with bad words, of which
-    one bans a column where the output ends with its first token (and one
-    never does). (kind, SamplingParams, that column or None) each."""
+    stop ids; on top, a tenth greedy, a fifth with bad words, of which one
+    bans a column where the output ends with its first token (and one never
+    does), and 15 % asking for 5 top logprobs (drawn apart, so that the rest
+    of the mix stays as it was). (kind, SamplingParams, that column or None)
+    each."""
     from vllm.sampling_params import StructuredOutputsParams
+
+    apart = torch.Generator().manual_seed(43)
 
     kinds = ["plain"] * 8 + ["penalties"] * 4 + ["repetition"] * 2 + ["grammar"] * 2 + \
         ["seeded"] * 2 + ["bias", "min_tokens"]
@@ -807,6 +811,8 @@ def mix_params(gen, vocab, histories):
         elif kind == "min_tokens":
             kw.update(min_tokens=int(randint(gen, 1, 40, ())), max_tokens=64,
                       stop_token_ids=randint(gen, 0, vocab, (3,)).tolist())
+        if torch.rand((), generator=apart) < 0.15:
+            kw["logprobs"] = 5
         params, target = SamplingParams(**kw), None
         if output and torch.rand((), generator=gen) < 0.2:
             target = int(randint(gen, 0, vocab, ()))
@@ -877,9 +883,12 @@ def test_glue_serves_a_request_mix_as_vllms_sampler(monkeypatch):
     request mix, mixed within each step: no step declined, and the token
     of every row that is not a float near-tie is the one vLLM's
     Sampler.__call__ draws from the same logits (the runner's grammar
-    bitmask applied first, as the runner does). A request asking for
-    logprobs still declines its steps (vLLM's carry the rank)."""
-    from klgen.integrations.vllm import sampling_args
+    bitmask applied first, as the runner does). A step with logprobs
+    requests returns vLLM's LogprobsTensors: the same ids and ranks on those
+    rows, logprobs within float32 rounding. A request with its own
+    logprob_token_ids, or another logprobs mode, declines its steps."""
+    from klgen._torch import Sample, TopLogprobs
+    from klgen.integrations.vllm import logprobs_tensors, sampling_args
 
     gen = torch.Generator().manual_seed(41)
     vocab, n = 300, 40
@@ -891,7 +900,7 @@ def test_glue_serves_a_request_mix_as_vllms_sampler(monkeypatch):
     mix = mix_params(gen, vocab, histories)
     sampler, slots = vllm_sampler(monkeypatch, vocab, [p for _, p, _ in mix], histories)
     bad = next(p for p in sampler.logits_processors if type(p).__name__ == "BadWordsState")
-    total = near = steps = moved = 0
+    total = near = steps = moved = with_logprobs = 0
     for _ in range(12):
         rows = int(randint(gen, 4, 17, ()))
         picked = torch.randperm(n, generator=gen)[:rows].tolist()
@@ -906,13 +915,29 @@ def test_glue_serves_a_request_mix_as_vllms_sampler(monkeypatch):
                 bitmask[r] = randint(gen, -2**31, 2**31, (words(vocab),))
         masked = logits.clone()
         vllm_bitmask(masked, bitmask)
-        want = sampler(masked, batch).sampled_token_ids[:, 0]
+        theirs = sampler(masked, batch)
+        want = theirs.sampled_token_ids[:, 0]
         args = sampling_args(sampler, batch, 64, vocab)
         assert not isinstance(args, str), args
         args = dict(args, bitmask=bitmask)  # as the glue adds the runner's
-        got = reference.sample(logits, **args, noise="vllm").tokens
+        asked = args.pop("ranks", False)
+        args.pop("token_logprobs", None)
+        drawn = reference.sample(logits, **args, noise="vllm")
+        got = drawn.tokens
         tie = glue_near_ties(logits, args, batch)
         assert torch.equal(got[~tie], want[~tie]), (picked, got, want)
+        assert asked == (theirs.logprobs_tensors is not None)
+        if asked:  # what the glue hands vLLM, from kl_sample's Sample
+            top = TopLogprobs(drawn.top_logprobs, drawn.top_indices)
+            ours = logprobs_tensors(Sample(got, drawn.logprob, top if args["logprobs"] else None,
+                                           drawn.rank))
+            mine, vllms = ours.logprob_token_ids[~tie], theirs.logprobs_tensors.logprob_token_ids
+            assert torch.equal(mine, vllms[~tie]), (mine, vllms)
+            assert torch.equal(ours.selected_token_ranks[~tie],
+                               theirs.logprobs_tensors.selected_token_ranks[~tie])
+            assert torch.allclose(ours.logprobs[~tie], theirs.logprobs_tensors.logprobs[~tie],
+                                  rtol=1e-5, atol=2e-6)
+            with_logprobs += 1
         if "banned" in args:  # the bans are those of vLLM's kernel
             probe = torch.zeros(rows, vocab)
             apply_bad_words(probe, batch.expanded_idx_mapping, bad.bad_word_token_ids.gpu,
@@ -930,12 +955,17 @@ def test_glue_serves_a_request_mix_as_vllms_sampler(monkeypatch):
               if getattr(p, "bad_words", None) is not None]
     assert widths and all(w == 5 for w in widths), widths
     print(f"vLLM glue, request mix: {steps} steps, {total} rows, {near} near-ties, "
-          f"{moved} tokens the bans moved")
-    assert near <= total // 20 and moved > 0
-    sampler.add_request(slots[0], SamplingParams(temperature=1.0, logprobs=5))
+          f"{moved} tokens the bans moved, {with_logprobs} steps with logprobs")
+    assert near <= total // 20 and moved > 0 and 0 < with_logprobs < steps
+    sampler.add_request(slots[0], SamplingParams(temperature=1.0, logprob_token_ids=[1, 2]))
     sampler.apply_staged_writes()
     reason = sampling_args(sampler, decode_batch(sampler, slots[:3]), 64, vocab)
-    assert isinstance(reason, str) and "logprobs" in reason, reason
+    assert isinstance(reason, str) and "logprob_token_ids" in reason, reason
+    sampler.add_request(slots[0], SamplingParams(temperature=1.0, logprobs=2))
+    sampler.apply_staged_writes()
+    sampler.logprobs_mode = "processed_logprobs"
+    reason = sampling_args(sampler, decode_batch(sampler, slots[:3]), 64, vocab)
+    assert isinstance(reason, str) and "processed_logprobs" in reason, reason
 
 
 def glue_near_ties(logits, args, batch):
@@ -951,7 +981,7 @@ def glue_near_ties(logits, args, batch):
     per_row["min_p"] = torch.zeros(rows.shape) if args["min_p"] is None else args["min_p"][rows]
     per_row["offset"] = args["offset"][args["offset_rows"]]
     kw = {k: v for k, v in args.items() if k not in (
-        "temperature", "top_k", "top_p", "min_p", "seed", "offset", "offset_rows")}
+        "temperature", "top_k", "top_p", "min_p", "seed", "offset", "offset_rows", "logprobs")}
     if "min_tokens" in kw:
         kw["position"] = per_row["offset"]
     return near_ties(logits, per_row, kw)

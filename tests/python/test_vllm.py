@@ -286,7 +286,8 @@ def _sample(rank):
     # what kl_sample does not do stays with vLLM's sampler, and says why
     head, hidden = heads[0]
     on, vocab = ours[0], HEADS[0][0]
-    declined = [(SamplingParams(temperature=1.0, logprobs=2), "logprobs"),
+    declined = [(SamplingParams(temperature=1.0, logprob_token_ids=[3]), "logprob_token_ids"),
+                (SamplingParams(temperature=1.0, logprobs=65), "65 top logprobs"),
                 (SamplingParams(temperature=1.0, top_k=65), "top_k 65:")]
     for params, why in declined:
         sampler = _v2_sampler(vocab, [kinds[1], params])
@@ -635,9 +636,9 @@ def _plans_per_composition(rank):
         args = kv.sampling_args(sampler, _batch(slots), 64)
         assert args["seed"][args["state_rows"]].tolist() == [3, 3]
     assert made == [[0, 1], [1, 0]]
-    sampler.add_request(1, SamplingParams(temperature=1.0, logprobs=2))
+    sampler.add_request(1, SamplingParams(temperature=1.0, logprob_token_ids=[2]))
     sampler.sampling_states.apply_staged_writes()  # (the processors' need Triton)
-    assert "logprobs" in kv.sampling_args(sampler, _batch([0, 1]), 64)
+    assert "logprob_token_ids" in kv.sampling_args(sampler, _batch([0, 1]), 64)
     args = kv.sampling_args(sampler, _batch([0]), 64)
     assert args["seed"][args["state_rows"]].tolist() == [3]
     assert made == [[0, 1], [1, 0], [0, 1], [0]]

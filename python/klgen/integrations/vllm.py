@@ -32,10 +32,12 @@ GPUModelRunner.sample (its step that computes the logits and samples them),
 when vLLM has imported the runner and before the model is built. A decode
 step whose requests kl_sample serves draws each logits row's token from the
 shards, with the parameters vLLM's v2 Sampler keeps per request
-(sampling_args), and returns the SamplerOutput vLLM's sampler would; any
-other step is vLLM's own (batch-sharded sampling, draft tokens, logprobs
-and the rest: KlgenLogitsProcessor.sample and
-sampling_args say which), counted as a declined "sample". The wrapper
+(sampling_args), and returns the SamplerOutput vLLM's sampler would (with
+logprobs in vLLM's default raw_logprobs mode: the token's, its rank and the
+top n, which gather the step's rows); any other step is vLLM's own
+(batch-sharded sampling, draft tokens, other logprobs modes and the rest:
+KlgenLogitsProcessor.sample and sampling_args say which), counted as a
+declined "sample". The wrapper
 checks first that GPUModelRunner.sample and Sampler.__call__ are vLLM
 0.33.0's code; where they are not, every step keeps vLLM's path, counted
 and logged once. A runner of your own calls sample(model, hidden_states,
@@ -95,13 +97,15 @@ def sample(model, hidden_states, sampler, input_batch, grammar_output):
     scale, masked columns), as far as _logits_source can tell. A model whose
     compute_logits only calls its language model's is followed there. The
     rest is KlgenLogitsProcessor.sample's."""
-    return _sample_model(model, hidden_states, None, sampler, input_batch, grammar_output)
+    drawn = _sample_model(model, hidden_states, None, sampler, input_batch, grammar_output)
+    return None if drawn is None else drawn[0]
 
 
 def _sample_model(model, hidden_states, rows, sampler, input_batch, grammar_output,
                   reason=None):
-    """sample() of hidden_states[rows] (rows None: all of them), decided
-    before the rows are indexed; `reason` declines the step."""
+    """_draw() of hidden_states[rows] (rows None: all of them): the tokens
+    and their LogprobsTensors or None; None where the step is declined,
+    decided before the rows are indexed (`reason` declines it)."""
     source, where = _source(model)
     if isinstance(source, str):
         _decline(where, source)
@@ -184,16 +188,17 @@ def _hook_runner():
         reason = unknown
         if reason is None and self.batch_sharder is not None:
             reason = "batch-sharded sampling"
-        tokens = _sample_model(self.model, hidden_states, input_batch.logits_indices,
-                               self.sampler, input_batch, grammar_output, reason)
-        if tokens is None:
+        drawn = _sample_model(self.model, hidden_states, input_batch.logits_indices,
+                              self.sampler, input_batch, grammar_output, reason)
+        if drawn is None:
             return vllms(self, hidden_states, input_batch, grammar_output)
+        tokens, logprobs = drawn
         # as Sampler.__call__ counts a step of one logits row per request
         num_sampled, num_rejected = get_num_sampled_and_rejected(
             input_batch.seq_lens.new_ones(input_batch.num_reqs), input_batch.seq_lens,
             input_batch.cu_num_logits, input_batch.idx_mapping,
             self.sampler.req_states.prefill_len.gpu)
-        out = SamplerOutput(sampled_token_ids=tokens.view(-1, 1), logprobs_tensors=None,
+        out = SamplerOutput(sampled_token_ids=tokens.view(-1, 1), logprobs_tensors=logprobs,
                             num_nans=None, num_sampled=num_sampled, num_rejected=num_rejected,
                             sampling_mask_tensors=None)
         return out, num_sampled, num_rejected
@@ -355,6 +360,7 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
                                     lb.logit_bias.gpu),
                         min_tokens=(lb.min_lens.gpu, lb.num_stop_token_ids.gpu,
                                     lb.stop_token_ids.gpu, None))
+        step.update(_logprobs_args(plan.logprobs))
         if plan.bad_words is not None:
             bw, req = plan.bad_words, plan.bad_words.req_states
             step["banned"] = bad_words_banned(
@@ -364,6 +370,21 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
                 input_batch.expanded_idx_mapping, plan.bad_width)
         return step
     return dict(plan, **step)
+
+
+def logprobs_tensors(drawn):
+    """vLLM's LogprobsTensors of a klgen Sample with logprobs and ranks, as
+    its compute_topk_scores returns them for one logits row a request: each
+    row's token then its top n (ids int64, logprobs float32 [rows, n + 1]),
+    and the token's rank."""
+    from vllm.v1.outputs import LogprobsTensors
+
+    ids, values = drawn.tokens[:, None], drawn.logprobs[:, None]
+    if drawn.top_logprobs is not None:
+        ids = torch.cat((ids, drawn.top_logprobs.indices), dim=1)
+        values = torch.cat((values, drawn.top_logprobs.values), dim=1)
+    return LogprobsTensors(logprob_token_ids=ids, logprobs=values,
+                           selected_token_ranks=drawn.ranks)
 
 
 def bad_words_banned(token_ids, offsets, count, all_token_ids, prompt_len, total_len, rows,
@@ -422,7 +443,8 @@ class _Tables(NamedTuple):
     filters its requests use, vLLM's PenaltiesState where one uses a
     penalty, its LogitBiasState where one uses a list, its BadWordsState
     where one has bad words (else None), the most words a request has and
-    the most tokens its words take (None: not known, their table's width)."""
+    the most tokens its words take (None: not known, their table's width),
+    and the top logprobs its steps return (None: no logprobs)."""
 
     top_k: bool
     top_p: bool
@@ -432,6 +454,7 @@ class _Tables(NamedTuple):
     bad_words: object = None
     bad_width: int = 0
     bad_tokens: object = None
+    logprobs: object = None
 
 
 # sampling_args of a step whose requests are all greedy: every filter, the
@@ -493,14 +516,15 @@ def _plan(sampler, input_batch, max_top_k, vocab_size):
     if used_any and vocab_size is not None and states.vocab_size != vocab_size:
         return (f"logits processors over vLLM's vocabulary of {states.vocab_size}, not the "
                 f"spec's {vocab_size}")
+    n = _logprobs_count(sampler, requests)
     # vLLM's greedy rows: temperature 0 (an argmax, but of processed logits)
-    if not states.temperature.np[requests].any() and not used_any:
+    if not states.temperature.np[requests].any() and not used_any and n is None:
         return GREEDY
     used = _Tables(_used(states.top_k, requests, states.vocab_size),  # vLLM's off: its vocabulary
                    _used(states.top_p, requests, 1.0), _used(states.min_p, requests, 0.0),
                    penalties, lists, bad,
                    0 if bad is None else int(bad.num_bad_words.np[requests].max()),
-                   None if bad is None else _bad_tokens(sampler, bad, requests))
+                   None if bad is None else _bad_tokens(sampler, bad, requests), n)
     if vocab_size is None or states.vocab_size >= vocab_size:
         return used
     top_k = top_p = min_p = None
@@ -512,7 +536,13 @@ def _plan(sampler, input_batch, max_top_k, vocab_size):
     if used.min_p:
         min_p = states.min_p.gpu[rows]
     return dict(temperature=states.temperature.gpu[rows], top_k=top_k, top_p=top_p,
-                min_p=min_p, seed=states.seeds.gpu[rows])
+                min_p=min_p, seed=states.seeds.gpu[rows], **_logprobs_args(n))
+
+
+def _logprobs_args(n):
+    """LogitsGather.sample's keywords for a step returning n top logprobs
+    (None: none): the tokens' logprobs and ranks, and the top n."""
+    return {} if n is None else dict(logprobs=n, ranks=True, token_logprobs=True)
 
 
 def _bad_tokens(sampler, bad, requests):
@@ -614,8 +644,9 @@ def _step_declines(sampler, input_batch):
 
 def _requests_decline(sampler, requests, max_top_k):
     """Why a request of the slots `requests` needs vLLM's sampler, or None."""
-    if sampler.get_logprobs_dims(requests) is not None:
-        return "logprobs: vLLM's carry the sampled token's rank over the whole vocabulary"
+    reason = _logprobs_declines(sampler, requests, max_top_k)
+    if reason is not None:
+        return reason
     for processor in sampler.logits_processors:
         flag = _PROCESSOR_FLAGS.get(type(processor).__name__)
         if flag is None or not hasattr(processor, flag):
@@ -629,6 +660,32 @@ def _requests_decline(sampler, requests, max_top_k):
                                 budget.use_thinking_budget[requests].any())):
         return "a thinking budget"
     return _params_declines(sampler.sampling_states, requests, max_top_k)
+
+
+def _logprobs_count(sampler, requests):
+    """The top logprobs a step of the slots `requests` returns (vLLM's
+    num_logprobs: the most a request asks for, 0 for the token's alone), or
+    None where no request asks for logprobs."""
+    dims = sampler.get_logprobs_dims(requests)
+    return None if dims is None else dims[0]
+
+
+def _logprobs_declines(sampler, requests, max_top_k):
+    """Why the slots' logprobs need vLLM's sampler, or None. kl_sample
+    returns vLLM's raw_logprobs (of the logits the grammar leaves), the
+    token's rank and the top n up to its spec's topk; not the processed or
+    logits modes, nor a request's own logprob_token_ids."""
+    dims = sampler.get_logprobs_dims(requests)
+    if dims is None:
+        return None
+    mode = getattr(sampler, "logprobs_mode", None)
+    if mode != "raw_logprobs":
+        return f"logprobs in vLLM's {mode} mode"
+    if dims[1]:
+        return "a request's own logprob_token_ids"
+    if dims[0] > max_top_k:
+        return f"{dims[0]} top logprobs, beyond the spec's {max_top_k}"
+    return None
 
 
 def _params_declines(states, requests, max_top_k):
@@ -758,7 +815,7 @@ class KlgenLogitsProcessor(LogitsProcessor):
                                  input_batch, grammar_output)
         if args is None:
             return None
-        return self._draw(lm_head, hidden_states, args, embedding_bias)
+        return self._draw(lm_head, hidden_states, args, embedding_bias)[0]
 
     def _sample_args(self, rows, device, lm_head, sampler, input_batch, grammar_output):
         """sample's parameters for `rows` rows on `device`, or None with the
@@ -780,12 +837,17 @@ class KlgenLogitsProcessor(LogitsProcessor):
         return None
 
     def _draw(self, lm_head, hidden_states, args, embedding_bias=None):
+        """The rows' tokens, and vLLM's LogprobsTensors of a step whose
+        requests ask for logprobs (args with ranks), else None."""
         logits = self._apply_head(lm_head, hidden_states, embedding_bias)
         # vLLM's noise: a seeded request draws vLLM's tokens on either path
         g = self._gathers().get("sample", logits, **self._spec(topk=MAX_TOPK, noise="vllm"))
         if args is GREEDY:  # kl_argmax: kl_sample's greedy order, a lighter kernel
-            return g.argmax(logits)
-        return g.sample(logits, **args, token_logprobs=False).tokens
+            return g.argmax(logits), None
+        if "ranks" not in args:
+            return g.sample(logits, **args, token_logprobs=False).tokens, None
+        drawn = g.sample(logits, **args)
+        return drawn.tokens, logprobs_tensors(drawn)
 
     def get_top_k_tokens(self, lm_head, hidden_states, k, embedding_bias=None, *,
                          return_log_probs=False):
