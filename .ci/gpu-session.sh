@@ -3,7 +3,8 @@
 # and a wheel in dist/ made elsewhere (bash .ci/wheel.sh dist), within a time
 # budget: each part is bounded, what is left goes to the differential suite.
 #   bash .ci/gpu-session.sh [SECONDS] [LOGS]    (default 540 s, build/gpu-session)
-# In order: ctest -L gpu but gpu_diff; the wheel into this Python and the GPU
+# In order: the test specs' kernels compiled side by side into the tests'
+# JIT cache (.ci/gpu-warm.sh); ctest -L gpu but gpu_diff; the wheel into this Python and the GPU
 # pytest (tests/python, marker gpu); compute-sanitizer's four tools over one
 # random case each (.ci/gpu-sanitize.sh 1); then gpu_diff over fresh seeds
 # (GPU_DIFF_SEED, default from the clock; GPU_DIFF_ARGS adds options, e.g.
@@ -20,6 +21,8 @@ nvidia-smi -L 2>/dev/null | sed 's/^/gpu-session: /'
 # ctest and the GPU pytest take most of a default budget (gpu_select and
 # gpu_sample the longest: ranks sharing the GPU take a quarter share each);
 # the sanitizers and gpu_diff get what is left, or a budget of their own
+part warm 120 bash "$root/.ci/gpu-warm.sh"
+show warm "gpu-warm"
 part ctest 420 bash "$root/.ci/gpu-tests.sh" -E gpu_diff
 show ctest "tests passed|Failed|\(Failed\)|\(Timeout\)"
 wheel_pytest 240

@@ -9,6 +9,7 @@
 
 #include "klrt/klrt.h"
 #include "klrt_testing.h"
+#include "rt.h" /* kl_jit_cubin: the tests' sources through the JIT cache */
 
 const kl_cu *gpu_require(int need) {
   const char *why = NULL;
@@ -166,7 +167,11 @@ int gpu_load_source(const kl_cu *cu, const char *src, const char *name, CUmodule
   snprintf(arch, sizeof arch, "sm_%d%d", maj, min);
   kl_binary bin;
   kl_err err;
-  if (kl_nvrtc_compile(src, name, arch, &bin, &err)) {
+  /* the tests' cache (KLGEN_CACHE_DIR), as the library's: a second run of
+   * a test, or its run under a sanitizer, compiles nothing again */
+  const char *dir = getenv("KLGEN_CACHE_DIR");
+  int hit = 0;
+  if (kl_jit_cubin(src, name, arch, dir && *dir ? dir : NULL, &bin, &hit, &err)) {
     fprintf(stderr, "%s: %s\n", name, err.msg);
     return -1;
   }

@@ -1,15 +1,30 @@
 /* NVRTC compiles every spec of the files given for sm_90 and sm_100 into a
  * non-empty cubin with its entry points (topk only for a spec with topk),
  * with no warnings; a spec with topk with gpu_sample's kernels too (they call
- * the sampler's pieces no kernel of the spec calls yet).
- *   test_nvrtc [--only NAME] SPEC...   (--only: that spec of the files alone) */
+ * the sampler's pieces no kernel of the spec calls yet). With --cache, the
+ * cubins go to (and come from) the JIT cache at DIR, as libklrt and the GPU
+ * tests compile the same sources: runs beside each other on a GPU
+ * machine's cores (--only, --arch of its GPU) fill the cache the GPU tests
+ * then read. Without it every source is compiled (a cached one would skip
+ * NVRTC's warnings).
+ *   test_nvrtc [--only NAME] [--arch sm_XY] [--cache DIR] SPEC...
+ *   (--only: that spec of the files alone; --arch: that architecture alone) */
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "klgen.h"
+#include "rt.h" /* kl_jit_cubin */
 #include "sample_kernels.h"
 #include "spec_source.h"
+
+static const char *only_arch, *cache; /* --arch, --cache */
+/* NVRTC's cubin for src on arch, or with --cache the cache's. */
+static int compile(const char *src, const char *name, const char *arch, kl_binary *b,
+                   kl_err *e) {
+  int hit = 0;
+  return kl_jit_cubin(src, name, arch, cache, b, &hit, e);
+}
 
 static int has(const kl_binary *b, const char *s) {
   size_t n = strlen(s);
@@ -29,8 +44,9 @@ static void compile_spec(const kl_spec *s) {
   }
   const char *arch[] = {"sm_90", "sm_100"};
   for (int a = 0; a < 2; a++) {
+    if (only_arch && strcmp(only_arch, arch[a])) continue;
     kl_binary b;
-    int rc = kl_nvrtc_compile(src, s->name, arch[a], &b, &e);
+    int rc = compile(src, s->name, arch[a], &b, &e);
     CHECK(rc == 0, "%s %s: %s", s->name, arch[a], e.msg);
     if (rc) continue;
     char sym[160];
@@ -62,7 +78,7 @@ static void compile_sample_kernels(const kl_spec *s) {
   CHECK(src != NULL, "%s: %s", s->name, e.msg);
   if (!src) return;
   kl_binary b;
-  const int rc = kl_nvrtc_compile(src, s->name, "sm_90", &b, &e);
+  const int rc = compile(src, s->name, only_arch ? only_arch : "sm_90", &b, &e);
   free(src);
   CHECK(rc == 0, "%s with gpu_sample's kernels: %s", s->name, e.msg);
   if (rc) return;
@@ -70,7 +86,8 @@ static void compile_sample_kernels(const kl_spec *s) {
         "are not in the cubin", s->name);
   CHECK(b.log == NULL || b.log[0] == 0, "%s with gpu_sample's kernels: NVRTC warnings:\n%s",
         s->name, b.log);
-  printf("%s sm_90 with gpu_sample's kernels: %zu-byte cubin\n", s->name, b.size);
+  printf("%s %s with gpu_sample's kernels: %zu-byte cubin\n", s->name,
+         only_arch ? only_arch : "sm_90", b.size);
   kl_binary_free(&b);
 }
 
@@ -78,7 +95,12 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* a line per cubin as it is made: the progress */
   const char *only = NULL;
   int first = 1, compiled = 0;
-  if (argc > 2 && !strcmp(argv[1], "--only")) only = argv[2], first = 3;
+  for (; first + 1 < argc && argv[first][0] == '-'; first += 2) {
+    if (!strcmp(argv[first], "--only")) only = argv[first + 1];
+    else if (!strcmp(argv[first], "--arch")) only_arch = argv[first + 1];
+    else if (!strcmp(argv[first], "--cache")) cache = argv[first + 1];
+    else break;
+  }
   for (int i = first; i < argc; i++) {
     kl_spec_list l;
     kl_err e;
