@@ -968,6 +968,45 @@ def test_glue_serves_a_request_mix_as_vllms_sampler(monkeypatch):
     assert isinstance(reason, str) and "processed_logprobs" in reason, reason
 
 
+def test_glue_bans_as_outputs_grow(monkeypatch):
+    """One composition stepped while its requests' outputs grow: the glue
+    lays its bad words out on the first step alone (the plan keeps the
+    layout) and on every step bans what vLLM's own kernel bans, words
+    whose prefixes the new tokens complete included."""
+    from klgen.integrations.vllm import sampling_args
+
+    gen = torch.Generator().manual_seed(5)
+    vocab, n = 300, 8
+    histories = [([1, 2, 3], [int(randint(gen, 0, 20, ())) for _ in range(4)]) for _ in range(n)]
+    mix = mix_params(gen, vocab, histories)
+    for (_, p, _), (_, output) in zip(mix, histories):  # every request has words
+        p._bad_words_token_ids = [[40 + len(output) % 3, 41, 50], [42, 51], [43, 44, 45, 52]]
+    sampler, slots = vllm_sampler(monkeypatch, vocab, [p for _, p, _ in mix], histories)
+    bad = next(p for p in sampler.logits_processors if type(p).__name__ == "BadWordsState")
+    req = sampler.req_states
+    layouts, banned = set(), 0
+    for step in range(6):
+        batch = decode_batch(sampler, slots)
+        args = sampling_args(sampler, batch, 64, vocab)
+        assert not isinstance(args, str), args
+        probe = torch.zeros(n, vocab)
+        apply_bad_words(probe, batch.expanded_idx_mapping, bad.bad_word_token_ids.gpu,
+                        bad.bad_word_offsets.gpu, bad.num_bad_words.gpu,
+                        req.all_token_ids.gpu, req.prompt_len.gpu, req.total_len.gpu,
+                        batch.input_ids, batch.expanded_local_pos, int(args["banned"].shape[1]))
+        want = [(row == -INF).nonzero()[:, 0].tolist() for row in probe]
+        assert banned_sets(args["banned"]) == want, (step, args["banned"], want)
+        banned += sum(map(len, want))
+        plan = next(iter(sampler.__dict__["_klgen_plans"].values()))
+        layouts.add(id(plan.bad_layout[0]))
+        for slot in slots:  # the next output token: a word's prefix now and then
+            total = int(req.total_len.gpu[slot])
+            token = (40, 41, 42, 43, 44, 7)[(slot + step) % 6]
+            req.all_token_ids.gpu[slot, total] = token
+            req.total_len.gpu[slot] = total + 1
+    assert len(layouts) == 1 and banned > 0, (layouts, banned)
+
+
 def glue_near_ties(logits, args, batch):
     """near_ties for the glue's arguments: vLLM's tables read through
     state_rows, min_tokens at each row's position."""

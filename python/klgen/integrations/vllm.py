@@ -323,9 +323,11 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
     positions), but for a structured-output request's restore of its stop
     ids (vLLM's restore_when_all_masked), a function of the whole row; and
     BadWordsState's bad words, as the columns they ban in the step
-    (bad_words_banned, from its tables and the requests' tokens: about fifty
-    torch operations a step where a request of the step has bad words, over
-    the step's words' width where the glue saw their requests added)."""
+    (bad_words_banned, from its tables and the requests' tokens, over the
+    step's words' width where the glue saw their requests added: where a
+    request of the step has bad words, about seventy torch operations on a
+    composition's first step, which lays its words out, and thirty on each
+    step after, which compares them with the outputs)."""
     reason = _step_declines(sampler, input_batch)
     if reason is not None:
         return reason
@@ -363,11 +365,13 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
         step.update(_logprobs_args(plan.logprobs))
         if plan.bad_words is not None:
             bw, req = plan.bad_words, plan.bad_words.req_states
-            step["banned"] = bad_words_banned(
-                bw.bad_word_token_ids.gpu[:, :plan.bad_tokens], bw.bad_word_offsets.gpu,
-                bw.num_bad_words.gpu,
-                req.all_token_ids.gpu, req.prompt_len.gpu, req.total_len.gpu,
-                input_batch.expanded_idx_mapping, plan.bad_width)
+            rows = input_batch.expanded_idx_mapping
+            if not plan.bad_layout:  # the words' places: a composition's first step
+                plan.bad_layout.append(bad_words_layout(
+                    bw.bad_word_token_ids.gpu[:, :plan.bad_tokens], bw.bad_word_offsets.gpu,
+                    bw.num_bad_words.gpu, rows, plan.bad_width))
+            step["banned"] = bad_words_step(plan.bad_layout[0], req.all_token_ids.gpu,
+                                            req.prompt_len.gpu, req.total_len.gpu, rows)
         return step
     return dict(plan, **step)
 
@@ -402,40 +406,73 @@ def bad_words_banned(token_ids, offsets, count, all_token_ids, prompt_len, total
     input_ids, each row's input token, as vLLM's kernel reads them; None:
     no drafts). A word of no tokens bans nothing (vLLM's frontend stores
     none; its kernel would read the token before). Torch operations on the
-    tables' device, no host read: a step's rows are worked out at once."""
+    tables' device, no host read: a step's rows are worked out at once.
+    bad_words_layout then bad_words_step: the glue keeps the layout of a
+    composition's rows, which only an added request changes."""
+    if width < 1:
+        return torch.full((rows.shape[0], 0), -1, dtype=torch.int32, device=rows.device)
+    layout = bad_words_layout(token_ids, offsets, count, rows, width)
+    return bad_words_step(layout, all_token_ids, prompt_len, total_len, rows, local_pos,
+                          input_ids)
+
+
+class BadWordsLayout(NamedTuple):
+    """What bad_words_banned reads of the words' tables for a step's rows:
+    each flat position's word, its place in that word and whether it is in
+    the word's prefix, each word's prefix length, whether it bans, and its
+    last token. None of it changes until a request is added."""
+
+    tokens: torch.Tensor  # [n, K] the rows' words end to end
+    word: torch.Tensor  # [n, K]
+    at: torch.Tensor  # [n, K]
+    word_prefix: torch.Tensor  # [n, K]
+    in_prefix: torch.Tensor  # [n, K]
+    valid: torch.Tensor  # [n, width]
+    last: torch.Tensor  # [n, width]
+
+
+def bad_words_layout(token_ids, offsets, count, rows, width):
+    """bad_words_banned's reading of the words' tables for `rows` (width
+    >= 1): a BadWordsLayout."""
     rows = rows.long()
     n, device = rows.shape[0], rows.device
-    if width < 1:
-        return torch.full((n, 0), -1, dtype=torch.int32, device=device)
     tokens = token_ids[rows]  # [n, K]
     k_max = tokens.shape[1]
     start = offsets[rows, :width].long().clamp(0, k_max)
     end = offsets[rows, 1:width + 1].long().clamp(0, k_max)
     listed = torch.arange(width, device=device) < count[rows, None].long()
     valid = listed & (end > start)
-    prefix = end - start - 1  # [n, width]
     # each flat position's word: how many of the row's words end at or before it
     ends = torch.zeros(n, k_max + 1, dtype=torch.long, device=device)
     ends.scatter_add_(1, torch.where(listed, end, k_max), listed.long())
     word = ends[:, :k_max].cumsum(1).clamp(max=width - 1)
     at = torch.arange(k_max, device=device) - start.gather(1, word)  # place in its word
-    word_prefix = prefix.gather(1, word)
+    word_prefix = (end - start - 1).gather(1, word)
     in_prefix = valid.gather(1, word) & (at >= 0) & (at < word_prefix)
+    last = tokens.gather(1, (end - 1).clamp(0, max(k_max - 1, 0)))
+    return BadWordsLayout(tokens, word, at, word_prefix, in_prefix, valid, last)
+
+
+def bad_words_step(layout, all_token_ids, prompt_len, total_len, rows, local_pos=None,
+                   input_ids=None):
+    """bad_words_banned from a layout of the same rows: each word's prefix
+    against the end of its row's output, this step's."""
+    rows = rows.long()
+    n, width = rows.shape[0], layout.valid.shape[1]
     out_len = (total_len[rows] - prompt_len[rows]).long()
     drafts = 0 if local_pos is None else local_pos.long()
-    seen = (out_len + drafts)[:, None] - word_prefix + at  # the output position compared
+    seen = (out_len + drafts)[:, None] - layout.word_prefix + layout.at  # the output position
     column = (prompt_len[rows].long()[:, None] + seen).clamp(0, all_token_ids.shape[1] - 1)
     actual = all_token_ids[rows[:, None], column]
     if local_pos is not None and input_ids is not None:
         # past the committed output: the row's request's input ids (its drafts)
-        first = torch.arange(n, device=device) - drafts
+        first = torch.arange(n, device=rows.device) - drafts
         spec = (first[:, None] + seen - out_len[:, None] + 1).clamp(0, n - 1)
         actual = torch.where(seen >= out_len[:, None], input_ids.to(actual.dtype)[spec], actual)
-    wrong = in_prefix & ((seen < 0) | (actual != tokens))
-    misses = torch.zeros(n, width + 1, dtype=torch.long, device=device)
-    misses.scatter_add_(1, torch.where(in_prefix, word, width), wrong.long())
-    last = tokens.gather(1, (end - 1).clamp(0, max(k_max - 1, 0)))
-    return torch.where(valid & (misses[:, :width] == 0), last, -1).to(torch.int32)
+    wrong = layout.in_prefix & ((seen < 0) | (actual != layout.tokens))
+    misses = torch.zeros(n, width + 1, dtype=torch.long, device=rows.device)
+    misses.scatter_add_(1, torch.where(layout.in_prefix, layout.word, width), wrong.long())
+    return torch.where(layout.valid & (misses[:, :width] == 0), layout.last, -1).to(torch.int32)
 
 
 class _Tables(NamedTuple):
@@ -444,7 +481,8 @@ class _Tables(NamedTuple):
     penalty, its LogitBiasState where one uses a list, its BadWordsState
     where one has bad words (else None), the most words a request has and
     the most tokens its words take (None: not known, their table's width),
-    and the top logprobs its steps return (None: no logprobs)."""
+    the top logprobs its steps return (None: no logprobs), and where it has
+    bad words a list that keeps their BadWordsLayout from its first step."""
 
     top_k: bool
     top_p: bool
@@ -455,6 +493,7 @@ class _Tables(NamedTuple):
     bad_width: int = 0
     bad_tokens: object = None
     logprobs: object = None
+    bad_layout: object = None
 
 
 # sampling_args of a step whose requests are all greedy: every filter, the
@@ -524,7 +563,8 @@ def _plan(sampler, input_batch, max_top_k, vocab_size):
                    _used(states.top_p, requests, 1.0), _used(states.min_p, requests, 0.0),
                    penalties, lists, bad,
                    0 if bad is None else int(bad.num_bad_words.np[requests].max()),
-                   None if bad is None else _bad_tokens(sampler, bad, requests), n)
+                   None if bad is None else _bad_tokens(sampler, bad, requests), n,
+                   None if bad is None else [])
     if vocab_size is None or states.vocab_size >= vocab_size:
         return used
     top_k = top_p = min_p = None
