@@ -101,7 +101,7 @@ static kl_result check_array(kl_ctx *c, const kl_call *k, const void *p, size_t 
                       (long long)entries, each);
   }
   if (res) return res;
-  for (int o = 0; o < 4; o++)
+  for (int o = 0; o < k->route->nouts; o++)
     if (k->out[o].p && kl_overlaps((uintptr_t)p, bytes, (uintptr_t)k->out[o].p, k->out[o].bytes))
       return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->%s overlaps %s", kl_arg_name(arg),
                         kl_arg_name(k->out[o].arg));

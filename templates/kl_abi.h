@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 16
+#define KL_ABI_VERSION 17
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)

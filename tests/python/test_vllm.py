@@ -299,6 +299,16 @@ def _sample(rank):
         assert args["temperature"][args["state_rows"]].tolist() == [pytest.approx(0.7)]
     sampler = _v2_sampler(vocab, kinds)
     assert on.sample(head, hidden[:2], sampler, _batch([0, 1], draft=1), None) is None
+    # logprobs: served where the caller takes them (the runner's hook does)
+    asks = _v2_sampler(vocab, [kinds[1], SamplingParams(temperature=1.0, logprobs=2)])
+    assert on.sample(head, hidden[:2], asks, _batch([0, 1]), None) is None
+    tokens, lp = on.sample(head, hidden[:2], asks, _batch([0, 1]), None, logprobs=True)
+    logits = stock[0](head, hidden[:2]).float()
+    assert lp.logprob_token_ids.shape == (2, 3) and torch.equal(lp.logprob_token_ids[:, 0], tokens)
+    chosen = logits.gather(1, tokens[:, None])
+    assert torch.equal(lp.selected_token_ranks, (logits >= chosen).sum(1))
+    want_lp = torch.log_softmax(logits.double(), 1).gather(1, tokens[:, None])[:, 0].float()
+    assert torch.allclose(lp.logprobs[:, 0], want_lp, rtol=1e-5, atol=1e-6), (lp.logprobs, want_lp)
     _grammar_steps(on, stock[0], head, hidden, vocab, sampler)
     _penalty_steps(on, stock[0], head, hidden, vocab)
     _list_steps(on, stock[0], head, hidden, vocab)
@@ -311,7 +321,9 @@ def _sample(rank):
     watermarked = type("GPUWatermarkSampler", (type(sampler),), {})
     sampler.__class__ = watermarked  # a subclass samples its own way: vLLM's
     assert "GPUWatermarkSampler" in sampling_args(sampler, _batch([0, 1]), 64)
-    assert on.klgen.stats()["declined"] == {"sample": len(declined) + 3}
+    # one more than before for the logprobs step of a caller that takes
+    # tokens alone
+    assert on.klgen.stats()["declined"] == {"sample": len(declined) + 4}
     _sample_models(on, head, hidden, vocab, kinds)
 
 

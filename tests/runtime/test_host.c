@@ -830,6 +830,15 @@ static void sample_rank(void) {
              "rank at odd place %zu: %s (%s), %d launches; want EINVAL with \"%s\"", i,
              kl_result_name(r), kl_last_error(), launches - launched, odd[i].want);
   }
+  /* a parameter array inside rank: the sampler writes one while it reads the other */
+  CUdeviceptr both = device_buffer(64);
+  p.rank = PTR(int64_t, both), p.temperature = PTR(const float, both + 8);
+  launched = launches;
+  r = kl_sample(c, PTR(void, in), &p, PTR(int64_t, token), NULL, NULL, NULL, 0, t, NULL);
+  CHECK_KL(r == KLRT_EINVAL && strstr(kl_last_error(), "temperature overlaps rank") &&
+               launches == launched,
+           "temperature inside rank: %s (%s), %d launches", kl_result_name(r), kl_last_error(),
+           launches - launched);
   kl_ctx_destroy(c);
 }
 

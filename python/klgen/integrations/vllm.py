@@ -41,7 +41,8 @@ declined "sample". The wrapper
 checks first that GPUModelRunner.sample and Sampler.__call__ are vLLM
 0.33.0's code; where they are not, every step keeps vLLM's path, counted
 and logged once. A runner of your own calls sample(model, hidden_states,
-sampler, input_batch, grammar_output): the tokens, or None for vLLM's path.
+sampler, input_batch, grammar_output): the tokens, or None for vLLM's path
+(logprobs=True: the tokens and the step's LogprobsTensors).
 
 KLGEN_VLLM=torch (or enable("torch")) runs the same glue on TorchGather, the
 torch implementation of klgen's contract: for CPUs and tests.
@@ -87,25 +88,29 @@ def stats():
     return _gathers.stats("vllm")
 
 
-def sample(model, hidden_states, sampler, input_batch, grammar_output):
+def sample(model, hidden_states, sampler, input_batch, grammar_output, logprobs=False):
     """The token of each logits row of `input_batch`, drawn by kl_sample from
     the shards, as int64 [rows]; None where the step needs vLLM's own
-    compute_logits and sampler. `model` is the runner's model: its logits
+    compute_logits and sampler, as a step whose requests ask for logprobs
+    does unless logprobs=True: then (tokens, vLLM's LogprobsTensors of the
+    step or None where no request asks). `model` is the runner's model: its logits
     must be its KlgenLogitsProcessor's alone, so a step is vLLM's where the
     processor is wrapped (LoRA's LogitsProcessorWithLoRA adds the adapter's
     logits) or the model's compute_logits does more than call it (a norm, a
     scale, masked columns), as far as _logits_source can tell. A model whose
     compute_logits only calls its language model's is followed there. The
     rest is KlgenLogitsProcessor.sample's."""
-    drawn = _sample_model(model, hidden_states, None, sampler, input_batch, grammar_output)
-    return None if drawn is None else drawn[0]
+    drawn = _sample_model(model, hidden_states, None, sampler, input_batch, grammar_output,
+                          logprobs=logprobs)
+    return drawn if drawn is None or logprobs else drawn[0]
 
 
 def _sample_model(model, hidden_states, rows, sampler, input_batch, grammar_output,
-                  reason=None):
+                  reason=None, logprobs=True):
     """_draw() of hidden_states[rows] (rows None: all of them): the tokens
     and their LogprobsTensors or None; None where the step is declined,
-    decided before the rows are indexed (`reason` declines it)."""
+    decided before the rows are indexed (`reason` declines it; so does
+    logprobs=False a step with logprobs)."""
     source, where = _source(model)
     if isinstance(source, str):
         _decline(where, source)
@@ -116,7 +121,7 @@ def _sample_model(model, hidden_states, rows, sampler, input_batch, grammar_outp
         return None
     count = _rows(hidden_states) if rows is None else rows.shape[0]
     args = processor._sample_args(count, hidden_states.device, lm_head, sampler, input_batch,
-                                  grammar_output)
+                                  grammar_output, logprobs)
     if args is None:
         return None
     return processor._draw(lm_head, hidden_states if rows is None else hidden_states[rows], args)
@@ -841,25 +846,31 @@ class KlgenLogitsProcessor(LogitsProcessor):
         return self._gathers().get("argmax", logits, **self._spec()).argmax(logits)
 
     def sample(self, lm_head, hidden_states, sampler, input_batch, grammar_output,
-               embedding_bias=None):
+               embedding_bias=None, logprobs=False):
         """The token of each logits row of `input_batch`, drawn by kl_sample
         from the shards with the parameters `sampler` (vLLM's v2 Sampler)
         keeps (sampling_args), as int64 [rows]; None where the step needs
-        vLLM's sampler (counted as a declined "sample", the reason logged).
+        vLLM's sampler (counted as a declined "sample", the reason logged),
+        as a step whose requests ask for logprobs does unless logprobs=True:
+        then (tokens, vLLM's LogprobsTensors or None).
         hidden_states are the rows' ([rows, hidden]: the runner's
         hidden_states[input_batch.logits_indices]); the logits are those
         forward returns (soft-capped, scaled). grammar_output: the runner's,
         None or its GrammarOutput, whose bitmask kl_sample applies
         (grammar_bitmask)."""
         args = self._sample_args(_rows(hidden_states), hidden_states.device, lm_head, sampler,
-                                 input_batch, grammar_output)
+                                 input_batch, grammar_output, logprobs)
         if args is None:
             return None
-        return self._draw(lm_head, hidden_states, args, embedding_bias)[0]
+        drawn = self._draw(lm_head, hidden_states, args, embedding_bias)
+        return drawn if logprobs else drawn[0]
 
-    def _sample_args(self, rows, device, lm_head, sampler, input_batch, grammar_output):
+    def _sample_args(self, rows, device, lm_head, sampler, input_batch, grammar_output,
+                     logprobs=True):
         """sample's parameters for `rows` rows on `device`, or None with the
-        step's decline counted: decided before the hidden rows are indexed."""
+        step's decline counted: decided before the hidden rows are indexed.
+        logprobs=False: a step whose requests ask for logprobs is declined
+        (the caller takes tokens alone)."""
         reason = self._select_declines(rows, device, lm_head)
         if reason is None:
             args = sampling_args(sampler, input_batch, MAX_TOPK, self.vocab_size)
@@ -870,6 +881,8 @@ class KlgenLogitsProcessor(LogitsProcessor):
                 args = mask
             elif mask is not None:  # a grammar's step: kl_sample, greedy rows too
                 args = dict(args, bitmask=mask)
+            if not isinstance(args, str) and "ranks" in args and not logprobs:
+                args = "logprobs, and the caller takes tokens alone (sample(logprobs=True))"
             if not isinstance(args, str):
                 return args
             reason = args
