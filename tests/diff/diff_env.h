@@ -20,7 +20,7 @@
 /* kl_sample's parameters, struct of arrays: T, top_p, min_p (fp32), top_k
  * (int32), seed, offset, state_rows, offset_rows (64-bit), DIFF_MAX_ROWS
  * each; and its outputs: token (int64), logprob (fp32), top index [rows,
- * 64] (int64), top logprob (fp32). */
+ * 64] (int64), top logprob (fp32), rank (int64). */
 #define DIFF_SAMPLE_PARAM_BYTES ((size_t)DIFF_MAX_ROWS * 48)
 #define DIFF_SAMPLE_OUT_AT 8192
 #define DIFF_SAMPLE_BYTES (DIFF_SAMPLE_OUT_AT + (size_t)DIFF_MAX_ROWS * (20 + 64 * 12))

@@ -71,11 +71,11 @@ void diff_plan_step(case_run *run, rng *r, step_plan *p, int tokens, int allow_o
     p->penalized = (size_t)entries * (size_t)c->spec.vocab_size <= DIFF_ELEM_BUDGET &&
                    rng_chance(&pr, 0.35);
     p->pen_nulls = rng_chance(&pr, 0.3) ? (unsigned)rng_below(&pr, 32) : 0;
-    /* lists (allowed ids, logit bias, min_tokens, banned ids): a stream of
-     * their own; rows at most the arena's widths, now and then one wide */
     /* the tokens' ranks: a stream of their own */
     rng kr = rng_for(c->seed, 0x72616e6b0000ull + (uint64_t)run->planned);
     p->want_rank = rng_chance(&kr, 0.3);
+    /* lists (allowed ids, logit bias, min_tokens, banned ids): a stream of
+     * their own; rows at most the arena's widths, now and then one wide */
     rng lr = rng_for(c->seed, 0x6c6973740000ull + (uint64_t)run->planned);
     p->listed = rng_chance(&lr, 0.35);
     p->lists = p->listed ? (unsigned)rng_range(&lr, 1, 31) : 0;
