@@ -27,20 +27,25 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import engine_util as data  # noqa: E402
 
 CASES = (("1 request, T 1", 1, {}), ("1 request, top-k 50, top-p 0.9", 1,
-         dict(top_k=50, top_p=0.9)), ("64 requests, T 1", 64, {}),
-         ("64 requests, top-k 50, top-p 0.9", 64, dict(top_k=50, top_p=0.9)))
+         dict(top_k=50, top_p=0.9)), ("1 request, T 1, 5 logprobs", 1, dict(logprobs=5)),
+         ("64 requests, T 1", 64, {}),
+         ("64 requests, top-k 50, top-p 0.9", 64, dict(top_k=50, top_p=0.9)),
+         ("64 requests, T 1, 5 logprobs", 64, dict(logprobs=5)))
 
 
 def _stubbed(processor, head, rows):
-    """processor with its LM head and its klgen sample stubbed, after one real call."""
+    """processor with its LM head and its klgen sample stubbed, after one
+    real call; the sample's stand-in has 5 top logprobs and ranks, for the
+    steps that ask for them."""
     import torch
 
-    from klgen._torch import Sample
+    from klgen._torch import Sample, TopLogprobs
 
     shard = torch.zeros(rows, head.num_embeddings_per_partition, dtype=torch.bfloat16)
     processor._apply_head = lambda lm_head, hidden, bias: shard
     tokens = torch.zeros(rows, dtype=torch.int64)
-    return shard, Sample(tokens, torch.zeros(rows), None)
+    top = TopLogprobs(torch.zeros(rows, 5), torch.zeros(rows, 5, dtype=torch.int64))
+    return shard, Sample(tokens, torch.zeros(rows), top, torch.zeros(rows, dtype=torch.int64))
 
 
 def _run(rank):
@@ -61,16 +66,16 @@ def _run(rank):
         head, hidden = _head(vocab, rows, torch.bfloat16, logits)
         on = _processors()[1][0]
         sampler = _v2_sampler(vocab, [SamplingParams(temperature=1.0, **params)] * rows)
-        batch = _batch(list(range(rows)))
-        on.sample(head, hidden, sampler, batch, None)  # makes the gather
+        batch, lp = _batch(list(range(rows))), "logprobs" in params
+        on.sample(head, hidden, sampler, batch, None, logprobs=lp)  # makes the gather
         _, out = _stubbed(on, head, rows)
         for g in on.klgen.specs.values():
             g.sample = lambda shard, **args: out
-        us = data.per_call(lambda: on.sample(head, hidden, sampler, batch, None))
+        us = data.per_call(lambda: on.sample(head, hidden, sampler, batch, None, logprobs=lp))
         plans = sampler.__dict__["_klgen_plans"]
         # a step whose composition is new: its verdict and plan made again
         fresh = data.per_call(
-            lambda: plans.clear() or on.sample(head, hidden, sampler, batch, None))
+            lambda: plans.clear() or on.sample(head, hidden, sampler, batch, None, logprobs=lp))
         assert on.klgen.stats()["declined"] == {}, on.klgen.stats()
         step, own = _runner_step(rows, logits, sampler)
         if told and rank == 0:
