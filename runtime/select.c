@@ -46,7 +46,7 @@ kl_row_params kl_row_params_of(const kl_sample_call *x) {
                          x->list_rows,
                          x->list_row_words,
                          x->list_slot_bits,
-                         0};
+                         p->logit_values != 0};
 }
 
 /* The call's args in kernel id's parameter, for mode; no step state (the

@@ -7,7 +7,7 @@
 #ifndef KL_ABI_H
 #define KL_ABI_H
 
-#define KL_ABI_VERSION 17
+#define KL_ABI_VERSION 18
 
 #ifdef __cplusplus
 #define KL_ABI_ASSERT(cond, msg) static_assert(cond, msg)
@@ -126,7 +126,7 @@ typedef struct kl_row_params {
   const unsigned *list_rows;
   long long list_row_words;
   int list_slot_bits;
-  int reserved;
+  int logit_values; /* kl_sampling's: logprob outputs hold the logits */
 } kl_row_params;
 
 /* The lists kernel's parameter: kl_sampling's lists in, per row, the

@@ -39,7 +39,8 @@ Sample = collections.namedtuple("Sample", "tokens logprobs top_logprobs ranks",
 Sample.__doc__ = """kl_sample's result: tokens [tokens] int64 (the same on every rank; -1
 for a row whose per-row parameters are outside the domain), logprobs [tokens]
 fp32 (the token's log-probability under the logits after the epilogue, before
-temperature and filters), top_logprobs None (logprobs=0) or a TopLogprobs of
+temperature and filters; with logprobs_mode "raw_logits" its logit, as the top
+logprobs' values), top_logprobs None (logprobs=0) or a TopLogprobs of
 the n largest of those logits, ranks None (ranks=False) or [tokens] int64:
 how many columns of those logits are >= the token's (vLLM's rank; -1 where
 the token is). klgen.reference.Sample holds the same per row as tokens,
@@ -264,7 +265,7 @@ class LogitsGather:
                repetition_penalty=None, frequency_penalty=None, presence_penalty=None,
                prompt_mask=None, output_counts=None, logit_bias=None, allowed_token_ids=None,
                min_tokens=None, position=None, banned=None, logprobs=0, token_logprobs=True,
-               ranks=False):
+               ranks=False, logprobs_mode="raw_logprobs"):
         """A Sample of each row: temperature, min-p, top-k, top-p and a
         Gumbel-max draw keyed by (seed, offset, column), as
         klgen.reference.sample defines it (a spec with topk = K), with the
@@ -306,7 +307,11 @@ class LogitsGather:
         the tokens (Sample.logprobs is None), and the sampler skips the sums
         it needs. ranks=True: each token's rank among those logits
         (Sample.ranks), vLLM's selected_token_ranks; like top logprobs, it
-        gathers the rows."""
+        gathers the rows. logprobs_mode: what the logprobs hold, as vLLM's
+        option of that name: "raw_logprobs" (those logits' log-softmax) or
+        "raw_logits" (the logits themselves); the tokens, top indices and
+        ranks are the same either way. vLLM's processed modes are
+        klgen.reference.sample's alone."""
         if not self.k:
             raise Error(f"spec '{self.name}' has no topk field (add topk = K to it)")
         self._check(shard, None)
@@ -319,12 +324,13 @@ class LogitsGather:
         params += _lists(self, entries, shard.shape[0], allowed_token_ids, logit_bias,
                          min_tokens, position, banned)
         want, want_rank = bool(token_logprobs), bool(ranks)
+        logits = _logit_values(logprobs_mode)
         if not torch.compiler.is_compiling():
             token, lp, values, indices, rank = self._sample(shard, *params, logprobs, want,
-                                                            want_rank)
+                                                            want_rank, logits)
         else:
             token, lp, values, indices, rank = torch.ops.klgen.sample(
-                shard, *params, logprobs, want, want_rank, self._handle)
+                shard, *params, logprobs, want, want_rank, logits, self._handle)
         return Sample(token, lp if want else None,
                       TopLogprobs(values, indices) if logprobs else None,
                       rank if want_rank else None)
@@ -332,7 +338,8 @@ class LogitsGather:
     def _sample(self, shard, temperature, top_k, top_p, min_p, seed, offset, state_rows,
                 offset_rows, bitmask, repetition, frequency, presence, prompt_mask,
                 output_counts, allowed_count, allowed_ids, bias_count, bias_ids, bias_values,
-                min_len, stop_count, stop_ids, position, banned, n, want=True, want_rank=False):
+                min_len, stop_count, stop_ids, position, banned, n, want=True, want_rank=False,
+                logit_values=False):
         shard = shard.contiguous()
         tokens = shard.shape[0]
         token = torch.empty((tokens,), dtype=torch.int64, device=self.device)
@@ -363,6 +370,7 @@ class LogitsGather:
                 setattr(p, name + "_width", t.shape[1])
         if want_rank:
             p.rank = rank.data_ptr()
+        p.logit_values = int(logit_values)
         _capi.check(_capi.lib.kl_sample(
             self._ctx, shard.data_ptr(), ctypes.byref(p), token.data_ptr(),
             lp.data_ptr() if want else None,
@@ -573,6 +581,16 @@ def _number(name, value, g):
                 "min_p": "in [0, 1]"}[name]
         raise ValueError(f"{name} must be {rule} (as a float32), not {value!r}")
     return v
+
+
+def _logit_values(mode):
+    """kl_sampling's logit_values for g.sample's logprobs_mode."""
+    if mode == "raw_logprobs" or mode == "raw_logits":
+        return mode == "raw_logits"
+    if mode in ("processed_logprobs", "processed_logits"):
+        raise ValueError(f"logprobs_mode {mode!r} is not kl_sample's (klgen.reference.sample "
+                         "computes it): use 'raw_logprobs' or 'raw_logits'")
+    raise ValueError(f"logprobs_mode must be 'raw_logprobs' or 'raw_logits', not {mode!r}")
 
 
 def _sampling_args(g, tokens, *values):
@@ -796,7 +814,7 @@ def _sample_op(shard: torch.Tensor, temperature: torch.Tensor, top_k: Optional[t
                bias_values: Optional[torch.Tensor], min_len: Optional[torch.Tensor],
                stop_count: Optional[torch.Tensor], stop_ids: Optional[torch.Tensor],
                position: Optional[torch.Tensor], banned: Optional[torch.Tensor],
-               logprobs: int, token_logprobs: bool, ranks: bool,
+               logprobs: int, token_logprobs: bool, ranks: bool, logit_values: bool,
                handle: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                      torch.Tensor]:
     g = _gather(handle)
@@ -805,14 +823,14 @@ def _sample_op(shard: torch.Tensor, temperature: torch.Tensor, top_k: Optional[t
                      offset_rows, bitmask, repetition, frequency, presence, prompt_mask,
                      output_counts, allowed_count, allowed_ids, bias_count, bias_ids,
                      bias_values, min_len, stop_count, stop_ids, position, banned, logprobs,
-                     token_logprobs, ranks)
+                     token_logprobs, ranks, logit_values)
 
 
 @_sample_op.register_fake
 def _(shard, temperature, top_k, top_p, min_p, seed, offset, state_rows, offset_rows, bitmask,
       repetition, frequency, presence, prompt_mask, output_counts, allowed_count, allowed_ids,
       bias_count, bias_ids, bias_values, min_len, stop_count, stop_ids, position, banned,
-      logprobs, token_logprobs, ranks, handle):
+      logprobs, token_logprobs, ranks, logit_values, handle):
     _fake_check(shard, _gather(handle))
     tokens = shard.shape[0]
     return (shard.new_empty((tokens,), dtype=torch.int64),

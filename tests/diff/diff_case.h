@@ -29,9 +29,10 @@ typedef struct step_plan {
   size_t sel_at[5]; /* argmax index, value; top-k index, value, lse */
   int value, lse;   /* ask for them (else NULL) */
   /* kl_sample: its top-n, whether it asks for the logprob and the rank,
-   * which parameter arrays it passes as NULL (bit i: top_k, top_p, min_p,
-   * seed, offset) */
-  int n_top, want_lp, want_rank;
+   * whether its logprob outputs hold the logits (logit_values), which
+   * parameter arrays it passes as NULL (bit i: top_k, top_p, min_p, seed,
+   * offset) */
+  int n_top, want_lp, want_rank, logit_values;
   unsigned nulls;
   /* kl_sampling's tables: states (0: no state_rows, T..seed per row) and
    * offsets (0: no offset_rows) entries, their index arrays' bits (32, 64) */

@@ -112,10 +112,12 @@ static long long check_selection(case_run *run, const ref_step *ref, int rank, i
   return bad;
 }
 
-static int lp_close(float got, float want) {
+/* A logprob output against the reference's: close, or with logit_values
+ * (the logits themselves) equal. */
+static int lp_close(const step_plan *p, float got, float want) {
   if (isnan(want)) return isnan(got);
   if (got == want) return 1;
-  return fabsf(got - want) <= 2e-6f * fabsf(want) + 1e-12f;
+  return !p->logit_values && fabsf(got - want) <= 2e-6f * fabsf(want) + 1e-12f;
 }
 
 /* A row of kl_sample's outputs as a dead step leaves it: token -1, NaN logprobs. */
@@ -136,12 +138,12 @@ static long long check_sample(case_run *run, const ref_step *ref, int rank, int 
   const int k = p->n_top;
   long long bad = 0;
   for (int t = 0; t < tokens; t++) {
-    const int ok = s->h_tok[t] == ref->tok[t] && (!p->want_lp || lp_close(s->h_lp[t], ref->lp[t])) &&
+    const int ok = s->h_tok[t] == ref->tok[t] && (!p->want_lp || lp_close(p, s->h_lp[t], ref->lp[t])) &&
                    (!p->want_rank || s->h_rank[t] == ref->rank[t]);
     int top_bad = -1;
     for (int j = 0; j < k && top_bad < 0; j++) {
       const size_t i = (size_t)t * (size_t)k + (size_t)j;
-      if (s->h_tidx[i] != ref->tidx[i] || !lp_close(s->h_tlp[i], ref->tlp[i])) top_bad = j;
+      if (s->h_tidx[i] != ref->tidx[i] || !lp_close(p, s->h_tlp[i], ref->tlp[i])) top_bad = j;
     }
     if (ok && top_bad < 0) continue;
     *poison += sample_row_poisoned(s, p, t);
@@ -223,6 +225,7 @@ void diff_compare(case_run *run, const ref_step *ref, long long crossover, const
       env->cov.penalized += op == OP_SAMPLE && sample_has_penalty(p);
       env->cov.listed += op == OP_SAMPLE && sample_has_lists(p);
       env->cov.ranked += op == OP_SAMPLE && p->want_rank;
+      env->cov.logits += op == OP_SAMPLE && p->logit_values && (p->want_lp || p->n_top);
       env->cov.calls++;
       env->cov.path[want_path]++;
       int excused = (run->dead && poison == bad && want_path == PATH_ONESHOT) ||

@@ -68,6 +68,7 @@ typedef struct diff_coverage {
   long penalized;       /* kl_sample calls with penalties */
   long listed;          /* kl_sample calls with lists */
   long ranked;          /* kl_sample calls with ranks */
+  long logits;          /* kl_sample calls with logprobs as logits (logit_values) */
   long path[2]; /* calls by path: one-shot, NCCL */
   long tp[DIFF_MAX_RANKS + 1];
 } diff_coverage;

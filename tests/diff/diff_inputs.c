@@ -467,6 +467,12 @@ static void sample_inputs(case_run *run, ref_step *ref, int tokens) {
   diff_device_noise(env, vocab, tokens, (int)run->c->spec.noise);
 }
 
+/* What kl_sample's logprob outputs hold for a logit x of a row whose largest
+ * is mx and log-sum ls: its logprob, or with logit_values x itself. */
+static float logprob_value(const case_run *run, float x, double mx, double ls) {
+  return run->plan.logit_values ? x : sample_logprob_at(x, mx, ls);
+}
+
 /* kl_sample's reference (diff_sample.c) on the values the gather delivers. */
 static void reference_samples(case_run *run, ref_step *ref, int tokens) {
   const diff_env *env = run->env;
@@ -483,13 +489,13 @@ static void reference_samples(case_run *run, ref_step *ref, int tokens) {
     ref->tok[r] = ok ? sample_token(env->h_targ + o, ref->sm[r], vocab, &ref->sargs[r],
                                     env->h_tout + o, env->h_tg + o, NULL)
                      : -1;
-    ref->lp[r] = ok ? sample_logprob_at(x[ref->tok[r]], mx, ls) : NAN;
+    ref->lp[r] = ok ? logprob_value(run, x[ref->tok[r]], mx, ls) : NAN;
     ref->rank[r] = ok ? sample_rank(x, vocab, ref->tok[r]) : -1;
     if (n) sample_top(x, vocab, n, top);
     for (int j = 0; j < n; j++) {
       const size_t i = (size_t)r * (size_t)n + (size_t)j;
       ref->tidx[i] = ok ? top[j] : -1;
-      ref->tlp[i] = ok ? sample_logprob_at(x[top[j]], mx, ls) : NAN;
+      ref->tlp[i] = ok ? logprob_value(run, x[top[j]], mx, ls) : NAN;
     }
   }
 }

@@ -593,12 +593,12 @@ static void summary(const diff_env *env, long run, long failed, double secs, dou
          "specs refused, %ld steps, %ld calls (%ld one-shot, %ld NCCL), %ld graphs (%ld replays), "
          "%ld at the counters' wrap, %ld with KLGEN_DISABLE, %ld with topk, %ld calls of "
          "kl_sample (%ld by the shards, %ld of them with filters; %ld with a bitmask, %ld with "
-         "penalties, %ld with lists, %ld with ranks)\n",
+         "penalties, %ld with lists, %ld with ranks, %ld with logits for logprobs)\n",
          (unsigned long long)o->seed, (unsigned long long)(o->seed + (uint64_t)run - 1), run, secs,
          60.0 * (double)run / (secs > 0 ? secs : 1), v->cases_run, v->invalid, v->steps, v->calls,
          v->path[0], v->path[1], v->graphs, v->replays, v->wrap, v->disabled, v->topk,
          v->sampled, v->by_shards, v->filtered_shards, v->masked, v->penalized, v->listed,
-         v->ranked);
+         v->ranked, v->logits);
   printf("gpu_diff: tp");
   for (int t = 1; t <= DIFF_MAX_RANKS; t++)
     if (v->tp[t]) printf(" %d:%ld", t, v->tp[t]);

@@ -74,6 +74,9 @@ void diff_plan_step(case_run *run, rng *r, step_plan *p, int tokens, int allow_o
     /* the tokens' ranks: a stream of their own */
     rng kr = rng_for(c->seed, 0x72616e6b0000ull + (uint64_t)run->planned);
     p->want_rank = rng_chance(&kr, 0.3);
+    /* logits instead of logprobs (vLLM's raw_logits): a stream of its own */
+    rng vr = rng_for(c->seed, 0x6c6f67697473ull + (uint64_t)run->planned);
+    p->logit_values = rng_chance(&vr, 0.25);
     /* lists (allowed ids, logit bias, min_tokens, banned ids): a stream of
      * their own; rows at most the arena's widths, now and then one wide */
     rng lr = rng_for(c->seed, 0x6c6973740000ull + (uint64_t)run->planned);

@@ -91,6 +91,7 @@ static kl_result call_sample(case_run *run, kl_ctx *ctx, const diff_slot *s, CUs
   }
   if (p->listed) set_lists(&sp, p, at(s, env->list_area));
   if (p->want_rank) sp.rank = (int64_t *)at(s, sample_out_at(env, 4));
+  sp.logit_values = p->logit_values;
   return kl_sample(ctx, (const void *)at(s, p->in_at), &sp, (int64_t *)at(s, sample_out_at(env, 0)),
                    p->want_lp ? (float *)at(s, sample_out_at(env, 1)) : NULL,
                    p->n_top ? (int64_t *)at(s, sample_out_at(env, 2)) : NULL,

@@ -878,15 +878,17 @@ def decode_batch(sampler, slots):
         num_draft_tokens=0, req_ids=[f"r{s}" for s in slots])
 
 
-def test_glue_serves_a_request_mix_as_vllms_sampler(monkeypatch):
+@pytest.mark.parametrize("mode", ["raw_logprobs", "raw_logits"])
+def test_glue_serves_a_request_mix_as_vllms_sampler(monkeypatch, mode):
     """klgen.integrations.vllm.sampling_args on vLLM's own Sampler for a
     request mix, mixed within each step: no step declined, and the token
     of every row that is not a float near-tie is the one vLLM's
     Sampler.__call__ draws from the same logits (the runner's grammar
     bitmask applied first, as the runner does). A step with logprobs
-    requests returns vLLM's LogprobsTensors: the same ids and ranks on those
-    rows, logprobs within float32 rounding. A request with its own
-    logprob_token_ids, or another logprobs mode, declines its steps."""
+    requests returns vLLM's LogprobsTensors, in either raw mode: the same
+    ids and ranks on those rows, logprobs within float32 rounding, logits
+    equal. A request with its own logprob_token_ids, or a processed mode,
+    declines its steps."""
     from klgen._torch import Sample, TopLogprobs
     from klgen.integrations.vllm import logprobs_tensors, sampling_args
 
@@ -899,6 +901,7 @@ def test_glue_serves_a_request_mix_as_vllms_sampler(monkeypatch):
         histories.append((prompt, output))
     mix = mix_params(gen, vocab, histories)
     sampler, slots = vllm_sampler(monkeypatch, vocab, [p for _, p, _ in mix], histories)
+    sampler.logprobs_mode = mode
     bad = next(p for p in sampler.logits_processors if type(p).__name__ == "BadWordsState")
     total = near = steps = moved = with_logprobs = 0
     for _ in range(12):
@@ -935,8 +938,11 @@ def test_glue_serves_a_request_mix_as_vllms_sampler(monkeypatch):
             assert torch.equal(mine, vllms[~tie]), (mine, vllms)
             assert torch.equal(ours.selected_token_ranks[~tie],
                                theirs.logprobs_tensors.selected_token_ranks[~tie])
-            assert torch.allclose(ours.logprobs[~tie], theirs.logprobs_tensors.logprobs[~tie],
-                                  rtol=1e-5, atol=2e-6)
+            if mode == "raw_logits":
+                assert torch.equal(ours.logprobs[~tie], theirs.logprobs_tensors.logprobs[~tie])
+            else:
+                assert torch.allclose(ours.logprobs[~tie],
+                                      theirs.logprobs_tensors.logprobs[~tie], rtol=1e-5, atol=2e-6)
             with_logprobs += 1
         if "banned" in args:  # the bans are those of vLLM's kernel
             probe = torch.zeros(rows, vocab)
@@ -1020,7 +1026,8 @@ def glue_near_ties(logits, args, batch):
     per_row["min_p"] = torch.zeros(rows.shape) if args["min_p"] is None else args["min_p"][rows]
     per_row["offset"] = args["offset"][args["offset_rows"]]
     kw = {k: v for k, v in args.items() if k not in (
-        "temperature", "top_k", "top_p", "min_p", "seed", "offset", "offset_rows", "logprobs")}
+        "temperature", "top_k", "top_p", "min_p", "seed", "offset", "offset_rows", "logprobs",
+        "logprobs_mode")}
     if "min_tokens" in kw:
         kw["position"] = per_row["offset"]
     return near_ties(logits, per_row, kw)

@@ -173,6 +173,16 @@ def test_torch_backend_samples_as_the_definition(tmp_path):
             g.sample(x, 1.0, top_k=9)
         with pytest.raises(ValueError, match="logprobs must be in"):
             g.sample(x, 1.0, logprobs=9)
+        # the logits themselves for logprobs (vLLM's raw_logits): kl_sample's
+        # two raw modes, the processed ones the reference's alone
+        got = g.sample(x, 0.7, seed=seed, logprobs=2, ranks=True, logprobs_mode="raw_logits")
+        want = reference.sample(x[:, :100], 0.7, seed=seed, logprobs=2, logprobs_mode="raw_logits")
+        assert torch.equal(got.logprobs, x[torch.arange(3), got.tokens])
+        assert torch.equal(got.top_logprobs.values, want.top_logprobs)
+        assert torch.equal(got.ranks, want.rank)
+        for mode, words in (("processed_logprobs", "not kl_sample's"), ("raw", "must be")):
+            with pytest.raises(ValueError, match=f"logprobs_mode .*{words}"):
+                g.sample(x, 1.0, logprobs_mode=mode)
     finally:
         dist.destroy_process_group()
 

@@ -323,6 +323,14 @@ def check_draws(g, x, gathered, step, tp):
     else:  # without the tokens' logprobs: the same tokens, no logprobs
         quiet = g.sample(x, token_logprobs=False, **p)
         ok = ok and quiet.logprobs is None and torch.equal(quiet.tokens, got.tokens)
+    # the logits themselves for the logprobs (vLLM's raw_logits), bit for bit
+    lv = g.sample(x, logprobs=n, logprobs_mode="raw_logits", **p)
+    want_lv = definition.sample(gathered, logprobs=n, noise=g.noise, logprobs_mode="raw_logits",
+                                **p)
+    ok = ok and torch.equal(lv.tokens, got.tokens) and same_f32(lv.logprobs, want_lv.logprob)
+    if n:
+        ok = ok and (torch.equal(lv.top_logprobs.indices, want_lv.top_indices) and
+                     same_f32(lv.top_logprobs.values, want_lv.top_logprobs))
     if step % 3 == 0:  # the same parameters as tables, read through state_rows and offset_rows
         tabled = g.sample(x, logprobs=n, **as_tables(p, step))
         ok = ok and torch.equal(tabled.tokens, got.tokens) and same(tabled.logprobs, got.logprobs)

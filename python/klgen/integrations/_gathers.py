@@ -203,14 +203,15 @@ class TorchGather:
 
     def sample(self, shard, temperature, top_k=None, top_p=None, min_p=None, *, seed=0,
                offset=0, state_rows=None, offset_rows=None, bitmask=None, logprobs=0,
-               token_logprobs=True, ranks=False, **penalties):
+               token_logprobs=True, ranks=False, logprobs_mode="raw_logprobs", **penalties):
         if not self.k:
             raise ValueError(f"spec '{self.name}' has no topk field")
         if not 0 <= logprobs <= min(self.k, self.vocab_size):
             raise ValueError(f"logprobs must be in [0, {min(self.k, self.vocab_size)}] (the "
                              f"spec's topk), not {logprobs}")
         from .. import reference
-        from .._torch import Sample, TopLogprobs
+        from .._torch import Sample, TopLogprobs, _logit_values
+        _logit_values(logprobs_mode)  # kl_sample's modes alone, as LogitsGather
         x = self(shard)
         reference.check_sampling_args(x.shape[0], self.vocab_size, x.device, temperature, top_k,
                                       top_p, min_p, seed, offset, logprobs, max_top_k=self.k,
@@ -218,7 +219,7 @@ class TorchGather:
         out = reference.sample(x, temperature, top_k, top_p, min_p, seed=seed, offset=offset,
                                state_rows=state_rows, offset_rows=offset_rows,
                                bitmask=bitmask, logprobs=logprobs, noise=self.noise,
-                               **penalties)
+                               logprobs_mode=logprobs_mode, **penalties)
         top = TopLogprobs(out.top_logprobs, out.top_indices) if logprobs else None
         return Sample(out.tokens, out.logprob if token_logprobs else None, top,
                       out.rank if ranks else None)

@@ -33,9 +33,9 @@ when vLLM has imported the runner and before the model is built. A decode
 step whose requests kl_sample serves draws each logits row's token from the
 shards, with the parameters vLLM's v2 Sampler keeps per request
 (sampling_args), and returns the SamplerOutput vLLM's sampler would (with
-logprobs in vLLM's default raw_logprobs mode: the token's, its rank and the
-top n, which gather the step's rows); any other step is vLLM's own
-(batch-sharded sampling, draft tokens, other logprobs modes and the rest:
+logprobs in vLLM's raw_logprobs or raw_logits mode: the token's, its rank and
+the top n, which gather the step's rows); any other step is vLLM's own
+(batch-sharded sampling, draft tokens, processed logprobs and the rest:
 KlgenLogitsProcessor.sample and sampling_args say which), counted as a
 declined "sample". The wrapper
 checks first that GPUModelRunner.sample and Sampler.__call__ are vLLM
@@ -367,7 +367,7 @@ def sampling_args(sampler, input_batch, max_top_k, vocab_size=None):
                                     lb.logit_bias.gpu),
                         min_tokens=(lb.min_lens.gpu, lb.num_stop_token_ids.gpu,
                                     lb.stop_token_ids.gpu, None))
-        step.update(_logprobs_args(plan.logprobs))
+        step.update(_logprobs_args(plan.logprobs, sampler))
         if plan.bad_words is not None:
             bw, req = plan.bad_words, plan.bad_words.req_states
             rows = input_batch.expanded_idx_mapping
@@ -581,13 +581,16 @@ def _plan(sampler, input_batch, max_top_k, vocab_size):
     if used.min_p:
         min_p = states.min_p.gpu[rows]
     return dict(temperature=states.temperature.gpu[rows], top_k=top_k, top_p=top_p,
-                min_p=min_p, seed=states.seeds.gpu[rows], **_logprobs_args(n))
+                min_p=min_p, seed=states.seeds.gpu[rows], **_logprobs_args(n, sampler))
 
 
-def _logprobs_args(n):
+def _logprobs_args(n, sampler):
     """LogitsGather.sample's keywords for a step returning n top logprobs
-    (None: none): the tokens' logprobs and ranks, and the top n."""
-    return {} if n is None else dict(logprobs=n, ranks=True, token_logprobs=True)
+    (None: none): the tokens' logprobs and ranks, and the top n, in the
+    sampler's logprobs_mode (raw_logprobs or raw_logits)."""
+    if n is None:
+        return {}
+    return dict(logprobs=n, ranks=True, token_logprobs=True, logprobs_mode=sampler.logprobs_mode)
 
 
 def _bad_tokens(sampler, bad, requests):
@@ -717,14 +720,14 @@ def _logprobs_count(sampler, requests):
 
 def _logprobs_declines(sampler, requests, max_top_k):
     """Why the slots' logprobs need vLLM's sampler, or None. kl_sample
-    returns vLLM's raw_logprobs (of the logits the grammar leaves), the
-    token's rank and the top n up to its spec's topk; not the processed or
-    logits modes, nor a request's own logprob_token_ids."""
+    returns vLLM's raw_logprobs or raw_logits (of the logits the grammar
+    leaves), the token's rank and the top n up to its spec's topk; not the
+    processed modes, nor a request's own logprob_token_ids."""
     dims = sampler.get_logprobs_dims(requests)
     if dims is None:
         return None
     mode = getattr(sampler, "logprobs_mode", None)
-    if mode != "raw_logprobs":
+    if mode not in ("raw_logprobs", "raw_logits"):
         return f"logprobs in vLLM's {mode} mode"
     if dims[1]:
         return "a request's own logprob_token_ids"

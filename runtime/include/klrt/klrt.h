@@ -339,11 +339,17 @@ typedef struct kl_sampling {
    * domain, as its token. A call with rank gathers its rows, as one with
    * top-n logprobs does. NULL: not written. */
   int64_t *rank;
+  /* Nonzero: logprob and top_logprob hold the logits themselves, as the
+   * logprobs read them (after the epilogue, the grammar applied), not their
+   * log-probabilities: vLLM's raw_logits. The tokens, top columns and ranks
+   * are the same either way; a row outside the domain still gets NaN, and a
+   * row with no finite largest logit its logits (its logprobs are NaN). */
+  int logit_values;
 } kl_sampling;
 #define KL_SAMPLING_INIT                                                                     \
   {sizeof(kl_sampling), NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 0, 0, 0, NULL, \
    NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL,   \
-   NULL, NULL, 0, 0, NULL}
+   NULL, NULL, 0, 0, NULL, 0}
 
 /* kl_sample, for a spec with `topk = K`: token[t] (int64) is row t's draw
  * from its logits after the spec's epilogue, the same on every rank, as
@@ -351,7 +357,7 @@ typedef struct kl_sampling {
  * top-k, top-p, a Gumbel-max draw with counter-based noise of (seed, offset,
  * column); temperature 0: kl_argmax's token). logprob[t] (NULL: not
  * written) is the token's log-probability under those logits (before
- * temperature and filters); top_index and top_logprob [tokens, n_top]
+ * temperature and filters; with params->logit_values, its logit); top_index and top_logprob [tokens, n_top]
  * (n_top 0..K; both NULL when 0, top_logprob may be NULL) the n_top largest
  * of those logits' columns (kl_topk's order) and log-probabilities. A row whose parameters are outside the
  * domain gets token -1 and NaN logprobs (checked on the device, where the
