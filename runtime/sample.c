@@ -169,6 +169,8 @@ static kl_result check(kl_ctx *c, const kl_call *k) {
     return kl_rt_fail(KLRT_EINVAL, "kl_sample: top_index must be given exactly when n_top > 0, "
                       "and top_logprob only then");
   if (!p->temperature) return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->temperature is NULL");
+  if (p->reserved)
+    return kl_rt_fail(KLRT_EINVAL, "kl_sample: params->reserved is %d (must be 0)", p->reserved);
   kl_result res = check_lists(p);
   if (res) return res;
   res = check_index(p->state_rows, p->states, p->state_rows_bits, "state_rows",

@@ -86,7 +86,8 @@ class Sampling(ctypes.Structure):
                    for name in ("bias_count", "bias_ids", "bias_values", "min_len", "stop_count",
                                 "stop_ids", "position", "banned")]
                 + [("stop_width", ctypes.c_int), ("banned_width", ctypes.c_int),
-                   ("rank", ctypes.c_void_p), ("logit_values", ctypes.c_int)])
+                   ("rank", ctypes.c_void_p), ("logit_values", ctypes.c_int),
+                   ("reserved", ctypes.c_int)])
 
 
 class Stats(ctypes.Structure):

@@ -462,7 +462,7 @@ static void sample_alignment(void) {
   CHECK_KL(r == KLRT_OK && launches > before, "aligned parameters: %s, %d launches",
            kl_result_name(r), launches - before);
   /* each a copy of p with one field wrong */
-  enum { N_ODD = 23 };
+  enum { N_ODD = 24 };
   kl_sampling odd_p[N_ODD];
   const char *what[N_ODD];
   for (int i = 0; i < N_ODD; i++) odd_p[i] = p;
@@ -519,6 +519,8 @@ static void sample_alignment(void) {
   what[21] = "(a table of params->states = 2 entries of 32 elements)";
   odd_p[22].frequency_penalty = (const float *)(uintptr_t)(par + 3073);
   what[22] = "params->frequency_penalty is not 4-byte aligned";
+  odd_p[23].reserved = 1;
+  what[23] = "params->reserved is 1 (must be 0)";
   expect_refused(c, shard, token, odd_p, what, N_ODD);
   /* a larger struct (a newer header) is taken when its extra bytes are 0 */
   struct {

@@ -345,11 +345,12 @@ typedef struct kl_sampling {
    * are the same either way; a row outside the domain still gets NaN, and a
    * row with no finite largest logit its logits (its logprobs are NaN). */
   int logit_values;
+  int reserved; /* 0: the struct's last bytes are a field, not padding */
 } kl_sampling;
 #define KL_SAMPLING_INIT                                                                     \
   {sizeof(kl_sampling), NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 0, 0, 0, NULL, \
    NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL,   \
-   NULL, NULL, 0, 0, NULL, 0}
+   NULL, NULL, 0, 0, NULL, 0, 0}
 
 /* kl_sample, for a spec with `topk = K`: token[t] (int64) is row t's draw
  * from its logits after the spec's epilogue, the same on every rank, as
@@ -357,9 +358,10 @@ typedef struct kl_sampling {
  * top-k, top-p, a Gumbel-max draw with counter-based noise of (seed, offset,
  * column); temperature 0: kl_argmax's token). logprob[t] (NULL: not
  * written) is the token's log-probability under those logits (before
- * temperature and filters; with params->logit_values, its logit); top_index and top_logprob [tokens, n_top]
- * (n_top 0..K; both NULL when 0, top_logprob may be NULL) the n_top largest
- * of those logits' columns (kl_topk's order) and log-probabilities. A row whose parameters are outside the
+ * temperature and filters; with params->logit_values, its logit); top_index
+ * and top_logprob [tokens, n_top] (n_top 0..K; both NULL when 0, top_logprob
+ * may be NULL) the n_top largest of those logits' columns (kl_topk's order)
+ * and log-probabilities (or logits). A row whose parameters are outside the
  * domain gets token -1 and NaN logprobs (checked on the device, where the
  * values are). Outputs aligned for their type, apart from each other and
  * from the parameters, and each rank's own (ranks that share a GPU do not
